@@ -1,0 +1,60 @@
+"""`reinforge` command line: train (and, as they land, more commands)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reinforge.config import ConfigError, build_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
+console = Console()
+
+
+@app.callback()
+def _root() -> None:
+    """reinforge: RL post-training with verifiable rewards."""
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. recipe=dr_grpo train.steps=20 model=/path/to/hf_model")] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
+) -> None:
+    """Cold-start SFT, RL with the chosen recipe, and held-out evaluation."""
+    try:
+        cfg = build_config(overrides or [], config)
+        from reinforge.pipeline import run
+
+        result = run(cfg)
+    except (ConfigError, FileExistsError, ValueError) as err:
+        console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(code=2) from None
+    _print_summary(result.output_dir, result.summary)
+
+
+def _print_summary(output_dir: str, summary: dict) -> None:
+    start, final = summary["eval"]["start"], summary["eval"]["final"]
+    table = Table(title=f"held-out evaluation ({start['num_prompts']} prompts, {start['num_samples']} samples each)")
+    table.add_column("metric")
+    table.add_column("start of RL", justify="right")
+    table.add_column("after RL", justify="right")
+    table.add_column("change", justify="right")
+    rows = [("pass@1", start["pass@1"], final["pass@1"]), ("greedy accuracy", start["greedy_accuracy"], final["greedy_accuracy"])]
+    rows += [(f"pass@{k}", start["pass@k"][k], final["pass@k"][k]) for k in start["pass@k"] if k != "1"]
+    for name, a, b in rows:
+        table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
+    console.print(table)
+    console.print(f"run directory: {output_dir}  ({summary['wall_seconds']:.0f} s)")
+
+
+def main() -> None:
+    app(args=sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

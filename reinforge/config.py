@@ -1,0 +1,246 @@
+"""Typed run configuration: defaults, recipe presets, YAML files and dotted
+command-line overrides, validated before anything runs.
+
+Precedence (later wins): field defaults < recipe preset
+(`reinforge/recipes/<recipe>.yaml`) < user YAML file (`config=FILE`) <
+`key=value` overrides. Every field is documented once, here, where it is
+declared. Unknown keys are errors that name the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message says how."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory.")
+    hidden_size: int = Field(128, gt=0, description="Built-in model only: width.")
+    num_layers: int = Field(4, gt=0, description="Built-in model only: decoder layers.")
+    num_heads: int = Field(4, gt=0, description="Built-in model only: attention heads.")
+    num_kv_heads: int = Field(2, gt=0, description="Built-in model only: key/value heads (GQA).")
+    intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
+    max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+
+
+class TaskConfig(_Section):
+    name: str = Field("arithmetic", description="Built-in task: arithmetic or countdown.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic.")
+
+    @model_validator(mode="after")
+    def _check_task(self) -> TaskConfig:
+        from reinforge.tasks import TASKS, build_task
+
+        build_task(self.name)  # raises with a suggestion for an unknown name
+        params = [p for p in inspect.signature(TASKS[self.name].__init__).parameters if p != "self"]
+        for key in self.options:
+            if key not in params:
+                raise ConfigError(_unknown_key_message(f"task.options.{key}", key, params))
+        return self
+
+
+class PromptConfig(_Section):
+    chat_template: Literal["auto", "always", "never"] = Field(
+        "auto", description="Wrap prompts in the tokenizer's chat template: 'auto' uses it when the tokenizer has one."
+    )
+
+
+class SFTConfig(_Section):
+    enabled: bool = Field(True, description="Run the cold-start SFT stage before RL.")
+    steps: int = Field(600, ge=0, description="Optimizer steps.")
+    batch_size: int = Field(256, gt=0, description="Sequences per optimizer step.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (linear warm-up, cosine decay).")
+    warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
+    num_examples: int = Field(8000, gt=0, description="Teacher traces drawn from the train split.")
+    corrupt_fraction: float = Field(0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start).")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf"] = Field("hf", description="Generation engine: 'hf' is transformers generate.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(100, ge=0, description="RL steps (one rollout batch each).")
+    prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
+    group_size: int = Field(8, gt=1, description="Completions per prompt (G).")
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    mini_batches: int = Field(2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches.")
+    micro_batch_size: int = Field(64, gt=0, description="Completions per forward/backward (gradient accumulation); never changes the gradient.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (constant after warm-up).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+
+
+class ObjectiveConfig(_Section):
+    """Overrides of the recipe's objective parts; None keeps the recipe's value."""
+
+    advantage: str | None = Field(None, description="Advantage estimator (grpo, dr_grpo, ...).")
+    policy_loss: str | None = Field(None, description="Policy objective (ppo_clip, ...).")
+    eps_low: float | None = Field(None, ge=0, description="Lower clip range of the ratio.")
+    eps_high: float | None = Field(None, ge=0, description="Upper clip range of the ratio (clip-higher when > eps_low).")
+    aggregation: str | None = Field(None, description="Loss aggregation (token_mean, seq_mean_token_mean, ...).")
+    kl_estimator: str | None = Field(None, description="KL estimator in the loss (k1, k2, k3) or 'none'.")
+    kl_coef: float | None = Field(None, ge=0, description="KL coefficient beta.")
+    entropy_coef: float | None = Field(None, description="Entropy bonus coefficient.")
+
+
+class EvalConfig(_Section):
+    num_prompts: int = Field(200, gt=0, description="Held-out prompts evaluated at the start and end of RL.")
+    num_samples: int = Field(8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature).")
+    seed: int = Field(1234, description="Sampling seed of evaluation, the same for the start and final model.")
+
+
+class LogConfig(_Section):
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class Config(_Section):
+    seed: int = Field(0, description="Seed of everything random in the run.")
+    recipe: str = Field("grpo", description="Named method: its preset and objective (see `reinforge recipes`).")
+    output_dir: str | None = Field(None, description="Run directory; default runs/<time>-<recipe>.")
+    threads: int = Field(2, gt=0, description="torch CPU threads.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_shorthand(cls, data: Any) -> Any:
+        # `model=PATH` is the shorthand users expect for `model.path=PATH`.
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = {**data, "model": {"path": data["model"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _check_recipe(self) -> Config:
+        from reinforge.objectives import RECIPE_OBJECTIVES
+
+        if self.recipe not in RECIPE_OBJECTIVES:
+            raise ConfigError(_unknown_key_message("recipe", self.recipe, sorted(RECIPE_OBJECTIVES), what="recipe"))
+        return self
+
+
+def _unknown_key_message(path: str, key: str, valid: list[str], what: str = "config key") -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"unknown {what} '{path}'{hint} (valid: {', '.join(sorted(valid))})"
+
+
+def _check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
+    """Reject unknown keys at any depth, naming the closest valid key."""
+    fields = model.model_fields
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(path, key, list(fields)))
+        annotation = fields[key].annotation
+        if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            _check_keys(value, annotation, prefix=f"{path}.")
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`a.b=1 c=x` -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        if key == "model" and not isinstance(value, dict):
+            value = str(value)
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}' conflicts with an earlier override of '{part}'")
+        node[parts[-1]] = value
+    return tree
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def recipe_preset(name: str) -> dict[str, Any]:
+    """The YAML preset of a named recipe (empty if the recipe has none)."""
+    path = RECIPES_DIR / f"{name}.yaml"
+    return load_yaml(path) if path.is_file() else {}
+
+
+def build_config(overrides: list[str] | None = None, config_file: str | None = None) -> Config:
+    """Resolve defaults, recipe preset, YAML file and overrides into one validated Config."""
+    user = load_yaml(config_file) if config_file else {}
+    cli = parse_overrides(overrides or [])
+    if isinstance(cli.get("model"), str):
+        cli["model"] = {"path": cli["model"]}
+    if isinstance(user.get("model"), str):
+        user["model"] = {"path": user["model"]}
+    merged_user = _deep_merge(user, cli)
+    _check_keys(merged_user, Config)
+    recipe = merged_user.get("recipe", Config.model_fields["recipe"].default)
+    preset = recipe_preset(str(recipe))
+    _check_keys(preset, Config, prefix=f"recipes/{recipe}.yaml: ")
+    try:
+        return Config.model_validate(_deep_merge(preset, merged_user))
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,65 @@
+"""Held-out evaluation: sampled pass@1, greedy accuracy, unbiased pass@k."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from reinforge.eval.passk import pass_at_k_curve
+from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.tasks import Example, Task
+
+
+@dataclass
+class EvalResult:
+    pass_at_1: float               # mean fraction of correct samples (sampling temperature)
+    greedy_accuracy: float         # fraction of prompts whose greedy completion is correct
+    pass_at_k: dict[str, float]    # k -> unbiased pass@k, k = 1, 2, 4, ..., n
+    mean_length: float             # mean sampled completion length in tokens
+    num_prompts: int
+    num_samples: int
+
+    def to_summary(self) -> dict:
+        out = asdict(self)
+        out["pass@1"] = out.pop("pass_at_1")
+        out["pass@k"] = out.pop("pass_at_k")
+        return out
+
+
+def evaluate(
+    engine: RolloutEngine,
+    task: Task,
+    examples: list[Example],
+    *,
+    num_samples: int,
+    sampling: SamplingParams,
+    seed: int,
+    batch_prompts: int = 64,
+) -> EvalResult:
+    """Evaluate under a fixed sampling seed, leaving the caller's RNG state untouched."""
+    correct_counts: list[int] = []
+    greedy_correct = 0
+    total_len = 0.0
+    greedy = SamplingParams(max_new_tokens=sampling.max_new_tokens, greedy=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for start in range(0, len(examples), batch_prompts):
+            chunk = examples[start : start + batch_prompts]
+            prompts = [e.prompt for e in chunk]
+            sampled = engine.generate(prompts, num_samples, sampling)
+            total_len += float(sampled.lengths.sum())
+            for i, example in enumerate(chunk):
+                texts = sampled.texts[i * num_samples : (i + 1) * num_samples]
+                correct_counts.append(sum(task.reward(example, t) >= 1.0 for t in texts))
+            best = engine.generate(prompts, 1, greedy)
+            greedy_correct += sum(task.reward(e, t) >= 1.0 for e, t in zip(chunk, best.texts, strict=True))
+    n = len(examples)
+    return EvalResult(
+        pass_at_1=sum(c / num_samples for c in correct_counts) / n,
+        greedy_accuracy=greedy_correct / n,
+        pass_at_k=pass_at_k_curve(correct_counts, num_samples),
+        mean_length=total_len / (n * num_samples),
+        num_prompts=n,
+        num_samples=num_samples,
+    )

@@ -1,0 +1,79 @@
+"""Prompt + completion rows as right-padded model inputs, and per-token log-probs
+of the completion tokens aligned to the rollout's [N, T] layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass
+class SequenceBatch:
+    """Right-padded full sequences; completion token t of row i sits at input position starts[i] + t."""
+
+    input_ids: torch.Tensor       # [N, L] long
+    attention_mask: torch.Tensor  # [N, L] long
+    starts: torch.Tensor          # [N] long, prompt length of each row
+    completion_ids: torch.Tensor  # [N, T] long
+    completion_mask: torch.Tensor  # [N, T] float
+
+    def rows(self, index: torch.Tensor) -> SequenceBatch:
+        """The sub-batch of the given rows, trimmed to its own longest sequence."""
+        length = int(self.attention_mask[index].sum(dim=1).max().item())
+        width = int(self.completion_mask[index].sum(dim=1).max().item()) if len(index) else 0
+        width = max(width, 1)
+        return SequenceBatch(
+            input_ids=self.input_ids[index, :length],
+            attention_mask=self.attention_mask[index, :length],
+            starts=self.starts[index],
+            completion_ids=self.completion_ids[index, :width],
+            completion_mask=self.completion_mask[index, :width],
+        )
+
+
+def build_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int) -> SequenceBatch:
+    n = len(prompt_ids)
+    lengths = completion_mask.sum(dim=1).long()
+    total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
+    input_ids = torch.full((n, max(total)), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, p in enumerate(prompt_ids):
+        c = int(lengths[i])
+        input_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, len(p) : len(p) + c] = completion_ids[i, :c]
+        attention_mask[i, : total[i]] = 1
+    return SequenceBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        starts=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask.float(),
+    )
+
+
+@dataclass
+class TokenStats:
+    logprobs: torch.Tensor  # [N, T] log-prob of each completion token (0 on padding)
+    entropy: torch.Tensor   # [N, T] entropy of the full next-token distribution (0 on padding)
+
+
+def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> TokenStats:
+    """Log-probs and entropies of the completion tokens under `model`.
+
+    The logits are divided by the sampling temperature so that, at equal
+    weights, these log-probs are of the same distribution the sampler drew
+    from (the ratio exp(logp - mu) is then 1 up to numerics).
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, L, V]
+    n, t = batch.completion_ids.shape
+    # Position starts[i] - 1 + j predicts completion token j.
+    positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    picked = logits.gather(1, positions.unsqueeze(-1).expand(n, t, logits.shape[-1])).float() / temperature  # [N, T, V]
+    logsumexp = torch.logsumexp(picked, dim=-1)
+    token_logits = picked.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    logprobs = (token_logits - logsumexp) * batch.completion_mask
+    probs = torch.softmax(picked, dim=-1)
+    entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
+    return TokenStats(logprobs=logprobs, entropy=entropy)

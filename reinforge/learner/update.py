@@ -1,0 +1,99 @@
+"""One policy update on a rollout batch: ppo_epochs x mini-batches optimizer
+steps, each accumulated over micro-batches.
+
+Aggregation weights are computed once per optimizer mini-batch (the one
+place that normalises: `objectives.loss_weights`), then sliced into
+micro-batches whose losses are summed, so the gradient does not depend on
+`micro_batch_size`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.learner.sequences import SequenceBatch, completion_token_stats
+from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
+
+
+@dataclass
+class LearnerBatch:
+    """Everything the learner needs for one rollout batch; credit assignment is already done."""
+
+    sequences: SequenceBatch
+    advantages: torch.Tensor                 # [N] or [N, T]
+    old_logprobs: torch.Tensor               # [N, T] learner log-probs before this update (fixed over epochs)
+    sampler_logprobs: torch.Tensor           # [N, T] rollout engine's log-probs
+    group_ids: torch.Tensor                  # [N]
+    ref_logprobs: torch.Tensor | None = None  # [N, T] reference policy, when the objective has a KL term
+
+
+@dataclass
+class UpdateStats:
+    optimizer_steps: int
+    metrics: dict[str, float]  # means over optimizer steps (grad_norm) and micro-batches (loss parts)
+
+
+def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int) -> torch.Tensor | None:
+    if x is None:
+        return None
+    x = x[index]
+    return x[:, :width] if x.dim() == 2 else x
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: LearnerBatch,
+    spec: ObjectiveSpec,
+    *,
+    ppo_epochs: int,
+    mini_batches: int,
+    micro_batch_size: int,
+    grad_clip: float,
+    temperature: float,
+    generator: torch.Generator,
+    max_length: int | None = None,
+) -> UpdateStats:
+    n = batch.sequences.input_ids.shape[0]
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    steps = 0
+    mask_all = batch.sequences.completion_mask
+    for _ in range(ppo_epochs):
+        order = torch.randperm(n, generator=generator)
+        for mb in torch.tensor_split(order, mini_batches):
+            if len(mb) == 0:
+                continue
+            weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length)  # [M, T]
+            optimizer.zero_grad(set_to_none=True)
+            for local in torch.split(torch.arange(len(mb)), micro_batch_size):
+                rows = mb[local]
+                seq = batch.sequences.rows(rows)
+                width = seq.completion_ids.shape[1]
+                stats = completion_token_stats(model, seq, temperature)
+                out = objective_loss(
+                    spec,
+                    logprobs=stats.logprobs,
+                    old_logprobs=_slice_rows(batch.old_logprobs, rows, width),
+                    advantages=_slice_rows(batch.advantages, rows, width),
+                    mask=seq.completion_mask,
+                    weights=weights[local][:, :width],
+                    ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width),
+                    sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width),
+                    entropy=stats.entropy,
+                )
+                out.loss.backward()
+                for key, value in out.metrics.items():
+                    sums[key] += value
+                    counts[key] += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            scheduler.step()
+            sums["grad_norm"] += float(grad_norm)
+            counts["grad_norm"] += 1
+            steps += 1
+    return UpdateStats(optimizer_steps=steps, metrics={k: sums[k] / counts[k] for k in sums})

@@ -1,0 +1,1 @@
+"""Training loops: SFT (cold start) and synchronous RL."""

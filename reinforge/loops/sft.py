@@ -1,0 +1,76 @@
+"""Supervised fine-tuning on (prompt, completion) pairs: the cold start.
+
+The loss is the token-mean negative log-likelihood of the completion tokens
+(eos included); prompt tokens are context only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.config import SFTConfig
+from reinforge.learner import build_optimizer, build_sequences, completion_token_stats, warmup_cosine
+from reinforge.models import Policy
+from reinforge.objectives import loss_weights
+from reinforge.rollout import encode_prompts
+from reinforge.tasks import SFTExample
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    first_loss: float
+    final_loss: float   # mean of the last 10% of steps
+
+
+def tokenize_pairs(policy: Policy, examples: list[SFTExample], chat_template: str) -> tuple[list[list[int]], list[list[int]]]:
+    tokenizer = policy.tokenizer
+    prompts = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template)
+    eos = tokenizer.eos_token_id
+    completions = [tokenizer(e.completion, add_special_tokens=False)["input_ids"] + [eos] for e in examples]
+    return prompts, completions
+
+
+def run_sft(
+    policy: Policy,
+    examples: list[SFTExample],
+    cfg: SFTConfig,
+    *,
+    chat_template: str,
+    seed: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SFTResult:
+    prompts, completions = tokenize_pairs(policy, examples, chat_template)
+    width = max(len(c) for c in completions)
+    completion_ids = torch.full((len(completions), width), policy.tokenizer.pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros(len(completions), width)
+    for i, c in enumerate(completions):
+        completion_ids[i, : len(c)] = torch.tensor(c)
+        completion_mask[i, : len(c)] = 1.0
+    data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id)
+
+    model = policy.model
+    model.train()
+    optimizer = build_optimizer(model, cfg.lr)
+    scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps)
+    generator = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    for step in range(cfg.steps):
+        rows = torch.randint(len(examples), (cfg.batch_size,), generator=generator)
+        batch = data.rows(rows)
+        stats = completion_token_stats(model, batch)
+        weights = loss_weights("token_mean", batch.completion_mask)
+        loss = -(weights * stats.logprobs).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if on_step:
+            on_step(step, losses[-1])
+    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    return SFTResult(steps=cfg.steps, first_loss=losses[0] if losses else float("nan"), final_loss=sum(tail) / len(tail))

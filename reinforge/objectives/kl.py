@@ -1,0 +1,58 @@
+"""Per-token estimators of the KL divergence between the policy and a reference.
+
+With delta = logprobs - ref_logprobs (clamped to [-20, 20], ALGORITHMS.md
+"choice"), the estimators of Schulman's note "Approximating KL Divergence"
+(http://joschu.net/blog/kl-approx.html) are
+
+    k1 = delta,   k2 = delta^2 / 2,   k3 = exp(-delta) - 1 + delta  (>= 0).
+
+Used on-policy as a loss, E[grad k2] = grad KL(pi || ref) and E[grad k3] =
+grad KL(ref || pi); E[grad k1] = 0, so k1 belongs in the reward, not the loss.
+GRPO (arXiv 2402.03300, eq. 4) uses k3 in the loss with beta = 0.04.
+
+Every estimator has the signature fn(*, logprobs, ref_logprobs) -> [N, T]
+and sits in `KL_ESTIMATORS`. Terms are not masked: the aggregation weights
+are 0 on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from reinforge.objectives.common import log_ratio, resolve
+
+
+def k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = delta = logprobs - ref_logprobs (unbiased, high variance, can be < 0)."""
+    return log_ratio(logprobs, ref_logprobs)
+
+
+def k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = delta^2 / 2 (biased, low variance, >= 0)."""
+    return log_ratio(logprobs, ref_logprobs) ** 2 / 2
+
+
+def k3(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = exp(-delta) - 1 + delta (unbiased for KL(pi || ref) under pi, >= 0).
+
+    dk3/dlogprobs = 1 - exp(-delta). Computed with expm1, which is exact near
+    delta = 0; the clamp at 0 only removes a rounding error of a few ulp there
+    (where the true value and gradient are ~0), so k3 >= 0 holds in floating point.
+    """
+    delta = log_ratio(logprobs, ref_logprobs)
+    return (torch.expm1(-delta) + delta).clamp_min(0.0)
+
+
+KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+    "k1": k1,
+    "k2": k2,
+    "k3": k3,
+}
+
+
+def kl_terms(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token KL estimates [N, T] by estimator name (or "module:function")."""
+    return resolve(KL_ESTIMATORS, name, "KL estimator")(logprobs=logprobs, ref_logprobs=ref_logprobs)

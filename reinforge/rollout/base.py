@@ -1,0 +1,54 @@
+"""The record a rollout engine returns, and the interface engines implement.
+
+`Rollout` crosses the boundary between generation and learning (and, later,
+between processes), so every field is documented and shape-annotated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are drawn; the sampler log-probs are of exactly this distribution."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0            # 0 = off
+    max_new_tokens: int = 8
+    greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
+
+
+@dataclass
+class Rollout:
+    """Completions of a batch of prompts, `group_size` per prompt, rows grouped by prompt.
+
+    Row r holds sample r % G of prompt r // G.
+    """
+
+    prompt_ids: list[list[int]]          # [N][P_i] prompt tokens of each row (no padding)
+    completion_ids: torch.Tensor         # [N, T] long, right-padded with pad_token_id
+    completion_mask: torch.Tensor        # [N, T] float, 1 for generated tokens (eos included)
+    sampler_logprobs: torch.Tensor       # [N, T] float, log-prob of each token under the sampling distribution; 0 on padding
+    truncated: torch.Tensor              # [N] bool, True if no stop token came within max_new_tokens
+    group_ids: torch.Tensor              # [N] long, index of the prompt in the batch
+    policy_version: int                  # optimizer steps the generating weights had taken
+    texts: list[str]                     # [N] decoded completions, special tokens removed
+
+    @property
+    def num_rows(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:   # [N] completion tokens per row
+        return self.completion_mask.sum(dim=1)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
+        """Sample `group_size` completions for each prompt."""
+        ...

@@ -1,0 +1,90 @@
+"""Rollouts with transformers `generate`: the reference engine."""
+
+from __future__ import annotations
+
+import torch
+
+from reinforge.models import Policy
+from reinforge.rollout.base import Rollout, SamplingParams
+from reinforge.rollout.prompts import encode_prompts
+
+
+class HFEngine:
+    """Batched sampling through `model.generate`, keeping the sampler's log-probs.
+
+    `output_scores` are the logits after the processors that shape sampling
+    (temperature, top-k, top-p), so their log-softmax is the distribution the
+    tokens were actually drawn from: what TIS-style corrections need.
+    """
+
+    def __init__(self, policy: Policy, chat_template: str = "auto"):
+        self.policy = policy
+        self.chat_template = chat_template
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
+        model, tokenizer = self.policy.model, self.policy.tokenizer
+        prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
+        pad_id = tokenizer.pad_token_id
+        width = max(len(p) for p in prompt_ids)
+        # Left padding: every prompt ends at the same column, where decoding starts.
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, ids in enumerate(prompt_ids):
+            input_ids[i, width - len(ids):] = torch.tensor(ids)
+            attention_mask[i, width - len(ids):] = 1
+        eos_ids = self.policy.eos_token_ids
+        kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=eos_ids,
+            output_scores=True,
+            return_dict_in_generate=True,
+            num_return_sequences=group_size,
+        )
+        if params.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(
+                do_sample=True,
+                temperature=params.temperature,
+                top_p=params.top_p if params.top_p < 1.0 else None,
+                top_k=params.top_k if params.top_k > 0 else None,
+            )
+        was_training = model.training
+        model.eval()
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        model.train(was_training)
+
+        completion_ids = out.sequences[:, width:]                                   # [N, T]
+        scores = torch.stack(out.scores, dim=1).float()                              # [N, T, V]
+        logprobs = torch.log_softmax(scores, dim=-1)
+        sampler_logprobs = logprobs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        mask, truncated = completion_mask(completion_ids, eos_ids)
+        completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
+        sampler_logprobs = sampler_logprobs.masked_fill(mask == 0, 0.0)
+        rows_prompt_ids = [ids for ids in prompt_ids for _ in range(group_size)]
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return Rollout(
+            prompt_ids=rows_prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            sampler_logprobs=sampler_logprobs,
+            truncated=truncated,
+            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
+            policy_version=policy_version,
+            texts=texts,
+        )
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of tokens up to and including the first stop token; truncated = no stop token.
+
+    Returns (mask [N, T] float, truncated [N] bool).
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids))
+    # Tokens strictly after the first eos have a cumulative eos count >= 1 before them.
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    mask = (eos_before == 0).float()
+    truncated = ~is_eos.any(dim=1)
+    return mask, truncated

@@ -1,0 +1,27 @@
+"""Tasks: problem generators with verifiable rewards, and their registry."""
+
+from __future__ import annotations
+
+import difflib
+
+from reinforge.tasks.arithmetic import ArithmeticTask
+from reinforge.tasks.base import Example, SFTExample, Task
+from reinforge.tasks.countdown import CountdownTask
+
+TASKS: dict[str, type[Task]] = {
+    ArithmeticTask.name: ArithmeticTask,
+    CountdownTask.name: CountdownTask,
+}
+
+
+def build_task(name: str, **options: object) -> Task:
+    """Instantiate the registered task `name` with its constructor `options`."""
+    if name not in TASKS:
+        valid = ", ".join(sorted(TASKS))
+        close = difflib.get_close_matches(name, TASKS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ";"
+        raise ValueError(f"unknown task {name!r}{hint} valid: {valid}")
+    return TASKS[name](**options)
+
+
+__all__ = ["TASKS", "Example", "SFTExample", "Task", "build_task"]

@@ -1,0 +1,113 @@
+"""Integer arithmetic: "12+34=" -> "46".
+
+Owns the arithmetic problem distribution, its prompt format, and its right and
+wrong completions. Verification lives in `reinforge.rewards.arithmetic`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from reinforge.rewards.arithmetic import MAX_INTEGER_CHARS, verify_integer
+from reinforge.tasks.base import Example, Task
+
+_VALID_OPERATORS = "+-*"
+# 9-digit operands keep a product at 18 digits, inside the verifier's length cap.
+_MAX_DIGITS = 9
+assert 2 * _MAX_DIGITS + 1 <= MAX_INTEGER_CHARS
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    return a * b
+
+
+class ArithmeticTask(Task):
+    """Binary integer arithmetic with `digits`-digit operands (each in [0, 10**digits - 1]).
+
+    Prompt: "{a}{op}{b}=", e.g. "12+34=". Answer and teacher completion: the
+    exact result, e.g. "46" (negative for "-", e.g. "03-05=" -> "-2").
+
+    With `zero_pad` (the default) operands are written at fixed width ("05+34="):
+    every digit then sits at the same position in every prompt, which lets the
+    tiny built-in character model learn carrying in a few hundred SFT steps
+    instead of thousands (measured: greedy held-out accuracy 0.95 vs 0.30 after
+    500-600 steps of batch 256 on 2-digit addition).
+    """
+
+    name = "arithmetic"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        digits: int = 2,
+        operators: str = "+",
+        eval_fraction: float = 0.2,
+        zero_pad: bool = True,
+    ) -> None:
+        if not isinstance(digits, int) or not 1 <= digits <= _MAX_DIGITS:
+            raise ValueError(f"digits must be an int in [1, {_MAX_DIGITS}], got {digits!r}")
+        if not operators or any(op not in _VALID_OPERATORS for op in operators):
+            raise ValueError(
+                f"operators must be a non-empty subset of {_VALID_OPERATORS!r}, got {operators!r}"
+            )
+        super().__init__(seed=seed, eval_fraction=eval_fraction)
+        self.digits = digits
+        self.zero_pad = zero_pad
+        # Deduplicated in a fixed order so "++" samples like "+" and the stream is stable.
+        self.operators = "".join(op for op in _VALID_OPERATORS if op in operators)
+
+    def _sample_problem(self, rng: random.Random) -> Example:
+        high = 10**self.digits - 1
+        a = rng.randint(0, high)
+        op = rng.choice(self.operators)
+        b = rng.randint(0, high)
+        width = self.digits if self.zero_pad else 0
+        return Example(
+            prompt=f"{a:0{width}d}{op}{b:0{width}d}=",
+            answer=str(_apply(a, op, b)),
+            meta={"a": a, "op": op, "b": b},
+        )
+
+    def _split_key(self, example: Example) -> str:
+        # "12+34" and "34+12" go to the same split, so held-out sums are not
+        # just commuted training sums.
+        a, op, b = example.meta["a"], example.meta["op"], example.meta["b"]
+        if op in "+*":
+            a, b = min(a, b), max(a, b)
+        return f"{a}{op}{b}"
+
+    def _space_size(self) -> int:
+        return (10**self.digits) ** 2 * len(self.operators)
+
+    def reward(self, example: Example, completion: str) -> float:
+        return verify_integer(completion, example.answer)
+
+    def teacher_completion(self, example: Example, rng: random.Random) -> str:
+        return example.answer
+
+    def corrupt_completion(self, example: Example, rng: random.Random) -> str:
+        """A near miss: one digit changed, or a small nonzero offset."""
+        answer = int(example.answer)
+        while True:
+            if rng.random() < 0.5:
+                wrong = _change_one_digit(answer, rng)
+            else:
+                wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 10)
+            if wrong != answer:
+                return str(wrong)
+
+
+def _change_one_digit(value: int, rng: random.Random) -> int:
+    sign = "-" if value < 0 else ""
+    digits = list(str(abs(value)))
+    i = rng.randrange(len(digits))
+    # No leading zero on a multi-digit number: it would not look like a real answer.
+    choices = [
+        d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0" and len(digits) > 1)
+    ]
+    digits[i] = rng.choice(choices)
+    return int(sign + "".join(digits))
