@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from reinforge.config import ConfigError, build_config
@@ -32,7 +33,7 @@ def train(
 
         result = run(cfg)
     except (ConfigError, FileExistsError, ValueError) as err:
-        console.print(f"[bold red]error:[/] {err}")
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     _print_summary(result.output_dir, result.summary)
 

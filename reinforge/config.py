@@ -10,6 +10,7 @@ declared. Unknown keys are errors that name the closest valid key.
 from __future__ import annotations
 
 import difflib
+import re
 import inspect
 from pathlib import Path
 from typing import Any, Literal
@@ -147,8 +148,25 @@ class Config(_Section):
         return self
 
 
+# Names users bring from TRL / verl, mapped to ours, so the suggestion is right
+# even when the spelling is nothing alike.
+_SYNONYMS = {
+    "learning_rate": "lr",
+    "num_generations": "group_size",
+    "n_samples_per_prompt": "group_size",
+    "num_iterations": "ppo_epochs",
+    "max_completion_length": "max_new_tokens",
+    "response_length": "max_new_tokens",
+    "beta": "kl_coef",
+    "epsilon": "eps_low",
+    "epsilon_high": "eps_high",
+    "loss_type": "aggregation",
+    "max_grad_norm": "grad_clip",
+}
+
+
 def _unknown_key_message(path: str, key: str, valid: list[str], what: str = "config key") -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    close = [_SYNONYMS[key]] if _SYNONYMS.get(key) in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown {what} '{path}'{hint} (valid: {', '.join(sorted(valid))})"
 
@@ -175,6 +193,9 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """`a.b=1 c=x` -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars."""
     tree: dict[str, Any] = {}
@@ -186,6 +207,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and _FLOAT.fullmatch(value):
+            value = float(value)  # YAML 1.1 reads "3e-4" as a string; users mean a number
         if key == "model" and not isinstance(value, dict):
             value = str(value)
         node = tree

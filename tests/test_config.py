@@ -1,0 +1,60 @@
+"""Config: defaults, presets, overrides, and errors that say what to type instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from reinforge.config import ConfigError, build_config, parse_overrides
+
+
+def test_defaults_are_the_documented_pipeline() -> None:
+    cfg = build_config([])
+    assert (cfg.recipe, cfg.task.name, cfg.model.path, cfg.sft.enabled) == ("grpo", "arithmetic", "builtin", True)
+
+
+def test_overrides_parse_as_yaml_scalars() -> None:
+    tree = parse_overrides(["train.lr=3e-4", "sft.enabled=false", "task.options={digits: 3}", "seed=7", "output_dir=runs/x"])
+    assert tree == {"train": {"lr": 3e-4}, "sft": {"enabled": False}, "task": {"options": {"digits": 3}}, "seed": 7, "output_dir": "runs/x"}
+
+
+def test_override_values_reach_the_config() -> None:
+    cfg = build_config(["train.lr=3e-4", "recipe=dr_grpo", "task.name=countdown", "task.options.num_numbers=4"])
+    assert cfg.train.lr == 3e-4 and cfg.recipe == "dr_grpo"
+    assert cfg.task.name == "countdown" and cfg.task.options == {"num_numbers": 4}
+
+
+def test_model_shorthand_sets_the_path() -> None:
+    assert build_config(["model=/some/dir"]).model.path == "/some/dir"
+
+
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("trian.lr=1", "'train'"),
+        ("train.learning_rate=1", "'lr'"),
+        ("rollout.temprature=0.5", "'temperature'"),
+        ("task.options.digit=3", "'digits'"),
+        ("recipe=grop", "'grpo'"),
+        ("task.name=arithmetc", "'arithmetic'"),
+    ],
+)
+def test_unknown_names_suggest_the_closest(override: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean {suggestion}"):
+        build_config([override])
+
+
+def test_invalid_values_are_rejected_with_their_key() -> None:
+    with pytest.raises(ConfigError, match="train.group_size"):
+        build_config(["train.group_size=1"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        build_config(["train.steps"])
+
+
+def test_yaml_file_then_overrides(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("recipe: dr_grpo\ntrain:\n  steps: 5\n  lr: 0.01\n")
+    cfg = build_config(["train.steps=7"], str(path))
+    assert (cfg.recipe, cfg.train.steps, cfg.train.lr) == ("dr_grpo", 7, 0.01)
+    path.write_text("train:\n  stpes: 5\n")
+    with pytest.raises(ConfigError, match="did you mean 'steps'"):
+        build_config([], str(path))
