@@ -10,8 +10,8 @@ declared. Unknown keys are errors that name the closest valid key.
 from __future__ import annotations
 
 import difflib
-import re
 import inspect
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +68,7 @@ class SFTConfig(_Section):
     batch_size: int = Field(256, gt=0, description="Sequences per optimizer step.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (linear warm-up, cosine decay).")
     warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     num_examples: int = Field(8000, gt=0, description="Teacher traces drawn from the train split.")
     corrupt_fraction: float = Field(0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start).")
 

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from reinforge.config import build_config
-from reinforge.learner import LearnerBatch, build_optimizer, build_sequences, completion_token_stats, policy_update, warmup_constant
+from reinforge.learner import (
+    LearnerBatch,
+    build_optimizer,
+    build_sequences,
+    completion_token_stats,
+    policy_update,
+    warmup_constant,
+)
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import compute_advantages, resolve_spec
 from reinforge.rollout import HFEngine, SamplingParams

@@ -1,7 +1,12 @@
 """The learner: log-probs of completions, the policy update, optimizers."""
 
 from reinforge.learner.optim import build_optimizer, warmup_constant, warmup_cosine
-from reinforge.learner.sequences import SequenceBatch, TokenStats, build_sequences, completion_token_stats
+from reinforge.learner.sequences import (
+    SequenceBatch,
+    TokenStats,
+    build_sequences,
+    completion_token_stats,
+)
 from reinforge.learner.update import LearnerBatch, UpdateStats, policy_update
 
 __all__ = [

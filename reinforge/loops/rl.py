@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.config import Config
-from reinforge.learner import LearnerBatch, build_optimizer, build_sequences, completion_token_stats, policy_update, warmup_constant
+from reinforge.learner import (
+    LearnerBatch,
+    build_optimizer,
+    build_sequences,
+    completion_token_stats,
+    policy_update,
+    warmup_constant,
+)
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec, compute_advantages
 from reinforge.objectives.aggregation import masked_mean

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.config import SFTConfig
-from reinforge.learner import build_optimizer, build_sequences, completion_token_stats, warmup_cosine
+from reinforge.learner import (
+    build_optimizer,
+    build_sequences,
+    completion_token_stats,
+    warmup_cosine,
+)
 from reinforge.models import Policy
 from reinforge.objectives import loss_weights
 from reinforge.rollout import encode_prompts
@@ -54,7 +59,7 @@ def run_sft(
 
     model = policy.model
     model.train()
-    optimizer = build_optimizer(model, cfg.lr)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps)
     generator = torch.Generator().manual_seed(seed)
     losses: list[float] = []

@@ -86,8 +86,15 @@ class ArithmeticTask(Task):
     def reward(self, example: Example, completion: str) -> float:
         return verify_integer(completion, example.answer)
 
+    def _format_answer(self, value: int, op: str) -> str:
+        """The teacher's way of writing a result: fixed width under `zero_pad`."""
+        if not self.zero_pad:
+            return str(value)
+        width = {"+": self.digits + 1, "-": self.digits, "*": 2 * self.digits}[op]
+        return ("-" if value < 0 else "") + f"{abs(value):0{width}d}"
+
     def teacher_completion(self, example: Example, rng: random.Random) -> str:
-        return example.answer
+        return self._format_answer(int(example.answer), example.meta["op"])
 
     def corrupt_completion(self, example: Example, rng: random.Random) -> str:
         """A near miss: one digit changed, or a small nonzero offset."""
@@ -98,7 +105,7 @@ class ArithmeticTask(Task):
             else:
                 wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 10)
             if wrong != answer:
-                return str(wrong)
+                return self._format_answer(wrong, example.meta["op"])
 
 
 def _change_one_digit(value: int, rng: random.Random) -> int:
