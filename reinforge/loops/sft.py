@@ -35,7 +35,7 @@ def tokenize_pairs(policy: Policy, examples: list[SFTExample], chat_template: st
     tokenizer = policy.tokenizer
     prompts = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template)
     eos = tokenizer.eos_token_id
-    completions = [tokenizer(e.completion, add_special_tokens=False)["input_ids"] + [eos] for e in examples]
+    completions = [ids + [eos] for ids in tokenizer([e.completion for e in examples], add_special_tokens=False)["input_ids"]]
     return prompts, completions
 
 

@@ -20,4 +20,4 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode:
         ]
     else:
         texts = prompts
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -43,7 +43,7 @@ class ArithmeticTask(Task):
     def __init__(
         self,
         seed: int = 0,
-        digits: int = 2,
+        digits: int = 3,
         operators: str = "+",
         eval_fraction: float = 0.2,
         zero_pad: bool = True,
