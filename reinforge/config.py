@@ -33,8 +33,8 @@ class ModelConfig(_Section):
     path: str = Field("builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory.")
     hidden_size: int = Field(128, gt=0, description="Built-in model only: width.")
     num_layers: int = Field(4, gt=0, description="Built-in model only: decoder layers.")
-    num_heads: int = Field(4, gt=0, description="Built-in model only: attention heads.")
-    num_kv_heads: int = Field(2, gt=0, description="Built-in model only: key/value heads (GQA).")
+    num_heads: int = Field(8, gt=0, description="Built-in model only: attention heads.")
+    num_kv_heads: int = Field(8, gt=0, description="Built-in model only: key/value heads (GQA when fewer than num_heads; with 2 the 3-digit-addition SFT plateaued on 2 of 3 seeds, with 8 on none).")
     intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
     max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
@@ -69,7 +69,7 @@ class SFTConfig(_Section):
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (linear warm-up, cosine decay).")
     warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    num_examples: int = Field(8000, gt=0, description="Teacher traces drawn from the train split.")
+    num_examples: int = Field(150000, gt=0, description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh problems keep the model from memorising noisy answers).")
     corrupt_fraction: float = Field(0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start).")
 
 

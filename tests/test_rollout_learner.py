@@ -98,3 +98,30 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
         for a, b in zip(whole, split, strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert sum(float(g.abs().sum()) for g in whole) > 1e-3   # the check is not vacuous
+
+
+def test_several_optimizer_steps_per_rollout_keep_old_logprobs_fixed(policy) -> None:
+    torch.manual_seed(2)
+    rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
+    spec = resolve_spec("dr_grpo")
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        old = completion_token_stats(policy.model, seq).logprobs
+    frozen = old.clone()
+    batch = LearnerBatch(
+        sequences=seq, advantages=compute_advantages("dr_grpo", torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), rollout.group_ids),
+        old_logprobs=old, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
+    )
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-2)
+    stats = policy_update(
+        model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=2, mini_batches=2, micro_batch_size=3,
+        grad_clip=1.0, temperature=1.0, generator=torch.Generator().manual_seed(0), max_length=6,
+    )
+    assert stats.optimizer_steps == 4
+    assert torch.equal(batch.old_logprobs, frozen)           # pi_old is the rollout-time policy throughout
+    # The first mini-batch sees ratio 1 exactly; later ones see the moved policy against the fixed pi_old.
+    assert stats.metrics["ratio_max"] > 1.0 or stats.metrics["ratio_min"] < 1.0
+    with torch.no_grad():
+        moved = completion_token_stats(model, seq).logprobs
+    assert (moved - old).abs().max() > 1e-3

@@ -24,7 +24,7 @@ def test_tokenized_pairs_end_with_eos(micro_overrides) -> None:
 def test_untrained_loss_is_near_uniform_and_sft_lowers_it(micro_overrides) -> None:
     cfg = build_config([*micro_overrides, "sft.steps=80", "sft.batch_size=32", "sft.num_examples=256", "sft.lr=1e-2"])
     policy = build_tiny_qwen2(cfg.model, seed=0)
-    data = build_task("arithmetic").sft_examples(256, corrupt_fraction=0.0, seed=0)
+    data = build_task("arithmetic", digits=2).sft_examples(256, corrupt_fraction=0.0, seed=0)
     result = run_sft(policy, data, cfg.sft, chat_template="auto", seed=0)
     # A random init predicts about uniformly over the 77-token vocabulary: NLL ~ ln 77 = 4.34.
     assert abs(result.first_loss - math.log(len(policy.tokenizer))) < 0.3

@@ -157,13 +157,27 @@ def test_teacher_always_right_corrupt_always_wrong(task: Task) -> None:
 
 
 def test_arithmetic_corruption_is_a_near_miss() -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(digits=2)
     rng = random.Random(0)
     for e in task.train_split(300):
         wrong = task.corrupt_completion(e, rng)
-        assert re.fullmatch(r"-?[1-9][0-9]*|0", wrong), wrong  # a canonical integer
+        right = task.teacher_completion(e, rng)
+        # Written like the teacher's answer: 3 digits, zero-padded (a negative near miss gets a sign).
+        assert re.fullmatch(r"-?[0-9]{3}", wrong), wrong
+        assert re.fullmatch(r"[0-9]{3}", right) and int(right) == int(e.answer)
         # Offsets are at most 10; a changed digit of a <=3-digit sum moves it by < 1000.
         assert 0 < abs(int(wrong) - int(e.answer)) < 1000
+
+
+def test_arithmetic_without_zero_pad_writes_canonical_integers() -> None:
+    task = ArithmeticTask(digits=2, zero_pad=False)
+    rng = random.Random(0)
+    for e in task.train_split(300):
+        assert e.prompt == f"{e.meta['a']}+{e.meta['b']}="          # no padding: "5+34="
+        assert re.fullmatch(r"-?[1-9][0-9]*|0", task.corrupt_completion(e, rng))
+        assert task.teacher_completion(e, rng) == e.answer
+    assert ArithmeticTask(digits=2).train_split(1)[0].prompt.count("+") == 1
+    assert {len(e.prompt) for e in ArithmeticTask(digits=2).train_split(300)} == {6}   # "05+34="
 
 
 def test_countdown_corruption_is_a_valid_expression() -> None:
