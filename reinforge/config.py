@@ -82,13 +82,13 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(100, ge=0, description="RL steps (one rollout batch each).")
+    steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
     group_size: int = Field(8, gt=1, description="Completions per prompt (G).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches.")
     micro_batch_size: int = Field(64, gt=0, description="Completions per forward/backward (gradient accumulation); never changes the gradient.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate (constant after warm-up).")
+    lr: float = Field(5e-5, gt=0, description="Learning rate (constant after warm-up). On the built-in task 2e-4 already raised pass@1 but cost greedy accuracy (the carry circuit drifts).")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
