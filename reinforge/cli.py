@@ -32,7 +32,7 @@ def train(
         from reinforge.pipeline import run
 
         result = run(cfg)
-    except (ConfigError, FileExistsError, ValueError) as err:
+    except (ConfigError, FileExistsError) as err:
         console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     _print_summary(result.output_dir, result.summary)

@@ -84,6 +84,7 @@ class RolloutConfig(_Section):
 class TrainConfig(_Section):
     steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
+    num_prompts: int = Field(1000, gt=0, description="Train-split prompts that RL samples from, reshuffled every epoch.")
     group_size: int = Field(8, gt=1, description="Completions per prompt (G).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches.")

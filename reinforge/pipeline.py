@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from reinforge.config import Config
+from reinforge.config import Config, ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.loops.rl import StepRecord, train_rl
 from reinforge.loops.sft import run_sft
@@ -49,8 +49,11 @@ def seed_everything(seed: int) -> None:
 
 def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     """Everything that can fail on user input, done before anything is written."""
-    task = build_task(cfg.task.name, **cfg.task.options)
-    spec = objective_spec(cfg)
+    try:
+        task = build_task(cfg.task.name, **cfg.task.options)
+        spec = objective_spec(cfg)
+    except ValueError as err:  # bad option values of the task or objective
+        raise ConfigError(str(err)) from None
     if cfg.model.path != "builtin":
         check_model_path(cfg.model.path)
     return task, spec
@@ -108,10 +111,7 @@ def run(cfg: Config) -> RunResult:
 
 
 def _evaluate(cfg: Config, engine, task: Task, held_out) -> EvalResult:
-    sampling = SamplingParams(
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
+    sampling = SamplingParams.from_config(cfg.rollout)
     return evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples, sampling=sampling, seed=cfg.eval.seed)
 
 

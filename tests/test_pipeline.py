@@ -88,3 +88,14 @@ def test_existing_run_is_not_overwritten(tmp_path: Path, micro_overrides) -> Non
     result = runner.invoke(app, ["train", *micro_overrides, f"output_dir={out}"])
     assert result.exit_code == 2 and "already holds a run" in result.output
     assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("task.options.digits=0", "digits must be"), ("objective.aggregation=token_maen", "did you mean 'token_mean'")],
+)
+def test_bad_option_values_are_config_errors(tmp_path: Path, micro_overrides, override: str, message: str) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, override, f"output_dir={out}"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()

@@ -17,6 +17,7 @@ import torch
 from reinforge.config import Config
 from reinforge.learner import (
     LearnerBatch,
+    SequenceBatch,
     build_optimizer,
     build_sequences,
     completion_token_stats,
@@ -73,14 +74,31 @@ def score(task: Task, examples: list[Example], rollout: Rollout, group_size: int
 
 
 @torch.no_grad()
-def token_logprobs(model: torch.nn.Module, rollout_batch: LearnerBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, seq: SequenceBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
     """Log-probs of the completion tokens under `model`, without gradient, [N, T]."""
-    seq = rollout_batch.sequences
     out = torch.zeros_like(seq.completion_mask)
     for rows in torch.split(torch.arange(seq.input_ids.shape[0]), micro_batch_size):
         part = seq.rows(rows)
         out[rows, : part.completion_ids.shape[1]] = completion_token_stats(model, part, temperature).logprobs
     return out
+
+
+def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, old_logprobs: torch.Tensor, group_size: int) -> dict[str, float]:
+    """What the batch looked like before the update: reward, length, degenerate groups, mismatch."""
+    grouped = rewards.view(-1, group_size)                                                 # [P, G]
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "response_length_mean": float(rollout.lengths.mean()),
+        "response_length_max": float(rollout.lengths.max()),
+        "truncation_rate": float(rollout.truncated.float().mean()),
+        # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
+        "zero_variance_groups": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
+        # |p_sampler - p_learner| per token at the same weights (ALGORITHMS.md, sampler-learner mismatch).
+        "sampler_learner_abs_diff_mean": float(
+            masked_mean((rollout.sampler_logprobs.exp() - old_logprobs.exp()).abs(), rollout.completion_mask)
+        ),
+    }
 
 
 def train_rl(
@@ -92,15 +110,12 @@ def train_rl(
     on_step: Callable[[StepRecord], None],
 ) -> RLResult:
     model, tc = policy.model, cfg.train
-    sampling = SamplingParams(
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
+    sampling = SamplingParams.from_config(cfg.rollout)
     # The reference is the policy as RL starts (after SFT), frozen.
     reference = copy.deepcopy(model).eval().requires_grad_(False) if spec.needs_reference else None
     optimizer = build_optimizer(model, tc.lr, tc.weight_decay)
     scheduler = warmup_constant(optimizer, tc.warmup_steps)
-    prompts = PromptStream(task.train_split(max(tc.prompts_per_step * 4, 1000)), seed=cfg.seed)
+    prompts = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     version = 0
     model.train()
@@ -114,15 +129,14 @@ def train_rl(
         rewards = score(task, examples, rollout, tc.group_size)                        # [N]
         # 3. advantage (whole groups are here; the learner only consumes A)
         advantages = compute_advantages(spec.advantage, rewards, rollout.group_ids, **spec.advantage_params)
-        # 4. update
+        # 4. update; pi_old is the learner's own view of the rollout, fixed over all epochs
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+        old_logprobs = token_logprobs(model, sequences, sampling.temperature, tc.micro_batch_size)
+        ref_logprobs = token_logprobs(reference, sequences, sampling.temperature, tc.micro_batch_size) if reference is not None else None
         batch = LearnerBatch(
-            sequences=sequences, advantages=advantages, old_logprobs=torch.empty(0),
-            sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
+            sequences=sequences, advantages=advantages, old_logprobs=old_logprobs,
+            sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
         )
-        batch.old_logprobs = token_logprobs(model, batch, sampling.temperature, tc.micro_batch_size)
-        if reference is not None:
-            batch.ref_logprobs = token_logprobs(reference, batch, sampling.temperature, tc.micro_batch_size)
         update = policy_update(
             model, optimizer, scheduler, batch, spec,
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, micro_batch_size=tc.micro_batch_size,
@@ -132,20 +146,12 @@ def train_rl(
         version += update.optimizer_steps
         # 5. log
         seconds = time.perf_counter() - t0
-        mask = rollout.completion_mask
-        tokens = float(mask.sum())
-        grouped = rewards.view(-1, tc.group_size)
         metrics = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "response_length_mean": float(rollout.lengths.mean()),
-            "truncation_rate": float(rollout.truncated.float().mean()),
-            "zero_variance_groups": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
-            "sampler_learner_abs_diff_mean": float(masked_mean((rollout.sampler_logprobs.exp() - batch.old_logprobs.exp()).abs(), mask)),
+            **rollout_metrics(rollout, rewards, old_logprobs, tc.group_size),
             **update.metrics,
             "lr": scheduler.get_last_lr()[0],
             "policy_version": version,
-            "tokens_per_s": tokens / seconds,
+            "tokens_per_s": float(rollout.completion_mask.sum()) / seconds,
             "generation_seconds": t_gen,
             "step_seconds": seconds,
         }

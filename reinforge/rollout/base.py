@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+from reinforge.config import RolloutConfig
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +23,10 @@ class SamplingParams:
     top_k: int = 0            # 0 = off
     max_new_tokens: int = 8
     greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
+        return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens)
 
 
 @dataclass
