@@ -99,3 +99,40 @@ def test_bad_option_values_are_config_errors(tmp_path: Path, micro_overrides, ov
     result = runner.invoke(app, ["train", *micro_overrides, override, f"output_dir={out}"])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not out.exists()
+
+
+def test_countdown_task_runs_end_to_end(tmp_path: Path, micro_overrides) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, "task.name=countdown", "rollout.max_new_tokens=8", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    rl = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(rl) == 3 and all(_finite(r) for r in rl)
+
+
+def test_other_architectures_and_chat_templates_use_the_same_path(tmp_path: Path, micro_overrides) -> None:
+    """A Llama-architecture directory whose tokenizer has its own chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reinforge.models import load_policy
+    from reinforge.models.tokenizer import build_char_tokenizer
+    from reinforge.rollout import encode_prompts
+
+    tok = build_char_tokenizer()
+    tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    ))
+    path = tmp_path / "llama"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+    cfg = build_config([*micro_overrides, f"model={path}"])
+    policy = load_policy(cfg.model, seed=0)
+    assert type(policy.model).__name__ == "LlamaForCausalLM"
+    assert policy.tokenizer.decode(encode_prompts(policy.tokenizer, ["05+34="])[0]) == "[05+34=]"
+    assert policy.tokenizer.decode(encode_prompts(policy.tokenizer, ["05+34="], "never")[0]) == "05+34="
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, f"model={path}", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
