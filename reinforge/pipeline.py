@@ -65,8 +65,11 @@ def run(cfg: Config) -> RunResult:
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     policy = load_policy(cfg.model, cfg.seed)
-    run_dir = RunDir(cfg.output_dir or default_output_dir(cfg), cfg)
+    # The resolved config names its real run directory, not the default's null.
+    cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
+    run_dir = RunDir(cfg.output_dir, cfg)
     show = cfg.log.progress
+    sft_summary = None
     try:
         if cfg.sft.enabled and cfg.sft.steps > 0:
             sft_data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
@@ -79,7 +82,8 @@ def run(cfg: Config) -> RunResult:
 
             sft = run_sft(policy, sft_data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step)
             bar.close()
-            run_dir.log({"stage": "sft", "steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss})
+            sft_summary = {"steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
+            run_dir.log({"stage": "sft", **sft_summary})
 
         engine = ENGINES[cfg.rollout.engine](policy, chat_template=cfg.prompt.chat_template)
         held_out = task.eval_split(cfg.eval.num_prompts)
@@ -100,6 +104,7 @@ def run(cfg: Config) -> RunResult:
             "recipe": cfg.recipe,
             "task": cfg.task.name,
             "seed": cfg.seed,
+            "sft": sft_summary,
             "rl_steps": rl.steps,
             "wall_seconds": time.perf_counter() - t_start,
             "eval": {"start": start.to_summary(), "final": final.to_summary()},

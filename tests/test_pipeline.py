@@ -41,7 +41,9 @@ def test_three_step_run_writes_a_complete_run_dir(tmp_path: Path, micro_override
         assert list(ev["pass@k"]) == ["1", "2", "4"]
         assert ev["pass@k"]["1"] == pytest.approx(ev["pass@1"])
     assert summary["wall_seconds"] > 0
-    assert yaml.safe_load((out / "config.yaml").read_text())["recipe"] == recipe
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert resolved["recipe"] == recipe and resolved["output_dir"] == str(out)
+    assert summary["sft"]["steps"] == 3 and summary["sft"]["final_loss"] < summary["sft"]["first_loss"]
     ckpt = out / "checkpoint"
     assert {"model.safetensors", "config.json", "tokenizer.json", "optimizer.pt"} <= {p.name for p in ckpt.iterdir()}
 
