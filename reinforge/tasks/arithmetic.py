@@ -28,14 +28,15 @@ def _apply(a: int, op: str, b: int) -> int:
 class ArithmeticTask(Task):
     """Binary integer arithmetic with `digits`-digit operands (each in [0, 10**digits - 1]).
 
-    Prompt: "{a}{op}{b}=", e.g. "12+34=". Answer and teacher completion: the
-    exact result, e.g. "46" (negative for "-", e.g. "03-05=" -> "-2").
+    Prompt: "{a}{op}{b}=". Gold answer: the exact result as a plain integer,
+    e.g. "46" (negative for "-"); the verifier compares values, so "046" is right.
 
-    With `zero_pad` (the default) operands are written at fixed width ("05+34="):
-    every digit then sits at the same position in every prompt, which lets the
-    tiny built-in character model learn carrying in a few hundred SFT steps
-    instead of thousands (measured: greedy held-out accuracy 0.95 vs 0.30 after
-    500-600 steps of batch 256 on 2-digit addition).
+    With `zero_pad` (the default) everything is written at fixed width: the
+    prompt "005+034=" and the teacher's answer "0039" (width digits + 1 for "+",
+    digits for "-", 2 * digits for "*"). Every digit then sits at the same
+    position in every example, which helps the tiny built-in character model
+    find the digit alignment (and carrying) within a few hundred SFT steps. Without padding
+    (`zero_pad=False`): "5+34=" -> "39".
     """
 
     name = "arithmetic"
