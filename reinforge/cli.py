@@ -1,4 +1,4 @@
-"""`reinforge` command line: train (and, as they land, more commands)."""
+"""`reinforge` command line: train, recipes (and, as they land, more commands)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,37 @@ def train(
         from reinforge.pipeline import run
 
         result = run(cfg)
-    except (ConfigError, FileExistsError) as err:
+    except (ConfigError, FileExistsError, NotImplementedError) as err:
         console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     _print_summary(result.output_dir, result.summary)
+
+
+@app.command()
+def recipes(
+    name: Annotated[str | None, typer.Argument(help="A recipe: print its preset (its full composition) instead of the table")] = None,
+) -> None:
+    """The catalogue of methods, generated from the registry: advantage, objective, aggregation, KL, extras."""
+    from dataclasses import fields
+
+    from reinforge.catalogue import RecipeRow, preset_yaml, recipe_rows
+    from reinforge.objectives import RECIPES
+    from reinforge.objectives.common import lookup
+
+    if name is not None:
+        try:
+            recipe = lookup(RECIPES, name, "recipe")
+        except ValueError as err:
+            console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        console.print(escape(preset_yaml(recipe)), soft_wrap=True, highlight=False)
+        return
+    table = Table(title="reinforge recipes (reinforge recipes NAME prints one preset)")
+    for field in fields(RecipeRow):
+        table.add_column(field.name, overflow="fold", no_wrap=field.name == "method")
+    for row in recipe_rows():
+        table.add_row(*(escape(getattr(row, field.name)) for field in fields(RecipeRow)))
+    console.print(table)
 
 
 def _print_summary(output_dir: str, summary: dict) -> None:

@@ -95,17 +95,45 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
 
 
-class ObjectiveConfig(_Section):
-    """Overrides of the recipe's objective parts; None keeps the recipe's value."""
+class TransformConfig(_Section):
+    name: str = Field(description="Advantage transform: gaussian_noise, filter_small, ema_baseline_mix, or 'module:function'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the transform, e.g. sigma=0.1.")
 
-    advantage: str | None = Field(None, description="Advantage estimator (grpo, dr_grpo, ...).")
-    policy_loss: str | None = Field(None, description="Policy objective (ppo_clip, ...).")
-    eps_low: float | None = Field(None, ge=0, description="Lower clip range of the ratio.")
-    eps_high: float | None = Field(None, ge=0, description="Upper clip range of the ratio (clip-higher when > eps_low).")
-    aggregation: str | None = Field(None, description="Loss aggregation (token_mean, seq_mean_token_mean, ...).")
-    kl_estimator: str | None = Field(None, description="KL estimator in the loss (k1, k2, k3) or 'none'.")
+
+class ObjectiveConfig(_Section):
+    """Overrides of the recipe's objective parts (see `reinforge recipes NAME`); None keeps the recipe's value.
+
+    A composition of your own is a recipe plus overrides here; any part may be
+    your own function by import path, e.g. policy_loss=mypkg.losses:my_loss.
+    """
+
+    advantage: str | None = Field(None, description="Advantage estimator: grpo, dr_grpo, rloo, lite_ppo, scalerl, reinforce, maxrl, gpg, or 'module:function'.")
+    advantage_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the advantage estimator, e.g. {eps: 1e-6}.")
+    advantage_transforms: list[TransformConfig] | None = Field(None, description="Transforms applied to the advantages in order (Gaussian noise, |A| filter, cross-prompt EMA baseline).")
+    policy_loss: str | None = Field(None, description="Policy objective: ppo_clip, dual_clip, gspo, gspo_token, gmpo, cispo, sapo, dppo_tv, dppo_kl, reinforce, gpg, decoupled_ppo, or 'module:function'.")
+    policy_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the policy objective, e.g. {eps_low: 0.2, eps_high: 0.28}; replaces the recipe's.")
+    eps_low: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_low (lower clip range of the ratio).")
+    eps_high: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_high (clip-higher when > eps_low).")
+    ratio_anchor: Literal["old", "sampler"] | None = Field(None, description="Denominator of the ratio: the learner's pi_old, or the sampler's log-probs (ScaleRL).")
+    correction: str | None = Field(None, description="Sampler-learner correction: tis, tis_sequence, mis, mis_sequence, or 'none'.")
+    correction_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the correction, e.g. {cap: 2.0}.")
+    aggregation: str | None = Field(None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, prompt_mean.")
+    kl_estimator: str | None = Field(None, description="KL estimator k1, k2, k3, or 'none' (no reference model).")
+    kl_placement: Literal["in_loss", "in_reward"] | None = Field(None, description="KL term in the loss, or subtracted from the reward.")
     kl_coef: float | None = Field(None, ge=0, description="KL coefficient beta.")
+    reference: Literal["fixed", "ema"] | None = Field(None, description="Reference policy: the frozen start of RL, or an EMA of the policy (T1).")
+    reference_ema: float | None = Field(None, ge=0, le=1, description="EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta each optimizer step.")
     entropy_coef: float | None = Field(None, description="Entropy bonus coefficient.")
+    nll_coef: float | None = Field(None, ge=0, description="Weight of the NLL loss on correct samples (VAPO).")
+    value: dict[str, Any] | None = Field(None, description="Critic settings (gamma, lam_actor, lam_critic, length_adaptive_alpha, value_clip, pretrain_steps) of PPO-family recipes.")
+
+    def overrides(self) -> dict[str, Any]:
+        """The set fields as ObjectiveSpec overrides ('none' removes an optional part)."""
+        out = {k: v for k, v in self.model_dump(exclude_none=True).items()}
+        for key in ("kl_estimator", "correction"):
+            if out.get(key) == "none":
+                out[key] = None
+        return out
 
 
 class EvalConfig(_Section):
@@ -143,10 +171,10 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_recipe(self) -> Config:
-        from reinforge.objectives import RECIPE_OBJECTIVES
+        from reinforge.objectives import RECIPES
 
-        if self.recipe not in RECIPE_OBJECTIVES:
-            raise ConfigError(_unknown_key_message("recipe", self.recipe, sorted(RECIPE_OBJECTIVES), what="recipe"))
+        if self.recipe not in RECIPES:
+            raise ConfigError(_unknown_key_message("recipe", self.recipe, sorted(RECIPES), what="recipe"))
         return self
 
 
@@ -189,7 +217,14 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            if key == "objective":
+                # A part replaced without params drops the old part's params (one rule, objectives.spec).
+                from reinforge.objectives.spec import stale_params
+
+                stale = stale_params(out[key], value)
+                out[key] = _deep_merge({k: v for k, v in out[key].items() if k not in stale}, value)
+            else:
+                out[key] = _deep_merge(out[key], value)
         else:
             out[key] = value
     return out

@@ -23,6 +23,7 @@ from reinforge.models import load_policy
 from reinforge.models.factory import check_model_path
 from reinforge.objectives import ObjectiveSpec, resolve_spec
 from reinforge.rollout import ENGINES, SamplingParams
+from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
 
@@ -34,11 +35,8 @@ class RunResult:
 
 
 def objective_spec(cfg: Config) -> ObjectiveSpec:
-    """The recipe's objective with the config's non-None overrides applied."""
-    overrides = {k: v for k, v in cfg.objective.model_dump().items() if v is not None}
-    if overrides.get("kl_estimator") == "none":
-        overrides["kl_estimator"] = None
-    return resolve_spec(cfg.recipe, **overrides)
+    """The recipe's objective with the config's overrides applied."""
+    return resolve_spec(cfg.recipe, **cfg.objective.overrides())
 
 
 def seed_everything(seed: int) -> None:
@@ -48,12 +46,18 @@ def seed_everything(seed: int) -> None:
 
 
 def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
-    """Everything that can fail on user input, done before anything is written."""
+    """Everything that can fail on user input, done before anything is written.
+
+    Raises ConfigError for bad input, NotImplementedError for a recipe whose
+    systems are not built yet.
+    """
+    check_runnable(cfg.recipe)
     try:
         task = build_task(cfg.task.name, **cfg.task.options)
         spec = objective_spec(cfg)
-    except ValueError as err:  # bad option values of the task or objective
+    except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
+    check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
     if cfg.model.path != "builtin":
         check_model_path(cfg.model.path)
     return task, spec

@@ -187,13 +187,14 @@ def test_grpo_recipe_hand_value_and_gradient():
 def test_dr_grpo_recipe_hand_value_and_eps_high_override():
     # Row 0 token 0 has r = 1.5 with A = +1 (clipped at 1.2); elsewhere r = 1.
     # Terms -J: [[-1.2, -1], [0.5, 0]]; seq_mean_token_sum_norm with L_norm = 4, N = 2:
-    # loss = (-1.2 - 1 + 0.5) / (2 * 4) = -0.2125. No KL, although ref_logprobs are passed.
+    # loss = (-1.2 - 1 + 0.5) / (2 * 4) = -0.2125. No KL in the loss, although ref_logprobs are
+    # passed: they only give the diagnostic k3 metric (1/6, as in the grpo test above).
     old_logprobs = LOGPROBS - _tensor([[math.log(1.5), 0.0], [0.0, 0.0]])
     out, grad = _recipe("dr_grpo", old_logprobs=old_logprobs, max_length=4)
     assert out.loss.item() == pytest.approx(-1.7 / 8, abs=1e-12)
     # Gradient w (-A) where unclipped: [[0, -1/8], [0.5/8, 0]].
     torch.testing.assert_close(grad, _tensor([[0.0, -0.125], [0.0625, 0.0]]))
-    assert "kl" not in out.metrics
+    assert out.metrics["kl"] == pytest.approx(1 / 6)
     assert out.metrics["clip_frac_high"] == pytest.approx(1 / 3)
     # eps_high = 0.28: the 1.5 ratio is clipped at 1.28 instead: (-1.28 - 1 + 0.5) / 8 = -0.2225.
     out, _ = _recipe("dr_grpo", old_logprobs=old_logprobs, max_length=4, eps_high=0.28)
@@ -237,9 +238,9 @@ def test_errors_name_the_closest_match():
         resolve_spec("grpo", eps_hihg=0.28)
     with pytest.raises(ValueError, match="did you mean 'seq_mean_token_sum'"):
         resolve_spec("grpo", aggregation="seq_mean_token_summ")
-    with pytest.raises(ValueError, match="pass ref_logprobs"):
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
         recipe_loss("grpo", logprobs=LOGPROBS, old_logprobs=LOGPROBS, advantages=SEQ_ADVANTAGES, mask=MASK)
-    with pytest.raises(ValueError, match="pass entropy"):
+    with pytest.raises(ValueError, match="needs entropy"):
         _recipe("grpo", entropy_coef=0.1)
     with pytest.raises(ValueError, match="advantages must be"):
         recipe_loss("dr_grpo", logprobs=LOGPROBS, old_logprobs=LOGPROBS, advantages=MASK[:, :1], mask=MASK)

@@ -1,10 +1,20 @@
-"""Property tests: no NaN or inf in any loss or gradient, whatever the batch looks like."""
+"""Property tests: no NaN or inf in any loss, gradient or metric, whatever the batch looks like
+(empty and all-masked rows, groups of one, all-equal rewards, log-ratios far beyond the clamp)."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reinforge.objectives import AGGREGATIONS, RECIPE_OBJECTIVES, compute_advantages, recipe_loss
+from reinforge.objectives import (
+    ADVANTAGE_TRANSFORMS,
+    ADVANTAGES,
+    AGGREGATIONS,
+    CORRECTIONS,
+    POLICY_LOSSES,
+    RECIPE_OBJECTIVES,
+    AdvantagePipeline,
+    recipe_loss,
+)
 from reinforge.objectives.kl import kl_terms
 
 # Log-ratios up to +-50 (beyond the +-20 clamp), rewards binary or real.
@@ -23,30 +33,59 @@ def batches(draw):
     # Rows may be fully masked; few group ids, so groups of one and all-equal groups are common.
     return dict(
         old_logprobs=old_logprobs,
-        logprobs=old_logprobs + matrix(log_ratios),
-        ref_logprobs=old_logprobs + matrix(log_ratios),
+        logprobs=(old_logprobs + matrix(log_ratios)).clamp(max=0.0),
+        ref_logprobs=(old_logprobs + matrix(log_ratios)).clamp(max=0.0),
+        sampler_logprobs=(old_logprobs + matrix(log_ratios)).clamp(max=0.0),
+        entropy=matrix(st.floats(0.0, 10.0)),
         mask=matrix(st.sampled_from([0.0, 1.0])),
         rewards=torch.tensor(draw(st.lists(rewards, min_size=n, max_size=n))),
         group_ids=torch.tensor(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))),
     )
 
 
-@settings(max_examples=60, deadline=None)
-@given(batches(), st.sampled_from(sorted(RECIPE_OBJECTIVES)), st.sampled_from(sorted(AGGREGATIONS)),
-       st.sampled_from([None, 3]))
-def test_losses_and_gradients_are_finite(batch, recipe, aggregation, max_length):
-    spec = RECIPE_OBJECTIVES[recipe]
-    advantages = compute_advantages(spec.advantage, batch["rewards"], batch["group_ids"])
-    assert torch.isfinite(advantages).all()
-    logprobs = batch["logprobs"].requires_grad_()
-    out = recipe_loss(recipe, logprobs=logprobs, old_logprobs=batch["old_logprobs"], advantages=advantages,
-                      mask=batch["mask"], ref_logprobs=batch["ref_logprobs"], group_ids=batch["group_ids"],
-                      max_length=max_length, aggregation=aggregation)
+def _loss_is_finite(batch, advantages, name, **overrides):
+    logprobs = batch["logprobs"].clone().requires_grad_()
+    out = recipe_loss(name, logprobs=logprobs, old_logprobs=batch["old_logprobs"], advantages=advantages,
+                      mask=batch["mask"], ref_logprobs=batch["ref_logprobs"],
+                      sampler_logprobs=batch["sampler_logprobs"], group_ids=batch["group_ids"],
+                      entropy=batch["entropy"], correct=batch["rewards"] > 0, **overrides)
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert torch.isfinite(logprobs.grad).all()
     assert torch.all(logprobs.grad[batch["mask"] == 0] == 0)    # padding never gets a gradient
-    assert all(torch.isfinite(torch.tensor(value)) for value in out.metrics.values())
+    assert all(torch.isfinite(torch.tensor(value)) for value in out.metrics.values()), out.metrics
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.sampled_from(sorted(RECIPE_OBJECTIVES)), st.sampled_from(sorted(AGGREGATIONS)),
+       st.sampled_from([None, 3]))
+def test_every_recipe_is_finite(batch, recipe, aggregation, max_length):
+    spec = RECIPE_OBJECTIVES[recipe]
+    if spec.needs_critic:   # GAE advantages come from a critic: any finite per-token values
+        advantages = batch["rewards"].unsqueeze(1) * batch["mask"]
+    else:
+        advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(batch["rewards"], batch["group_ids"]).advantages
+    assert torch.isfinite(advantages).all()
+    _loss_is_finite(batch, advantages, recipe, aggregation=aggregation, max_length=max_length)
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.sampled_from(sorted(POLICY_LOSSES)), st.sampled_from([None, *sorted(CORRECTIONS)]),
+       st.sampled_from(["old", "sampler"]))
+def test_every_policy_loss_and_correction_is_finite(batch, policy_loss, correction, anchor):
+    advantages = AdvantagePipeline("grpo")(batch["rewards"], batch["group_ids"]).advantages
+    _loss_is_finite(batch, advantages, "grpo", policy_loss=policy_loss, correction=correction,
+                    ratio_anchor=anchor, entropy_coef=0.01, nll_coef=0.1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.sampled_from(sorted(ADVANTAGES)), st.sampled_from(sorted(ADVANTAGE_TRANSFORMS)))
+def test_every_advantage_and_transform_is_finite(batch, estimator, transform):
+    pipeline = AdvantagePipeline(estimator, transforms=[(transform, {})])
+    for _ in range(2):      # the second batch sees the state the first one left
+        result = pipeline(batch["rewards"], batch["group_ids"], generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(result.advantages).all()
+        assert result.keep.dtype == torch.bool
 
 
 @settings(max_examples=200, deadline=None)

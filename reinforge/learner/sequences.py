@@ -21,7 +21,7 @@ class SequenceBatch:
 
     def rows(self, index: torch.Tensor) -> SequenceBatch:
         """The sub-batch of the given rows, trimmed to its own longest sequence."""
-        length = int(self.attention_mask[index].sum(dim=1).max().item())
+        length = int(self.attention_mask[index].sum(dim=1).max().item()) if len(index) else 0
         width = int(self.completion_mask[index].sum(dim=1).max().item()) if len(index) else 0
         width = max(width, 1)
         return SequenceBatch(
@@ -77,3 +77,13 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     probs = torch.softmax(picked, dim=-1)
     entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
     return TokenStats(logprobs=logprobs, entropy=entropy)
+
+
+@torch.no_grad()
+def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches."""
+    out = torch.zeros_like(seq.completion_mask)
+    for rows in torch.split(torch.arange(seq.input_ids.shape[0]), micro_batch_size):
+        part = seq.rows(rows)
+        out[rows, : part.completion_ids.shape[1]] = completion_token_stats(model, part, temperature).logprobs
+    return out

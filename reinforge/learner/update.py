@@ -28,6 +28,23 @@ class LearnerBatch:
     sampler_logprobs: torch.Tensor           # [N, T] rollout engine's log-probs
     group_ids: torch.Tensor                  # [N]
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference policy, when the objective has a KL term
+    correct: torch.Tensor | None = None       # [N] bool, verified-correct samples (for an NLL term)
+
+    def select(self, keep: torch.Tensor) -> LearnerBatch:
+        """The rows where `keep` [N] (bool) is set: samples that curation or an advantage filter dropped leave
+        the batch entirely, so they do not count in the aggregation's denominators either."""
+        if bool(keep.all()):
+            return self
+        rows = keep.nonzero().squeeze(1)
+        sequences = self.sequences.rows(rows)
+        width = sequences.completion_ids.shape[1]
+        return LearnerBatch(
+            sequences=sequences, advantages=_slice_rows(self.advantages, rows, width),
+            old_logprobs=_slice_rows(self.old_logprobs, rows, width),
+            sampler_logprobs=_slice_rows(self.sampler_logprobs, rows, width),
+            group_ids=self.group_ids[rows], ref_logprobs=_slice_rows(self.ref_logprobs, rows, width),
+            correct=_slice_rows(self.correct, rows, width),
+        )
 
 
 @dataclass
@@ -85,6 +102,7 @@ def policy_update(
                     ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width),
                     sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width),
                     entropy=stats.entropy,
+                    correct=_slice_rows(batch.correct, rows, width),
                 )
                 out.loss.backward()
                 for key, value in out.metrics.items():

@@ -6,7 +6,6 @@ It reads top to bottom; methods differ only in the objective spec they pass
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -17,16 +16,16 @@ import torch
 from reinforge.config import Config
 from reinforge.learner import (
     LearnerBatch,
-    SequenceBatch,
+    Reference,
     build_optimizer,
     build_sequences,
-    completion_token_stats,
     policy_update,
+    token_logprobs,
     warmup_constant,
 )
 from reinforge.models import Policy
-from reinforge.objectives import ObjectiveSpec, compute_advantages
-from reinforge.objectives.aggregation import masked_mean
+from reinforge.objectives import AdvantagePipeline, ObjectiveSpec, shaped_rewards
+from reinforge.objectives.corrections import mismatch_metrics
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example, Task
 
@@ -73,16 +72,6 @@ def score(task: Task, examples: list[Example], rollout: Rollout, group_size: int
     )
 
 
-@torch.no_grad()
-def token_logprobs(model: torch.nn.Module, seq: SequenceBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """Log-probs of the completion tokens under `model`, without gradient, [N, T]."""
-    out = torch.zeros_like(seq.completion_mask)
-    for rows in torch.split(torch.arange(seq.input_ids.shape[0]), micro_batch_size):
-        part = seq.rows(rows)
-        out[rows, : part.completion_ids.shape[1]] = completion_token_stats(model, part, temperature).logprobs
-    return out
-
-
 def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, old_logprobs: torch.Tensor, group_size: int) -> dict[str, float]:
     """What the batch looked like before the update: reward, length, degenerate groups, mismatch."""
     grouped = rewards.view(-1, group_size)                                                 # [P, G]
@@ -95,9 +84,7 @@ def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, old_logprobs: torch
         # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
         "zero_variance_groups": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
         # |p_sampler - p_learner| per token at the same weights (ALGORITHMS.md, sampler-learner mismatch).
-        "sampler_learner_abs_diff_mean": float(
-            masked_mean((rollout.sampler_logprobs.exp() - old_logprobs.exp()).abs(), rollout.completion_mask)
-        ),
+        **mismatch_metrics(old_logprobs, rollout.sampler_logprobs, rollout.completion_mask),
     }
 
 
@@ -111,8 +98,10 @@ def train_rl(
 ) -> RLResult:
     model, tc = policy.model, cfg.train
     sampling = SamplingParams.from_config(cfg.rollout)
-    # The reference is the policy as RL starts (after SFT), frozen.
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if spec.needs_reference else None
+    # The reference starts as the policy as RL starts (after SFT); None when the loss has no KL term.
+    reference = Reference.build(model, spec)
+    advantage = AdvantagePipeline(spec.advantage, spec.advantage_params,
+                                  [(t.name, t.params) for t in spec.advantage_transforms])
     optimizer = build_optimizer(model, tc.lr, tc.weight_decay)
     scheduler = warmup_constant(optimizer, tc.warmup_steps)
     prompts = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
@@ -127,28 +116,34 @@ def train_rl(
         t_gen = time.perf_counter() - t0
         # 2. reward
         rewards = score(task, examples, rollout, tc.group_size)                        # [N]
-        # 3. advantage (whole groups are here; the learner only consumes A)
-        advantages = compute_advantages(spec.advantage, rewards, rollout.group_ids, **spec.advantage_params)
-        # 4. update; pi_old is the learner's own view of the rollout, fixed over all epochs
+        # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
         old_logprobs = token_logprobs(model, sequences, sampling.temperature, tc.micro_batch_size)
-        ref_logprobs = token_logprobs(reference, sequences, sampling.temperature, tc.micro_batch_size) if reference is not None else None
+        ref_logprobs = reference.logprobs(sequences, sampling.temperature, tc.micro_batch_size) if reference else None
+        # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
+        credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
+                           rollout.group_ids, generator=generator)
         batch = LearnerBatch(
-            sequences=sequences, advantages=advantages, old_logprobs=old_logprobs,
+            sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
-        )
+            correct=rewards > 0,     # the built-in verifiers give 1 for a correct answer, 0 otherwise
+        ).select(credit.keep)
+        # 5. update
         update = policy_update(
             model, optimizer, scheduler, batch, spec,
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, micro_batch_size=tc.micro_batch_size,
             grad_clip=tc.grad_clip, temperature=sampling.temperature, generator=generator,
             max_length=cfg.rollout.max_new_tokens,
         )
+        if reference:
+            reference.after_update(model)
         version += update.optimizer_steps
-        # 5. log
+        # 6. log
         seconds = time.perf_counter() - t0
         metrics = {
-            **rollout_metrics(rollout, rewards, old_logprobs, tc.group_size),
             **update.metrics,
+            **rollout_metrics(rollout, rewards, old_logprobs, tc.group_size),   # whole-batch values win
+            "kept_frac": float(credit.keep.float().mean()),
             "lr": scheduler.get_last_lr()[0],
             "policy_version": version,
             "tokens_per_s": float(rollout.completion_mask.sum()) / seconds,

@@ -13,11 +13,16 @@ GRPO (arXiv 2402.03300, eq. 4) uses k3 in the loss with beta = 0.04.
 Every estimator has the signature fn(*, logprobs, ref_logprobs) -> [N, T]
 and sits in `KL_ESTIMATORS`. Terms are not masked: the aggregation weights
 are 0 on padding.
+
+Placement (ALGORITHMS.md, "KL to the reference"): in the loss (GRPO), or in
+the reward, r <- r - beta sg(k1) (PPO / InstructGPT, arXiv 2203.02155), see
+`sequence_kl_penalty`. Reference kinds: the frozen initial policy, or an EMA
+of the policy (T1, arXiv 2501.11651), see `ema_update_`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -56,3 +61,29 @@ KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
 def kl_terms(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Per-token KL estimates [N, T] by estimator name (or "module:function")."""
     return resolve(KL_ESTIMATORS, name, "KL estimator")(logprobs=logprobs, ref_logprobs=ref_logprobs)
+
+
+def sequence_kl_penalty(
+    old_logprobs: Tensor,      # [N, T] log pi_old of the sampled tokens (the policy that sampled them)
+    ref_logprobs: Tensor,      # [N, T] log pi_ref
+    mask: Tensor,              # [N, T]
+    kl_coef: float,
+) -> Tensor:
+    """beta * sum_t sg(k1_t) per sequence, [N]: the KL placed in the reward.
+
+    With one outcome reward per sequence, r_t <- r_t - beta sg(k1_t) on every
+    token sums to R_i - beta sum_t k1_it for a critic-free advantage; a
+    critic's GAE takes the per-token form (value.outcome_token_rewards).
+    """
+    k = k1(logprobs=old_logprobs.detach(), ref_logprobs=ref_logprobs.detach())
+    return kl_coef * torch.where(mask.bool(), k, torch.zeros_like(k)).sum(dim=1)
+
+
+@torch.no_grad()
+def ema_update_(reference: Iterable[Tensor], policy: Iterable[Tensor], ema: float) -> None:
+    """ref <- ema ref + (1 - ema) theta, in place, parameter by parameter (T1's EMA reference).
+
+    ema = 1 keeps the reference fixed; ema = 0 makes it the current policy.
+    """
+    for ref, theta in zip(reference, policy, strict=True):
+        ref.lerp_(theta.to(ref.dtype), 1.0 - ema)

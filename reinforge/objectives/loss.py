@@ -1,7 +1,6 @@
-"""The full RL objective of one (micro-)batch: policy terms + KL + entropy,
-weighted by the aggregation weights of the whole optimizer batch.
-
-    loss = sum(w * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H)
+"""The full RL objective of one (micro-)batch: policy terms (with an optional
+sampler-learner correction) + KL + entropy + NLL, weighted by the
+aggregation weights of the whole optimizer batch.
 
 `objective_loss` takes the weights from the caller (sliced from the full
 batch, see `aggregation`); `recipe_loss` is the one-call form for a batch
@@ -11,11 +10,17 @@ that is not split.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
-from reinforge.objectives.advantages import ADVANTAGES
+from reinforge.objectives.advantages import (
+    ADVANTAGE_INPUTS,
+    ADVANTAGE_TRANSFORMS,
+    ADVANTAGES,
+    TRANSFORM_INPUTS,
+)
 from reinforge.objectives.aggregation import AGGREGATIONS, loss_weights, masked_mean
 from reinforge.objectives.common import (
     accepted_params,
@@ -24,9 +29,17 @@ from reinforge.objectives.common import (
     resolve,
     unknown_name_error,
 )
-from reinforge.objectives.kl import KL_ESTIMATORS, kl_terms
+from reinforge.objectives.corrections import (
+    CORRECTION_INPUTS,
+    CORRECTIONS,
+    apply_correction,
+    mismatch_metrics,
+)
+from reinforge.objectives.kl import KL_ESTIMATORS, kl_terms, sequence_kl_penalty
 from reinforge.objectives.policy import POLICY_INPUTS, POLICY_LOSSES
-from reinforge.objectives.spec import RECIPE_OBJECTIVES, ObjectiveSpec
+from reinforge.objectives.recipes import RECIPES
+from reinforge.objectives.spec import ObjectiveSpec, ValueSpec, stale_params
+from reinforge.objectives.value import CRITIC_ADVANTAGES, positive_nll
 
 
 @dataclass
@@ -38,20 +51,28 @@ class LossOutput:
 
 
 def resolve_spec(name: str, **overrides: object) -> ObjectiveSpec:
-    """RECIPE_OBJECTIVES[name] with overrides applied, every name and parameter checked.
+    """The objective of recipe `name` with overrides applied, every name and parameter checked.
 
     Keys that are ObjectiveSpec fields replace them; any other key is a
     parameter of the policy loss (e.g. eps_high=0.28). Overriding
-    `policy_loss` (or `advantage`) without its params drops the recipe's
-    params, which belong to the recipe's own function. Unknown recipes,
-    registry names and keys raise ValueError with a suggestion.
+    `policy_loss` (or `advantage`, `correction`) without its params drops the
+    recipe's params, which belong to the recipe's own function. Unknown
+    recipes, registry names and keys raise ValueError with a suggestion.
     """
-    spec = lookup(RECIPE_OBJECTIVES, name, "recipe")
+    recipe = lookup(RECIPES, name, "recipe")
+    if not isinstance(recipe.objective, ObjectiveSpec):
+        raise ValueError(
+            f"recipe {name!r} is a preference objective over chosen/rejected pairs, not a policy-gradient loss: "
+            "use reinforge.objectives.preference_loss"
+        )
+    spec = recipe.objective
     spec_fields = {f.name for f in dataclasses.fields(ObjectiveSpec)}
     changes = {k: v for k, v in overrides.items() if k in spec_fields}
-    for fn_field, params_field in (("policy_loss", "policy_params"), ("advantage", "advantage_params")):
-        if fn_field in changes and params_field not in changes:
-            changes[params_field] = {}     # the recipe's params belong to the recipe's function
+    current = {name: getattr(spec, name) for name in spec_fields}
+    for params in stale_params(current, changes):
+        changes.setdefault(params, {})
+    if isinstance(changes.get("value"), Mapping):
+        changes["value"] = ValueSpec(**changes["value"])
     spec = dataclasses.replace(spec, **changes)
 
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
@@ -69,11 +90,28 @@ def check_spec(spec: ObjectiveSpec) -> None:
     """Raise ValueError (with a suggestion) for any name or parameter of `spec` that does not resolve."""
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
     check_params(policy_fn, spec.policy_params, f"policy loss {spec.policy_loss!r}", reserved=POLICY_INPUTS)
-    advantage_fn = resolve(ADVANTAGES, spec.advantage, "advantage estimator")
-    check_params(advantage_fn, spec.advantage_params, f"advantage {spec.advantage!r}", reserved=("rewards", "group_ids"))
+    if spec.advantage in CRITIC_ADVANTAGES:
+        if spec.value is None:
+            raise ValueError(f"advantage {spec.advantage!r} needs a critic: set the objective's value settings")
+    else:
+        advantage_fn = resolve(ADVANTAGES, spec.advantage, "advantage estimator")
+        check_params(advantage_fn, spec.advantage_params, f"advantage {spec.advantage!r}", reserved=ADVANTAGE_INPUTS)
+    for part in spec.advantage_transforms:
+        transform = resolve(ADVANTAGE_TRANSFORMS, part.name, "advantage transform")
+        check_params(transform, part.params, f"advantage transform {part.name!r}", reserved=TRANSFORM_INPUTS)
+    if spec.correction is not None:
+        correction = resolve(CORRECTIONS, spec.correction, "correction")
+        check_params(correction, spec.correction_params, f"correction {spec.correction!r}", reserved=CORRECTION_INPUTS)
     lookup(AGGREGATIONS, spec.aggregation, "aggregation")
     if spec.kl_estimator is not None:
         resolve(KL_ESTIMATORS, spec.kl_estimator, "KL estimator")
+    for field_name, allowed in (("ratio_anchor", ("old", "sampler")), ("kl_placement", ("in_loss", "in_reward")),
+                                ("reference", ("fixed", "ema"))):
+        lookup({a: a for a in allowed}, getattr(spec, field_name), field_name)
+    if spec.kl_coef < 0 or spec.nll_coef < 0:
+        raise ValueError(f"kl_coef and nll_coef must be >= 0, got {spec.kl_coef} and {spec.nll_coef}")
+    if not 0.0 <= spec.reference_ema <= 1.0:
+        raise ValueError(f"reference_ema must lie in [0, 1], got {spec.reference_ema}")
 
 
 def _check_shapes(logprobs: Tensor, advantages: Tensor, **tensors: Tensor | None) -> None:
@@ -99,6 +137,27 @@ def _summarise(token_metrics: dict[str, Tensor], mask: Tensor) -> dict[str, Tens
     return out
 
 
+def shaped_rewards(
+    spec: ObjectiveSpec,
+    rewards: Tensor,                     # [N] verifier rewards
+    old_logprobs: Tensor,                # [N, T] log pi_old of the sampled tokens
+    ref_logprobs: Tensor | None,         # [N, T] log pi_ref; None when the spec has no KL term
+    mask: Tensor,                        # [N, T]
+) -> Tensor:
+    """The rewards the advantage sees: R_i - beta sum_t sg(k1_it) with the KL placed in the
+    reward (kl_placement="in_reward", PPO / InstructGPT), else R unchanged."""
+    if spec.kl_placement != "in_reward" or not spec.needs_reference:
+        return rewards
+    return rewards - sequence_kl_penalty(old_logprobs, _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
+                                         mask, spec.kl_coef)
+
+
+def _required(tensor: Tensor | None, what: str) -> Tensor:
+    if tensor is None:
+        raise ValueError(f"the objective needs {what}")
+    return tensor
+
+
 def objective_loss(
     spec: ObjectiveSpec,
     *,
@@ -108,42 +167,68 @@ def objective_loss(
     mask: Tensor,                            # [N, T] 0/1 completion-token mask
     weights: Tensor,                         # [N, T] aggregation weights, sliced from the full optimizer batch
     ref_logprobs: Tensor | None = None,      # [N, T] log pi_ref; required if spec.needs_reference
-    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler from the rollout engine
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler (mu) from the rollout engine
     entropy: Tensor | None = None,           # [N, T] entropy of the next-token distribution; required if entropy_coef > 0
+    correct: Tensor | None = None,           # [N] bool, verified-correct samples; required if nll_coef > 0
 ) -> LossOutput:
-    """loss = sum(w * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H).
+    """loss = sum(w * c * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H) + nll_coef * sum(w * nll)
+
+    with l_policy the policy objective's per-token terms (its ratio against
+    pi_old or, with ratio_anchor="sampler", against mu), c the detached
+    sampler-learner correction weights (1 without one), k the KL estimate
+    (only with kl_placement="in_loss"; "in_reward" is applied to the rewards
+    before the advantages, see kl.sequence_kl_penalty) and nll the negative
+    log-likelihood of correct samples (VAPO).
 
     Summing this loss over the micro-batches of an optimizer batch gives the
     loss of the whole batch (the weights carry all normalisation). Metrics are
-    means over this micro-batch's valid tokens: policy_loss (token mean of
-    -J), kl, entropy, the policy's per-token metrics (clip_frac_low,
-    clip_frac_high, clip_frac, ratio_mean / _min / _max), and masked_frac
-    (the fraction of the [N, T] positions that are masked out).
+    means over this micro-batch's valid tokens: policy_loss, kl, entropy, the
+    policy's per-token metrics (clip_frac_low / _high, ratio_mean / _min /
+    _max, ...), the correction's (is_weight ...), the sampler-learner mismatch
+    (mismatch_*) and masked_frac (the fraction of [N, T] positions masked out).
     """
     _check_shapes(logprobs, advantages, old_logprobs=old_logprobs, mask=mask, weights=weights,
                   ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs, entropy=entropy)
-    if spec.needs_reference and ref_logprobs is None:
-        raise ValueError(f"the objective has a KL term ({spec.kl_estimator}, kl_coef={spec.kl_coef}): pass ref_logprobs")
-    if spec.entropy_coef > 0 and entropy is None:
-        raise ValueError(f"the objective has an entropy bonus (entropy_coef={spec.entropy_coef}): pass entropy")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)              # [N, T]
+    anchors = {"old": old_logprobs, "sampler": sampler_logprobs}
+    anchor = _required(anchors[spec.ratio_anchor], f"sampler_logprobs (ratio_anchor={spec.ratio_anchor!r})")
 
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
-    terms = policy_fn(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+    terms = policy_fn(logprobs=logprobs, old_logprobs=anchor, advantages=advantages, mask=mask,
                       sampler_logprobs=sampler_logprobs, **spec.policy_params)
-    loss = (weights * terms.loss).sum()
-    metrics = {"policy_loss": masked_mean(terms.loss.detach(), mask)}
-    if spec.kl_estimator is not None and ref_logprobs is not None:
-        kl = kl_terms(spec.kl_estimator, logprobs, ref_logprobs)             # [N, T]
-        loss = loss + spec.kl_coef * (weights * kl).sum()
+    token_loss, token_metrics = terms.loss, dict(terms.metrics)              # [N, T]
+    if spec.correction is not None:
+        correction = apply_correction(
+            spec.correction, old_logprobs=old_logprobs, mask=mask, **spec.correction_params,
+            sampler_logprobs=_required(sampler_logprobs, f"sampler_logprobs (correction {spec.correction!r})"),
+        )
+        token_loss = token_loss * correction.weights
+        token_metrics.update(correction.metrics)
+    loss = (weights * token_loss).sum()
+    metrics = {"policy_loss": masked_mean(token_loss.detach(), mask)}
+
+    if spec.needs_reference or ref_logprobs is not None:
+        kl = kl_terms(spec.kl_estimator or "k3", logprobs,
+                      _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})"))
+        if spec.kl_placement == "in_loss":
+            loss = loss + spec.kl_coef * (weights * kl).sum()
         metrics["kl"] = masked_mean(kl.detach(), mask)
-    if entropy is not None:
+    if spec.entropy_coef != 0 or entropy is not None:
+        entropy = _required(entropy, f"entropy (entropy_coef={spec.entropy_coef})")
         loss = loss - spec.entropy_coef * (weights * entropy).sum()
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
-    metrics.update(_summarise(terms.metrics, mask))
+    if spec.nll_coef > 0:
+        nll = positive_nll(logprobs, mask, _required(correct, f"correct (nll_coef={spec.nll_coef})"))
+        loss = loss + spec.nll_coef * (weights * nll).sum()
+        metrics["nll_correct"] = masked_mean(nll.detach(), mask)
+
+    metrics.update(_summarise(token_metrics, mask))
     metrics["masked_frac"] = 1.0 - mask.bool().sum() / max(mask.numel(), 1)
-    return LossOutput(loss=loss, metrics={key: float(value) for key, value in metrics.items()})
+    out = {key: float(value) for key, value in metrics.items()}
+    if sampler_logprobs is not None:
+        out.update(mismatch_metrics(old_logprobs, sampler_logprobs, mask))
+    return LossOutput(loss=loss, metrics=out)
 
 
 def recipe_loss(
@@ -155,9 +240,10 @@ def recipe_loss(
     mask: Tensor,                            # [N, T]
     ref_logprobs: Tensor | None = None,      # [N, T]
     sampler_logprobs: Tensor | None = None,  # [N, T]
-    entropy: Tensor | None = None,           # [N, T]
     group_ids: Tensor | None = None,         # [N], for prompt_mean
     max_length: int | None = None,           # L_norm of seq_mean_token_sum_norm
+    entropy: Tensor | None = None,           # [N, T]
+    correct: Tensor | None = None,           # [N] bool
     **overrides: object,
 ) -> LossOutput:
     """The loss of recipe `name` (with overrides, see resolve_spec) on one whole
@@ -166,4 +252,4 @@ def recipe_loss(
     weights = loss_weights(spec.aggregation, mask, group_ids=group_ids, max_length=max_length)
     return objective_loss(spec, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                           weights=weights, ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs,
-                          entropy=entropy)
+                          entropy=entropy, correct=correct)

@@ -8,6 +8,10 @@ with all tensors [N, T] (the caller broadcasts per-sequence advantages to
 tokens) and sits in `POLICY_LOSSES`; a new objective is one function and one
 entry. Reduction to a scalar happens only in `aggregation`. Padded positions
 must hold finite log-probs (0 is customary); their terms are set to 0.
+
+Token-level objectives live here; the sequence-level ones (GSPO, GSPO-token,
+GMPO) in `policy_sequence`. Every ratio is exp of a `common.log_ratio`, whose
+clamp to [-20, 20] keeps values and gradients finite for any input.
 """
 
 from __future__ import annotations
@@ -38,6 +42,49 @@ def _masked(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), values, torch.zeros_like(values))
 
 
+def token_metrics(mask: Tensor, dtype: torch.dtype, **values: Tensor) -> dict[str, Tensor]:
+    """Per-token diagnostics: detached, cast to `dtype` (flags become 0/1), 0 where mask is 0."""
+    return {name: _masked(value.detach().to(dtype), mask) for name, value in values.items()}
+
+
+def _require_sampler(sampler_logprobs: Tensor | None, objective: str) -> Tensor:
+    if sampler_logprobs is None:
+        raise ValueError(f"policy loss {objective!r} needs sampler_logprobs (the log-probs reported by "
+                         "the rollout engine for the sampled tokens); pass them with the batch")
+    return sampler_logprobs
+
+
+@dataclass
+class ClippedSurrogate:
+    """PPO's clipped surrogate of a ratio, and where its clip is active (zero gradient)."""
+
+    objective: Tensor      # J = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), same shape as r
+    clipped_low: Tensor    # bool: A < 0 and r < 1 - eps_low
+    clipped_high: Tensor   # bool: A > 0 and r > 1 + eps_high
+
+    def flags(self) -> dict[str, Tensor]:
+        """The clip indicators under their metric names."""
+        return {"clip_frac_low": self.clipped_low, "clip_frac_high": self.clipped_high,
+                "clip_frac": self.clipped_low | self.clipped_high}
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> ClippedSurrogate:
+    """min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (arXiv 1707.06347, eq. 7), any shape.
+
+    dJ/dr is A inside the band and 0 exactly where r has left it in the
+    direction A pushes it; on the other side the unclipped r A is the min.
+    Shared by ppo_clip, dual_clip, decoupled_ppo and the GSPO objectives.
+    """
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    objective = torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    ratio = ratio.detach()
+    return ClippedSurrogate(
+        objective=objective,
+        clipped_low=(advantages < 0) & (ratio < 1.0 - eps_low),
+        clipped_high=(advantages > 0) & (ratio > 1.0 + eps_high),
+    )
+
+
 def ppo_clip(
     *,
     logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
@@ -58,19 +105,222 @@ def ppo_clip(
     r < 1 - eps_low with A < 0); those tokens count in clip_frac_high / _low.
     """
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
-    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)                # [N, T]
-    objective = torch.minimum(ratio * advantages, clipped_ratio * advantages)  # [N, T]
-    ratio = ratio.detach()
-    clipped_low = (advantages < 0) & (ratio < 1.0 - eps_low)
-    clipped_high = (advantages > 0) & (ratio > 1.0 + eps_high)
+    surrogate = clipped_surrogate(ratio, advantages, eps_low, eps_high)
+    return PolicyTerms(
+        loss=_masked(-surrogate.objective, mask),
+        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio),
+    )
+
+
+def dual_clip(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] log pi_old, detached
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # unused
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_c: float = 3.0,
+) -> PolicyTerms:
+    """Dual-clip PPO (Ye et al., arXiv 1912.09729), per token:
+
+        J = max(J_ppo, c A)  if A < 0,   J = J_ppo  if A >= 0     (J_ppo as in ppo_clip)
+
+    For A < 0, J_ppo = r A is unbounded below as r grows; the second bound
+    caps the loss at -c A, with zero gradient, once r > c (c > 1 required).
+    clip_frac_* are ppo_clip's flags; dual_clip_frac counts the tokens where
+    the c A bound is active. The gradient is 0 exactly on clip_frac | dual_clip_frac.
+    """
+    if clip_c <= 1.0:
+        raise ValueError(f"dual_clip needs clip_c > 1, got {clip_c}")
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
+    surrogate = clipped_surrogate(ratio, advantages, eps_low, eps_high)
+    floor = clip_c * advantages                                               # [N, T] no grad
+    dual_clipped = (advantages < 0) & (surrogate.objective.detach() < floor)
+    objective = torch.where(dual_clipped, floor, surrogate.objective)
     return PolicyTerms(
         loss=_masked(-objective, mask),
-        metrics={
-            "clip_frac_low": _masked(clipped_low.to(ratio.dtype), mask),
-            "clip_frac_high": _masked(clipped_high.to(ratio.dtype), mask),
-            "clip_frac": _masked((clipped_low | clipped_high).to(ratio.dtype), mask),
-            "ratio": _masked(ratio, mask),
-        },
+        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), dual_clip_frac=dual_clipped,
+                               ratio=ratio),
+    )
+
+
+def cispo(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] log pi_old, detached
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # unused: the ratio is against pi_old
+    r_max: float = 5.0,
+) -> PolicyTerms:
+    """CISPO (MiniMax-M1, arXiv 2506.13585), per token:
+
+        J = sg(min(r, r_max)) A logprobs,  r = exp(logprobs - old_logprobs)
+
+    The importance weight is clipped and detached instead of the update being
+    masked, so every token keeps a gradient min(r, r_max) A; inside PPO's band
+    that equals ppo_clip's r A. No lower bound on r (ALGORITHMS.md, choice).
+    clip_frac_high (= clip_frac) counts tokens with r > r_max, whatever the sign of A.
+    """
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs)).detach()             # [N, T]
+    weight = ratio.clamp(max=r_max)
+    clipped = ratio > r_max
+    return PolicyTerms(
+        loss=_masked(-weight * advantages * logprobs, mask),
+        metrics=token_metrics(mask, ratio.dtype, clip_frac_high=clipped, clip_frac=clipped, ratio=ratio),
+    )
+
+
+def sapo(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] log pi_old, detached
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # unused
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> PolicyTerms:
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al., arXiv 2511.20347), per token:
+
+        J = f(r) A,  f(r) = sigmoid(tau (r - 1)) 4 / tau,  tau = tau_pos if A > 0 else tau_neg
+
+    A smooth gate instead of a hard clip: dJ/dlogp = f'(r) r A with
+    f'(r) = 4 sigmoid(x) (1 - sigmoid(x)), x = tau (r - 1), so f'(1) = 1 (the
+    on-policy gradient is A) and the gradient decays with |r - 1| but is never
+    0 (in floating point it underflows only for x beyond ~36 in fp64).
+    The per-token gate f'(r) is reported as soft_gate.
+    """
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
+    tau = torch.where(advantages > 0, advantages.new_tensor(tau_pos), advantages.new_tensor(tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))                                 # [N, T]
+    objective = gate * (4.0 / tau) * advantages
+    return PolicyTerms(
+        loss=_masked(-objective, mask),
+        metrics=token_metrics(mask, ratio.dtype, ratio=ratio, soft_gate=4.0 * gate * (1.0 - gate)),
+    )
+
+
+def _divergence_masked(
+    logprobs: Tensor,          # [N, T] log pi_theta, requires grad
+    sampler_logprobs: Tensor,  # [N, T] log pi_sampler
+    advantages: Tensor,        # [N, T]
+    mask: Tensor,              # [N, T]
+    blocked_up: Tensor,        # [N, T] bool: p rose out of the trust region
+    blocked_down: Tensor,      # [N, T] bool: p fell out of the trust region
+    divergence: dict[str, Tensor],
+) -> PolicyTerms:
+    """DPPO's masked surrogate J = m (p / p_mu) A; m = 0 where the move left the trust
+    region in the direction A pushes it (up for A > 0, down for A < 0)."""
+    ratio = torch.exp(log_ratio(logprobs, sampler_logprobs))                  # [N, T] p / p_mu
+    clipped_high = (advantages > 0) & blocked_up
+    clipped_low = (advantages < 0) & blocked_down
+    clipped = clipped_low | clipped_high
+    objective = torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
+    return PolicyTerms(
+        loss=_masked(-objective, mask),
+        metrics=token_metrics(mask, ratio.dtype, clip_frac_low=clipped_low, clip_frac_high=clipped_high,
+                               clip_frac=clipped, ratio=ratio, **divergence),
+    )
+
+
+def dppo_tv(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] unused: the ratio is against the sampler
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler, required
+    delta: float = 0.15,
+) -> PolicyTerms:
+    """DPPO, binary total-variation trust region (Qi et al., "Rethinking the Trust
+    Region in LLM Reinforcement Learning", arXiv 2602.04879), per token:
+
+        J = m (p / p_mu) A,   p = exp(logprobs), p_mu = exp(sampler_logprobs)
+        m = 0 if (A > 0 and p - p_mu > delta) or (A < 0 and p_mu - p > delta), else 1
+
+    The ratio is anchored on the sampler, not on pi_old; the mask uses the
+    detached p. Metrics: clip_frac_high / _low / clip_frac (masked tokens by
+    direction), ratio (p / p_mu), tv = |p - p_mu|.
+    """
+    sampler_logprobs = _require_sampler(sampler_logprobs, "dppo_tv")
+    p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)       # [N, T]
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+                              blocked_up=p - p_mu > delta, blocked_down=p_mu - p > delta,
+                              divergence={"tv": (p - p_mu).abs()})
+
+
+def _probability_floor(dtype: torch.dtype) -> float:
+    """The clamp of probabilities inside the Bernoulli KL: [floor, 1 - floor] (choice).
+
+    1e-12, or the dtype's machine epsilon where that is larger (fp32: 1.2e-7), so
+    that 1 - floor < 1 is representable and no log is taken of 0.
+    """
+    return max(1e-12, torch.finfo(dtype).eps)
+
+
+def dppo_kl(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] unused: the ratio is against the sampler
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler, required
+    delta: float = 0.05,
+) -> PolicyTerms:
+    """DPPO, binary KL trust region (arXiv 2602.04879), per token: J = m (p / p_mu) A with
+
+        D = p_mu log(p_mu / p) + (1 - p_mu) log((1 - p_mu) / (1 - p))
+        m = 0 if D > delta and (A > 0 and p > p_mu, or A < 0 and p < p_mu), else 1
+
+    D is the KL between the Bernoulli distributions "sampled token or not"
+    under the sampler and the current policy. Both probabilities are clamped
+    to [floor, 1 - floor] inside D (see _probability_floor), so D is finite
+    when p or p_mu is 0 or 1. Metrics as dppo_tv, with binary_kl = D instead of tv.
+    """
+    sampler_logprobs = _require_sampler(sampler_logprobs, "dppo_kl")
+    floor = _probability_floor(logprobs.dtype)
+    p = torch.exp(logprobs.detach()).clamp(floor, 1.0 - floor)                # [N, T]
+    p_mu = torch.exp(sampler_logprobs).clamp(floor, 1.0 - floor)              # [N, T]
+    kl = p_mu * (p_mu.log() - p.log()) + (1.0 - p_mu) * (torch.log1p(-p_mu) - torch.log1p(-p))
+    outside = kl > delta
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
+                              divergence={"binary_kl": kl})
+
+
+def decoupled_ppo(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] log pi_prox: the learner's own log-probs before this update
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_behav (mu) from the rollout engine, required
+    eps: float = 0.2,
+    w_max: float = 5.0,
+) -> PolicyTerms:
+    """Decoupled PPO (AReaL, arXiv 2505.24298), per token:
+
+        J = w min(u A, clip(u, 1 - eps, 1 + eps) A),  u = exp(logprobs - prox),  w = sg(exp(prox - mu))
+
+    The trust region is taken around the proximal policy (old_logprobs) and
+    the behaviour policy mu enters only through the detached importance weight
+    w; tokens with w > w_max get a zero term (the cap is a choice,
+    ALGORITHMS.md). With mu == prox, w = 1 and this is ppo_clip. Metrics:
+    ppo_clip's clip fractions and ratio (u), behav_weight (w), behav_masked_frac.
+    """
+    sampler_logprobs = _require_sampler(sampler_logprobs, "decoupled_ppo")
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T] u
+    behav_weight = torch.exp(log_ratio(old_logprobs, sampler_logprobs)).detach()  # [N, T] w
+    behav_masked = behav_weight > w_max
+    surrogate = clipped_surrogate(ratio, advantages, eps, eps)
+    objective = torch.where(behav_masked, torch.zeros_like(ratio), behav_weight * surrogate.objective)
+    return PolicyTerms(
+        loss=_masked(-objective, mask),
+        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio,
+                               behav_weight=behav_weight, behav_masked_frac=behav_masked),
     )
 
 
@@ -96,7 +346,41 @@ def reinforce(
     )
 
 
+def gpg(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
+    old_logprobs: Tensor,                   # [N, T] only for the ratio diagnostic
+    advantages: Tensor,                     # [N, T] GPG's corrected advantage (ADVANTAGES["gpg"])
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # unused
+) -> PolicyTerms:
+    """GPG, Group Policy Gradient (arXiv 2504.02546), per token:
+
+        J = A logprobs     (no ratio, no clip, no reference model)
+
+    The policy term is REINFORCE's; what makes GPG is its advantage (group
+    mean baseline rescaled by B / (B - M), ADVANTAGES["gpg"]) and token_mean
+    aggregation, so this delegates to `reinforce`.
+    """
+    return reinforce(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+                     sampler_logprobs=sampler_logprobs)
+
+
+# Imported last: policy_sequence builds on PolicyTerms and clipped_surrogate above. The
+# package __init__ loads this module before anything can import policy_sequence.
+from reinforge.objectives.policy_sequence import gmpo, gspo, gspo_token  # noqa: E402
+
 POLICY_LOSSES: dict[str, Callable[..., PolicyTerms]] = {
     "ppo_clip": ppo_clip,
+    "dual_clip": dual_clip,
+    "gspo": gspo,
+    "gspo_token": gspo_token,
+    "gmpo": gmpo,
+    "cispo": cispo,
+    "sapo": sapo,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
+    "decoupled_ppo": decoupled_ppo,
     "reinforce": reinforce,
+    "gpg": gpg,
 }
