@@ -83,6 +83,11 @@ def log_ratio(logprobs: Tensor, other_logprobs: Tensor) -> Tensor:
     return (logprobs - other_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+def masked(values: Tensor, mask: Tensor) -> Tensor:
+    """`values` where mask is set, exactly 0 elsewhere (where() also drops inf/NaN of padding)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
 @dataclass(frozen=True)
 class Groups:
     """Group membership of N samples; ids may be any integers, groups any size."""

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from reinforge.objectives.aggregation import broadcast_to_tokens, masked_mean
-from reinforge.objectives.common import check_params, log_ratio, resolve
+from reinforge.objectives.common import check_params, log_ratio, masked, resolve
 
 # The tensors every correction receives from the caller; its other keyword
 # arguments are settable parameters.
@@ -50,14 +50,10 @@ class Correction:
     metrics: dict[str, Tensor] = field(default_factory=dict)       # name -> [N, T] detached per-token values, to be mask-averaged
 
 
-def _masked(values: Tensor, mask: Tensor) -> Tensor:
-    """`values` where mask is set, exactly 0 elsewhere."""
-    return torch.where(mask.bool(), values, torch.zeros_like(values))
-
 
 def _token_log_rho(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
     """log rho_t = old - mu, clamped, detached, 0 at masked positions (so sums skip them). [N, T]"""
-    return _masked(log_ratio(old_logprobs.detach(), sampler_logprobs.detach()), mask)
+    return masked(log_ratio(old_logprobs.detach(), sampler_logprobs.detach()), mask)
 
 
 def _sequence_log_rho(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -96,10 +92,10 @@ def tis(
     """
     _check_positive(cap=cap)
     rho = torch.exp(_token_log_rho(old_logprobs, sampler_logprobs, mask))      # [N, T]
-    weights = _masked(rho.clamp(max=cap), mask)
+    weights = masked(rho.clamp(max=cap), mask)
     return Correction(
         weights=weights,
-        metrics={"is_weight": weights, "is_clipped": _masked(_flag(rho > cap, rho), mask)},
+        metrics={"is_weight": weights, "is_clipped": masked(_flag(rho > cap, rho), mask)},
     )
 
 
@@ -148,10 +144,10 @@ def mis(
     _check_band(low, high)
     rho = torch.exp(_token_log_rho(old_logprobs, sampler_logprobs, mask))      # [N, T]
     inside = (rho >= low) & (rho <= high)
-    weights = _masked(_flag(inside, rho), mask)
+    weights = masked(_flag(inside, rho), mask)
     return Correction(
         weights=weights,
-        metrics={"is_weight": weights, "is_masked": _masked(_flag(~inside, rho), mask)},
+        metrics={"is_weight": weights, "is_masked": masked(_flag(~inside, rho), mask)},
     )
 
 
@@ -221,8 +217,8 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
     An empty mask gives 0.0 for every key, never NaN.
     """
     valid = mask.bool()
-    old = _masked(old_logprobs.detach(), mask)                                 # padding -> log p = 0,
-    sampler = _masked(sampler_logprobs.detach(), mask)                         # abs diff 0 there
+    old = masked(old_logprobs.detach(), mask)                                 # padding -> log p = 0,
+    sampler = masked(sampler_logprobs.detach(), mask)                         # abs diff 0 there
     abs_diff = (torch.exp(sampler) - torch.exp(old)).abs()                     # [N, T]
     delta = log_ratio(old, sampler)                                            # [N, T], 0 at padding
     k3 = (torch.expm1(delta) - delta).clamp_min(0.0)                           # >= 0 up to rounding

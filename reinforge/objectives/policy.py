@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from reinforge.objectives.common import log_ratio
+from reinforge.objectives.common import log_ratio, masked
 
 # The tensors every objective receives from the caller; the rest of its
 # keyword arguments are settable parameters (ObjectiveSpec.policy_params).
@@ -37,14 +37,10 @@ class PolicyTerms:
     metrics: dict[str, Tensor] = field(default_factory=dict)       # name -> [N, T] detached per-token values, to be mask-averaged
 
 
-def _masked(values: Tensor, mask: Tensor) -> Tensor:
-    """`values` where mask is set, exactly 0 elsewhere (where() also drops inf/NaN of padding)."""
-    return torch.where(mask.bool(), values, torch.zeros_like(values))
-
 
 def token_metrics(mask: Tensor, dtype: torch.dtype, **values: Tensor) -> dict[str, Tensor]:
     """Per-token diagnostics: detached, cast to `dtype` (flags become 0/1), 0 where mask is 0."""
-    return {name: _masked(value.detach().to(dtype), mask) for name, value in values.items()}
+    return {name: masked(value.detach().to(dtype), mask) for name, value in values.items()}
 
 
 def _require_sampler(sampler_logprobs: Tensor | None, objective: str) -> Tensor:
@@ -107,7 +103,7 @@ def ppo_clip(
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
     surrogate = clipped_surrogate(ratio, advantages, eps_low, eps_high)
     return PolicyTerms(
-        loss=_masked(-surrogate.objective, mask),
+        loss=masked(-surrogate.objective, mask),
         metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio),
     )
 
@@ -140,7 +136,7 @@ def dual_clip(
     dual_clipped = (advantages < 0) & (surrogate.objective.detach() < floor)
     objective = torch.where(dual_clipped, floor, surrogate.objective)
     return PolicyTerms(
-        loss=_masked(-objective, mask),
+        loss=masked(-objective, mask),
         metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), dual_clip_frac=dual_clipped,
                                ratio=ratio),
     )
@@ -168,7 +164,7 @@ def cispo(
     weight = ratio.clamp(max=r_max)
     clipped = ratio > r_max
     return PolicyTerms(
-        loss=_masked(-weight * advantages * logprobs, mask),
+        loss=masked(-weight * advantages * logprobs, mask),
         metrics=token_metrics(mask, ratio.dtype, clip_frac_high=clipped, clip_frac=clipped, ratio=ratio),
     )
 
@@ -198,12 +194,12 @@ def sapo(
     gate = torch.sigmoid(tau * (ratio - 1.0))                                 # [N, T]
     objective = gate * (4.0 / tau) * advantages
     return PolicyTerms(
-        loss=_masked(-objective, mask),
+        loss=masked(-objective, mask),
         metrics=token_metrics(mask, ratio.dtype, ratio=ratio, soft_gate=4.0 * gate * (1.0 - gate)),
     )
 
 
-def _divergence_masked(
+def _divergencemasked(
     logprobs: Tensor,          # [N, T] log pi_theta, requires grad
     sampler_logprobs: Tensor,  # [N, T] log pi_sampler
     advantages: Tensor,        # [N, T]
@@ -220,7 +216,7 @@ def _divergence_masked(
     clipped = clipped_low | clipped_high
     objective = torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
     return PolicyTerms(
-        loss=_masked(-objective, mask),
+        loss=masked(-objective, mask),
         metrics=token_metrics(mask, ratio.dtype, clip_frac_low=clipped_low, clip_frac_high=clipped_high,
                                clip_frac=clipped, ratio=ratio, **divergence),
     )
@@ -247,7 +243,7 @@ def dppo_tv(
     """
     sampler_logprobs = _require_sampler(sampler_logprobs, "dppo_tv")
     p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)       # [N, T]
-    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+    return _divergencemasked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=p - p_mu > delta, blocked_down=p_mu - p > delta,
                               divergence={"tv": (p - p_mu).abs()})
 
@@ -286,7 +282,7 @@ def dppo_kl(
     p_mu = torch.exp(sampler_logprobs).clamp(floor, 1.0 - floor)              # [N, T]
     kl = p_mu * (p_mu.log() - p.log()) + (1.0 - p_mu) * (torch.log1p(-p_mu) - torch.log1p(-p))
     outside = kl > delta
-    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+    return _divergencemasked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
                               divergence={"binary_kl": kl})
 
@@ -318,7 +314,7 @@ def decoupled_ppo(
     surrogate = clipped_surrogate(ratio, advantages, eps, eps)
     objective = torch.where(behav_masked, torch.zeros_like(ratio), behav_weight * surrogate.objective)
     return PolicyTerms(
-        loss=_masked(-objective, mask),
+        loss=masked(-objective, mask),
         metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio,
                                behav_weight=behav_weight, behav_masked_frac=behav_masked),
     )
@@ -341,8 +337,8 @@ def reinforce(
     """
     ratio = torch.exp(log_ratio(logprobs, old_logprobs)).detach()            # [N, T]
     return PolicyTerms(
-        loss=_masked(-advantages * logprobs, mask),
-        metrics={"ratio": _masked(ratio, mask)},
+        loss=masked(-advantages * logprobs, mask),
+        metrics={"ratio": masked(ratio, mask)},
     )
 
 

@@ -20,8 +20,8 @@ from reinforge.objectives.aggregation import (
     sequence_geometric_mean,
     sequence_mean,
 )
-from reinforge.objectives.common import log_ratio
-from reinforge.objectives.policy import PolicyTerms, _masked, clipped_surrogate, token_metrics
+from reinforge.objectives.common import log_ratio, masked
+from reinforge.objectives.policy import PolicyTerms, clipped_surrogate, token_metrics
 
 
 def _sequence_terms(objective: Tensor, mask: Tensor, dtype: torch.dtype, **metrics: Tensor) -> PolicyTerms:
@@ -81,7 +81,7 @@ def gspo_token(
     token_ratio = seq_ratio.unsqueeze(1) * torch.exp(logprobs - logprobs.detach())          # [N, T] s_it
     surrogate = clipped_surrogate(token_ratio, advantages, eps_low, eps_high)
     return PolicyTerms(
-        loss=_masked(-surrogate.objective, mask),
+        loss=masked(-surrogate.objective, mask),
         metrics=token_metrics(mask, logprobs.dtype, **surrogate.flags(), ratio=token_ratio),
     )
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from reinforge.objectives.common import masked
+
 # Advantage estimators that need a critic (values and per-token rewards, not
 # only rewards and group ids): name -> where it lives. advantages.py refuses
 # them with this pointer; the trainer calls them with the critic's values.
@@ -22,10 +24,6 @@ CRITIC_ADVANTAGES: dict[str, str] = {
     "gae": "reinforge.objectives.value.gae (decoupled_gae for VC-PPO / VAPO)",
 }
 
-
-def _masked(values: Tensor, mask: Tensor) -> Tensor:
-    """`values` where mask is set, exactly 0 elsewhere (where() also drops inf/NaN of padding)."""
-    return torch.where(mask.bool(), values, torch.zeros_like(values))
 
 
 @dataclass
@@ -68,8 +66,8 @@ def gae(
         running = torch.where(valid[:, t], step, running)
         next_value = torch.where(valid[:, t], values[:, t], next_value)
         advantages[t] = step
-    advantages = _masked(torch.stack(advantages, dim=1), valid)            # [N, T]
-    return GAEOutput(advantages=advantages, returns=_masked(advantages + values, valid))
+    advantages = masked(torch.stack(advantages, dim=1), valid)            # [N, T]
+    return GAEOutput(advantages=advantages, returns=masked(advantages + values, valid))
 
 
 def length_adaptive_lambda(lengths: Tensor, alpha: float = 0.05) -> Tensor:
@@ -131,7 +129,7 @@ def outcome_token_rewards(
     token_rewards = torch.where(positions == last, rewards.detach().unsqueeze(1), 0.0)
     if kl is not None and kl_coef != 0.0:
         token_rewards = token_rewards - kl_coef * kl.detach()
-    return _masked(token_rewards, valid)
+    return masked(token_rewards, valid)
 
 
 @dataclass
@@ -169,9 +167,9 @@ def value_loss(
         loss = 0.5 * torch.maximum(unclipped, clipped_sq)
         clipped = clipped_sq.detach() > unclipped.detach()
     return ValueTerms(
-        loss=_masked(loss, mask),
-        clip_frac=_masked(clipped.to(values.dtype), mask),
-        error=_masked((values - returns).detach(), mask),
+        loss=masked(loss, mask),
+        clip_frac=masked(clipped.to(values.dtype), mask),
+        error=masked((values - returns).detach(), mask),
     )
 
 
@@ -184,4 +182,4 @@ def positive_nll(
 
         l_t = -logprobs_t on valid tokens of correct samples, 0 elsewhere.
     """
-    return _masked(-logprobs, mask.bool() & correct.bool().unsqueeze(1))
+    return masked(-logprobs, mask.bool() & correct.bool().unsqueeze(1))
