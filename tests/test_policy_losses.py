@@ -126,6 +126,20 @@ def test_cispo_gradient_equals_ppo_clip_inside_the_band():
     torch.testing.assert_close(grads["cispo"], grads["ppo_clip"])
 
 
+def test_cispo_keeps_the_gradient_of_tokens_ppo_clip_clips():
+    # r = 1.5 with A = +1 and r = 0.5 with A = -1 leave PPO's band in the direction of A:
+    # ppo_clip's gradient is 0 there, cispo's is -min(r, 5) A = -1.5 and +0.5.
+    old_logprobs = _t([[-1.0, -1.0]])
+    logprobs = old_logprobs + torch.log(_t([[1.5, 0.5]]))
+    advantages = _t([[1.0, -1.0]])
+    grads = {}
+    for name in ("ppo_clip", "cispo"):
+        terms, leaf = _call(name, logprobs, advantages, old_logprobs=old_logprobs)
+        grads[name] = _token_grad(terms, leaf)
+    torch.testing.assert_close(grads["ppo_clip"], _t([[0.0, 0.0]]))
+    torch.testing.assert_close(grads["cispo"], _t([[-1.5, 0.5]]))
+
+
 # ---------------------------------------------------------------- sapo
 
 # f(r) = sigmoid(tau (r - 1)) 4 / tau, tau = 1 for A > 0, 1.05 for A < 0; J = f(r) A.

@@ -207,7 +207,7 @@ CALLS: list[float] = []
 
 def my_policy_loss(*, logprobs, old_logprobs, advantages, mask, sampler_logprobs=None, scale=1.0):
     """A user's objective, plugged in by import path: J = scale * A * logp."""
-    from reinforge.objectives.policy import PolicyTerms
+    from reinforge.objectives import PolicyTerms
 
     CALLS.append(scale)
     return PolicyTerms(loss=-(scale * advantages * logprobs) * mask)

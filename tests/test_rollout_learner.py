@@ -17,7 +17,12 @@ from reinforge.learner import (
     warmup_constant,
 )
 from reinforge.models import build_tiny_qwen2
-from reinforge.objectives import RECIPE_OBJECTIVES, AdvantagePipeline, compute_advantages, resolve_spec
+from reinforge.objectives import (
+    RECIPE_OBJECTIVES,
+    AdvantagePipeline,
+    compute_advantages,
+    resolve_spec,
+)
 from reinforge.rollout import HFEngine, SamplingParams
 from reinforge.rollout.hf import completion_mask
 

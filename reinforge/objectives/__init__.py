@@ -7,7 +7,8 @@ import path "package.module:function".
 - `advantages`: ADVANTAGES (rewards [N] + group ids [N] -> [N]),
   ADVANTAGE_TRANSFORMS (noise, |A| filter, EMA baseline mix) and the
   stateful AdvantagePipeline.
-- `policy`: POLICY_LOSSES, per-token terms l = -J [N, T] + per-token metrics.
+- `policy` / `policy_sequence`: POLICY_LOSSES, per-token terms l = -J [N, T]
+  + per-token metrics (PolicyTerms, PPO's clipped surrogate: `surrogate`).
 - `corrections`: CORRECTIONS (tis, mis ...), detached per-token weights, and
   sampler-learner mismatch metrics.
 - `kl`: KL_ESTIMATORS (k1 / k2 / k3), the in-reward penalty, EMA reference update.
@@ -43,6 +44,7 @@ from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.preference import PREFERENCE_LOSSES, preference_loss
 from reinforge.objectives.recipes import RECIPE_OBJECTIVES, RECIPES, SYSTEMS, Recipe
 from reinforge.objectives.spec import ObjectiveSpec, Part, PreferenceSpec, ValueSpec
+from reinforge.objectives.surrogate import PolicyTerms
 from reinforge.objectives.value import decoupled_gae, gae, value_loss
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "LossOutput",
     "ObjectiveSpec",
     "Part",
+    "PolicyTerms",
     "PreferenceSpec",
     "Recipe",
     "ValueSpec",

@@ -36,9 +36,10 @@ from reinforge.objectives.corrections import (
     mismatch_metrics,
 )
 from reinforge.objectives.kl import KL_ESTIMATORS, kl_terms, sequence_kl_penalty
-from reinforge.objectives.policy import POLICY_INPUTS, POLICY_LOSSES
+from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import ObjectiveSpec, ValueSpec, stale_params
+from reinforge.objectives.surrogate import POLICY_INPUTS
 from reinforge.objectives.value import CRITIC_ADVANTAGES, positive_nll
 
 

@@ -17,68 +17,18 @@ clamp to [-20, 20] keeps values and gradients finite for any input.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from reinforge.objectives.common import log_ratio, masked
-
-# The tensors every objective receives from the caller; the rest of its
-# keyword arguments are settable parameters (ObjectiveSpec.policy_params).
-POLICY_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "sampler_logprobs")
-
-
-@dataclass
-class PolicyTerms:
-    """What a policy objective returns: unreduced terms and per-token diagnostics."""
-
-    loss: Tensor                                                   # [N, T] per-token loss terms (= -J_it), 0 where mask is 0
-    metrics: dict[str, Tensor] = field(default_factory=dict)       # name -> [N, T] detached per-token values, to be mask-averaged
-
-
-
-def token_metrics(mask: Tensor, dtype: torch.dtype, **values: Tensor) -> dict[str, Tensor]:
-    """Per-token diagnostics: detached, cast to `dtype` (flags become 0/1), 0 where mask is 0."""
-    return {name: masked(value.detach().to(dtype), mask) for name, value in values.items()}
-
-
-def _require_sampler(sampler_logprobs: Tensor | None, objective: str) -> Tensor:
-    if sampler_logprobs is None:
-        raise ValueError(f"policy loss {objective!r} needs sampler_logprobs (the log-probs reported by "
-                         "the rollout engine for the sampled tokens); pass them with the batch")
-    return sampler_logprobs
-
-
-@dataclass
-class ClippedSurrogate:
-    """PPO's clipped surrogate of a ratio, and where its clip is active (zero gradient)."""
-
-    objective: Tensor      # J = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), same shape as r
-    clipped_low: Tensor    # bool: A < 0 and r < 1 - eps_low
-    clipped_high: Tensor   # bool: A > 0 and r > 1 + eps_high
-
-    def flags(self) -> dict[str, Tensor]:
-        """The clip indicators under their metric names."""
-        return {"clip_frac_low": self.clipped_low, "clip_frac_high": self.clipped_high,
-                "clip_frac": self.clipped_low | self.clipped_high}
-
-
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> ClippedSurrogate:
-    """min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (arXiv 1707.06347, eq. 7), any shape.
-
-    dJ/dr is A inside the band and 0 exactly where r has left it in the
-    direction A pushes it; on the other side the unclipped r A is the min.
-    Shared by ppo_clip, dual_clip, decoupled_ppo and the GSPO objectives.
-    """
-    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    objective = torch.minimum(ratio * advantages, clipped_ratio * advantages)
-    ratio = ratio.detach()
-    return ClippedSurrogate(
-        objective=objective,
-        clipped_low=(advantages < 0) & (ratio < 1.0 - eps_low),
-        clipped_high=(advantages > 0) & (ratio > 1.0 + eps_high),
-    )
+from reinforge.objectives.policy_sequence import gmpo, gspo, gspo_token
+from reinforge.objectives.surrogate import (
+    PolicyTerms,
+    clipped_surrogate,
+    require_sampler,
+    token_metrics,
+)
 
 
 def ppo_clip(
@@ -199,7 +149,7 @@ def sapo(
     )
 
 
-def _divergencemasked(
+def _divergence_masked(
     logprobs: Tensor,          # [N, T] log pi_theta, requires grad
     sampler_logprobs: Tensor,  # [N, T] log pi_sampler
     advantages: Tensor,        # [N, T]
@@ -241,9 +191,9 @@ def dppo_tv(
     detached p. Metrics: clip_frac_high / _low / clip_frac (masked tokens by
     direction), ratio (p / p_mu), tv = |p - p_mu|.
     """
-    sampler_logprobs = _require_sampler(sampler_logprobs, "dppo_tv")
+    sampler_logprobs = require_sampler(sampler_logprobs, "dppo_tv")
     p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)       # [N, T]
-    return _divergencemasked(logprobs, sampler_logprobs, advantages, mask,
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=p - p_mu > delta, blocked_down=p_mu - p > delta,
                               divergence={"tv": (p - p_mu).abs()})
 
@@ -276,13 +226,13 @@ def dppo_kl(
     to [floor, 1 - floor] inside D (see _probability_floor), so D is finite
     when p or p_mu is 0 or 1. Metrics as dppo_tv, with binary_kl = D instead of tv.
     """
-    sampler_logprobs = _require_sampler(sampler_logprobs, "dppo_kl")
+    sampler_logprobs = require_sampler(sampler_logprobs, "dppo_kl")
     floor = _probability_floor(logprobs.dtype)
     p = torch.exp(logprobs.detach()).clamp(floor, 1.0 - floor)                # [N, T]
     p_mu = torch.exp(sampler_logprobs).clamp(floor, 1.0 - floor)              # [N, T]
     kl = p_mu * (p_mu.log() - p.log()) + (1.0 - p_mu) * (torch.log1p(-p_mu) - torch.log1p(-p))
     outside = kl > delta
-    return _divergencemasked(logprobs, sampler_logprobs, advantages, mask,
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
                               divergence={"binary_kl": kl})
 
@@ -307,7 +257,7 @@ def decoupled_ppo(
     ALGORITHMS.md). With mu == prox, w = 1 and this is ppo_clip. Metrics:
     ppo_clip's clip fractions and ratio (u), behav_weight (w), behav_masked_frac.
     """
-    sampler_logprobs = _require_sampler(sampler_logprobs, "decoupled_ppo")
+    sampler_logprobs = require_sampler(sampler_logprobs, "decoupled_ppo")
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T] u
     behav_weight = torch.exp(log_ratio(old_logprobs, sampler_logprobs)).detach()  # [N, T] w
     behav_masked = behav_weight > w_max
@@ -361,10 +311,6 @@ def gpg(
     return reinforce(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                      sampler_logprobs=sampler_logprobs)
 
-
-# Imported last: policy_sequence builds on PolicyTerms and clipped_surrogate above. The
-# package __init__ loads this module before anything can import policy_sequence.
-from reinforge.objectives.policy_sequence import gmpo, gspo, gspo_token  # noqa: E402
 
 POLICY_LOSSES: dict[str, Callable[..., PolicyTerms]] = {
     "ppo_clip": ppo_clip,

@@ -21,7 +21,7 @@ from reinforge.objectives.aggregation import (
     sequence_mean,
 )
 from reinforge.objectives.common import log_ratio, masked
-from reinforge.objectives.policy import PolicyTerms, clipped_surrogate, token_metrics
+from reinforge.objectives.surrogate import PolicyTerms, clipped_surrogate, token_metrics
 
 
 def _sequence_terms(objective: Tensor, mask: Tensor, dtype: torch.dtype, **metrics: Tensor) -> PolicyTerms:
