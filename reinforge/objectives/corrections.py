@@ -50,7 +50,6 @@ class Correction:
     metrics: dict[str, Tensor] = field(default_factory=dict)       # name -> [N, T] detached per-token values, to be mask-averaged
 
 
-
 def _token_log_rho(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
     """log rho_t = old - mu, clamped, detached, 0 at masked positions (so sums skip them). [N, T]"""
     return masked(log_ratio(old_logprobs.detach(), sampler_logprobs.detach()), mask)
