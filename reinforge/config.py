@@ -111,7 +111,7 @@ class ObjectiveConfig(_Section):
     advantage_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the advantage estimator, e.g. {eps: 1e-6}.")
     advantage_transforms: list[TransformConfig] | None = Field(None, description="Transforms applied to the advantages in order (Gaussian noise, |A| filter, cross-prompt EMA baseline).")
     policy_loss: str | None = Field(None, description="Policy objective: ppo_clip, dual_clip, gspo, gspo_token, gmpo, cispo, sapo, dppo_tv, dppo_kl, reinforce, gpg, decoupled_ppo, or 'module:function'.")
-    policy_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the policy objective, e.g. {eps_low: 0.2, eps_high: 0.28}; replaces the recipe's.")
+    policy_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the policy objective, e.g. {eps_low: 0.2, eps_high: 0.28}; merged into the recipe's while policy_loss stays the same, a new policy_loss starts from its own defaults.")
     eps_low: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_low (lower clip range of the ratio).")
     eps_high: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_high (clip-higher when > eps_low).")
     ratio_anchor: Literal["old", "sampler"] | None = Field(None, description="Denominator of the ratio: the learner's pi_old, or the sampler's log-probs (ScaleRL).")
@@ -122,14 +122,14 @@ class ObjectiveConfig(_Section):
     kl_placement: Literal["in_loss", "in_reward"] | None = Field(None, description="KL term in the loss, or subtracted from the reward.")
     kl_coef: float | None = Field(None, ge=0, description="KL coefficient beta.")
     reference: Literal["fixed", "ema"] | None = Field(None, description="Reference policy: the frozen start of RL, or an EMA of the policy (T1).")
-    reference_ema: float | None = Field(None, ge=0, le=1, description="EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta each optimizer step.")
+    reference_ema: float | None = Field(None, ge=0, le=1, description="EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta after each RL step.")
     entropy_coef: float | None = Field(None, description="Entropy bonus coefficient.")
     nll_coef: float | None = Field(None, ge=0, description="Weight of the NLL loss on correct samples (VAPO).")
     value: dict[str, Any] | None = Field(None, description="Critic settings (gamma, lam_actor, lam_critic, length_adaptive_alpha, value_clip, pretrain_steps) of PPO-family recipes.")
 
     def overrides(self) -> dict[str, Any]:
         """The set fields as ObjectiveSpec overrides ('none' removes an optional part)."""
-        out = {k: v for k, v in self.model_dump(exclude_none=True).items()}
+        out = self.model_dump(exclude_none=True)
         for key in ("kl_estimator", "correction"):
             if out.get(key) == "none":
                 out[key] = None
@@ -218,7 +218,7 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             if key == "objective":
-                # A part replaced without params drops the old part's params (one rule, objectives.spec).
+                # A replaced part drops the old part's params (one rule with resolve_spec: objectives.spec).
                 from reinforge.objectives.spec import stale_params
 
                 stale = stale_params(out[key], value)

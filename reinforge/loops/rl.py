@@ -119,7 +119,7 @@ def train_rl(
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
         old_logprobs = token_logprobs(model, sequences, sampling.temperature, tc.micro_batch_size)
-        ref_logprobs = reference.logprobs(sequences, sampling.temperature, tc.micro_batch_size) if reference else None
+        ref_logprobs = reference.logprobs(sequences, sampling.temperature, tc.micro_batch_size) if reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
         credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
                            rollout.group_ids, generator=generator)
@@ -135,7 +135,7 @@ def train_rl(
             grad_clip=tc.grad_clip, temperature=sampling.temperature, generator=generator,
             max_length=cfg.rollout.max_new_tokens,
         )
-        if reference:
+        if reference is not None:
             reference.after_update(model)
         version += update.optimizer_steps
         # 6. log
