@@ -30,9 +30,10 @@ class Reference:
             return None
         return cls(model, ema=spec.reference_ema if spec.reference == "ema" else None)
 
-    def logprobs(self, seq: SequenceBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+    def logprobs(self, seq: SequenceBatch, temperature: float, micro_batch_size: int,
+                 micro_batch_tokens: int | None = None) -> torch.Tensor:
         """log pi_ref of the completion tokens, [N, T]."""
-        return token_logprobs(self.model, seq, temperature, micro_batch_size)
+        return token_logprobs(self.model, seq, temperature, micro_batch_size, micro_batch_tokens)
 
     def after_update(self, policy: torch.nn.Module) -> None:
         """Called once per RL step, after the policy update: the EMA reference moves toward the policy."""

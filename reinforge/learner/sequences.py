@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from reinforge.learner.batching import plan_micro_batches
+
 
 @dataclass
 class SequenceBatch:
@@ -80,10 +82,12 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
 
 
 @torch.no_grad()
-def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches."""
+def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int,
+                   micro_batch_tokens: int | None = None) -> torch.Tensor:
+    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches
+    of rows of similar length (see batching.plan_micro_batches)."""
     out = torch.zeros_like(seq.completion_mask)
-    for rows in torch.split(torch.arange(seq.input_ids.shape[0]), micro_batch_size):
+    for rows in plan_micro_batches(seq.attention_mask.sum(dim=1), micro_batch_size, micro_batch_tokens):
         part = seq.rows(rows)
         out[rows, : part.completion_ids.shape[1]] = completion_token_stats(model, part, temperature).logprobs
     return out

@@ -3,8 +3,9 @@ steps, each accumulated over micro-batches.
 
 Aggregation weights are computed once per optimizer mini-batch (the one
 place that normalises: `objectives.loss_weights`), then sliced into
-micro-batches whose losses are summed, so the gradient does not depend on
-`micro_batch_size`.
+micro-batches (rows of similar length, `batching.plan_micro_batches`) whose
+losses are summed, so the gradient does not depend on `micro_batch_size` or
+`micro_batch_tokens`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.learner.batching import plan_micro_batches
 from reinforge.learner.sequences import SequenceBatch, completion_token_stats
 from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
 
@@ -74,6 +76,7 @@ def policy_update(
     temperature: float,
     generator: torch.Generator,
     max_length: int | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> UpdateStats:
     n = batch.sequences.input_ids.shape[0]
     sums: dict[str, float] = defaultdict(float)
@@ -87,7 +90,8 @@ def policy_update(
                 continue
             weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length)  # [M, T]
             optimizer.zero_grad(set_to_none=True)
-            for local in torch.split(torch.arange(len(mb)), micro_batch_size):
+            lengths = batch.sequences.attention_mask[mb].sum(dim=1)                              # [M]
+            for local in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
                 rows = mb[local]
                 seq = batch.sequences.rows(rows)
                 width = seq.completion_ids.shape[1]
