@@ -69,7 +69,8 @@ def test_greedy_rollout_is_argmax_of_learner_distribution(policy) -> None:
             ids.append(nxt)
 
 
-def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micro_batch_tokens=None) -> list[torch.Tensor]:
+def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micro_batch_tokens=None,
+                  logprob_chunk_size=0) -> list[torch.Tensor]:
     """Gradient of one optimizer step (lr 0 keeps the weights, so grads can be read after)."""
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
@@ -79,6 +80,7 @@ def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micr
         model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=1, mini_batches=1,
         micro_batch_size=micro_batch_size, grad_clip=1e9, temperature=1.0,
         generator=torch.Generator().manual_seed(0), max_length=6, micro_batch_tokens=micro_batch_tokens,
+        logprob_chunk_size=logprob_chunk_size,
     )
     return [p.grad.clone() for p in model.parameters()]
 
@@ -103,8 +105,10 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
         correct=rewards > 0,
     )
     whole = _update_grads(policy, batch, spec, micro_batch_size=8)
-    for size, tokens in ((1, None), (3, None), (8, 24)):     # 24 tokens: a few rows per micro-batch
-        split = _update_grads(policy, batch, spec, micro_batch_size=size, micro_batch_tokens=tokens)
+    # 24 tokens: a few rows per micro-batch; chunk 5: the LM head in chunks of 5 tokens (learner.logprobs).
+    for size, tokens, chunk in ((1, None, 0), (3, None, 0), (8, 24, 0), (3, None, 5)):
+        split = _update_grads(policy, batch, spec, micro_batch_size=size, micro_batch_tokens=tokens,
+                              logprob_chunk_size=chunk)
         for a, b in zip(whole, split, strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert all(torch.isfinite(g).all() for g in whole)

@@ -1,5 +1,6 @@
 """The learner: log-probs of completions, the policy update, optimizers."""
 
+from reinforge.learner.logprobs import completion_token_stats_chunked, token_logprobs, token_stats
 from reinforge.learner.optim import build_optimizer, warmup_constant, warmup_cosine
 from reinforge.learner.reference import Reference
 from reinforge.learner.sequences import (
@@ -7,7 +8,6 @@ from reinforge.learner.sequences import (
     TokenStats,
     build_sequences,
     completion_token_stats,
-    token_logprobs,
 )
 from reinforge.learner.update import LearnerBatch, UpdateStats, policy_update
 
@@ -20,8 +20,10 @@ __all__ = [
     "build_optimizer",
     "build_sequences",
     "completion_token_stats",
+    "completion_token_stats_chunked",
     "policy_update",
     "token_logprobs",
+    "token_stats",
     "warmup_constant",
     "warmup_cosine",
 ]

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from reinforge.learner.batching import plan_micro_batches
-
 
 @dataclass
 class SequenceBatch:
@@ -80,14 +78,3 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
     return TokenStats(logprobs=logprobs, entropy=entropy)
 
-
-@torch.no_grad()
-def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int,
-                   micro_batch_tokens: int | None = None) -> torch.Tensor:
-    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches
-    of rows of similar length (see batching.plan_micro_batches)."""
-    out = torch.zeros_like(seq.completion_mask)
-    for rows in plan_micro_batches(seq.attention_mask.sum(dim=1), micro_batch_size, micro_batch_tokens):
-        part = seq.rows(rows)
-        out[rows, : part.completion_ids.shape[1]] = completion_token_stats(model, part, temperature).logprobs
-    return out

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.learner.batching import plan_micro_batches
-from reinforge.learner.sequences import SequenceBatch, completion_token_stats
+from reinforge.learner.logprobs import token_stats
+from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
 
 
@@ -77,6 +78,7 @@ def policy_update(
     generator: torch.Generator,
     max_length: int | None = None,
     micro_batch_tokens: int | None = None,
+    logprob_chunk_size: int = 0,
 ) -> UpdateStats:
     n = batch.sequences.input_ids.shape[0]
     sums: dict[str, float] = defaultdict(float)
@@ -95,7 +97,7 @@ def policy_update(
                 rows = mb[local]
                 seq = batch.sequences.rows(rows)
                 width = seq.completion_ids.shape[1]
-                stats = completion_token_stats(model, seq, temperature)
+                stats = token_stats(model, seq, temperature, logprob_chunk_size)
                 out = objective_loss(
                     spec,
                     logprobs=stats.logprobs,

@@ -118,9 +118,9 @@ def train_rl(
         rewards = score(task, examples, rollout, tc.group_size)                        # [N]
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
-        old_logprobs = token_logprobs(model, sequences, sampling.temperature, tc.micro_batch_size, tc.micro_batch_tokens)
-        ref_logprobs = (reference.logprobs(sequences, sampling.temperature, tc.micro_batch_size, tc.micro_batch_tokens)
-                        if reference is not None else None)
+        micro = (tc.micro_batch_size, tc.micro_batch_tokens, tc.logprob_chunk_size)
+        old_logprobs = token_logprobs(model, sequences, sampling.temperature, *micro)
+        ref_logprobs = reference.logprobs(sequences, sampling.temperature, *micro) if reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
         credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
                            rollout.group_ids, generator=generator)
@@ -135,6 +135,7 @@ def train_rl(
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, micro_batch_size=tc.micro_batch_size,
             grad_clip=tc.grad_clip, temperature=sampling.temperature, generator=generator,
             max_length=cfg.rollout.max_new_tokens, micro_batch_tokens=tc.micro_batch_tokens,
+            logprob_chunk_size=tc.logprob_chunk_size,
         )
         if reference is not None:
             reference.after_update(model)

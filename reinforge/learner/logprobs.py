@@ -1,0 +1,248 @@
+"""Memory-efficient per-token log-probs and entropies: the LM head and the
+softmax over the vocabulary in token chunks, with the backward recomputing
+each chunk's logits instead of saving them.
+
+The naive path (`sequences.completion_token_stats`) materialises the [N, L, V]
+logits and then several [N, T, V] tensors (gathered logits, softmax, the
+autograd copies). At V = 151,936 that is 0.6 GB per 1,000 tokens per fp32
+copy. Here only the valid completion tokens ([M] of them, no padding) reach
+the head, and at most two [chunk_size, V] buffers are alive at once; the
+forward keeps just three [M] vectors (max logit, log-sum-exp of the shifted
+logits, entropy) for the backward.
+
+The head runs in fp32 by default (`fp32_head`), as in ScaleRL (arXiv
+2510.13786, fp32 logits at the LM head) and MiniMax-M1 (arXiv 2506.13585,
+which traced a training/inference probability mismatch to the bf16 LM head):
+log-probs of a 150k-way softmax are sensitive to the head's precision, and
+the objective's importance ratios compare them across engines.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import FunctionCtx, once_differentiable
+from transformers import PreTrainedModel
+
+from reinforge.learner.batching import plan_micro_batches
+from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
+
+
+def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
+    """The dtype of the head matmul: at least fp32 when `fp32_head` (fp64 stays fp64, for gradcheck)."""
+    return torch.promote_types(dtype, torch.float32) if fp32_head else dtype
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """z = (h W^T + b) / temperature for one chunk, [C, V], in at least fp32 (a fresh tensor, safe to
+    modify); the matmul runs in `weight`'s dtype (the head's compute dtype, cast once by the caller)."""
+    h = hidden.to(weight.dtype)
+    logits = torch.mm(h, weight.t()) if bias is None else torch.addmm(bias, h, weight.t())
+    # The softmax statistics are fp32 even when the matmul is not (fp32_head=False).
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        logits.div_(temperature)
+    return logits
+
+
+class _ChunkedTokenStats(torch.autograd.Function):
+    """Per-token log-prob of the target and entropy of softmax(z), z = (h W^T + b) / tau, in chunks.
+
+    Forward, per token (z a row of logits, y its target), with s = z - max_k z_k:
+        lse   = max + log sum_k exp(s_k)
+        logp  = z_y - lse = s_y - log sum_k exp(s_k)
+        H     = lse - sum_k p_k z_k = log sum_k exp(s_k) - sum_k p_k s_k,   p = softmax(z)
+    (H = -sum_k p_k log p_k is the same number, but summing 150k fp32 log p of size ~12 drifts
+    by ~1e-5; this form stays ~1e-6 from fp64.)
+
+    Backward, with incoming gradients g (for logp) and e (for H), per token:
+        d logp / d z_k = [k = y] - p_k
+        d H / d z_k    = -p_k (z_k - sum_j p_j z_j)
+    The second: H = lse - sum_j p_j z_j, d lse / d z_k = p_k, and with
+    d p_j / d z_k = p_j ([j = k] - p_k),
+        d (sum_j p_j z_j) / d z_k = p_k + sum_j z_j p_j ([j = k] - p_k) = p_k + p_k z_k - p_k sum_j p_j z_j,
+    so d H / d z_k = p_k - p_k - p_k (z_k - sum_j p_j z_j). Since z_k - sum_j p_j z_j
+    = log p_k + H (the lse shift cancels), the chunk's logit gradient is
+        dz_k = g [k = y] - p_k (g + e (log p_k + H)),
+    and dh = dz W / tau, dW = dz^T h / tau, db = sum_tokens dz / tau.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        hidden: torch.Tensor,    # [M, H]
+        weight: torch.Tensor,    # [V, H]
+        bias: torch.Tensor | None,  # [V]
+        targets: torch.Tensor,   # [M] long
+        temperature: float,
+        chunk_size: int,
+        fp32_head: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = hidden.shape[0]
+        dtype = _compute_dtype(hidden.dtype, fp32_head)
+        stats_dtype = torch.promote_types(dtype, torch.float32)
+        w = weight.to(dtype)  # [V, H], a copy only when the head is upcast
+        b = None if bias is None else bias.to(dtype)
+        logprobs = hidden.new_empty(m, dtype=stats_dtype)  # [M]
+        entropy = hidden.new_empty(m, dtype=stats_dtype)   # [M]
+        row_max = hidden.new_empty(m, dtype=stats_dtype)  # [M] max_k z_k
+        log_sum = hidden.new_empty(m, dtype=stats_dtype)  # [M] log sum_k exp(z_k - max), so lse = max + log_sum
+        for start in range(0, m, chunk_size):
+            rows = slice(start, start + chunk_size)
+            # Shifted logits z - max, kept as such: log p = (z - max) - log_sum loses no precision
+            # to a large lse (fp32 z ~ 20 has an ulp of 2e-6). At most two [C, V] buffers alive.
+            shifted = _chunk_logits(hidden[rows], w, b, temperature)  # [C, V]
+            row_max[rows] = shifted.amax(dim=-1)
+            shifted.sub_(row_max[rows].unsqueeze(1))
+            probs = shifted.exp()  # [C, V], unnormalised
+            total = probs.sum(dim=-1)  # [C]
+            probs.div_(total.unsqueeze(1))
+            log_sum[rows] = total.log()
+            logprobs[rows] = shifted.gather(1, targets[rows].unsqueeze(1)).squeeze(1) - log_sum[rows]
+            # H = lse - sum_k p_k z_k = log_sum - sum_k p_k (z_k - max), as sum_k p_k = 1.
+            entropy[rows] = log_sum[rows] - probs.mul_(shifted).sum(dim=-1)
+            del shifted, probs
+        ctx.save_for_backward(hidden, weight, bias, targets, row_max, log_sum, entropy)
+        ctx.temperature, ctx.chunk_size, ctx.fp32_head = temperature, chunk_size, fp32_head
+        return logprobs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        hidden, weight, bias, targets, row_max, log_sum, entropy = ctx.saved_tensors
+        temperature, chunk_size, fp32_head = ctx.temperature, ctx.chunk_size, ctx.fp32_head
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        m = hidden.shape[0]
+        zeros = entropy.new_zeros(m)
+        g = zeros if grad_logprobs is None else grad_logprobs.to(entropy.dtype)  # [M]
+        e = zeros if grad_entropy is None else grad_entropy.to(entropy.dtype)    # [M]
+        dtype = _compute_dtype(hidden.dtype, fp32_head)
+        w = weight.to(dtype)  # [V, H]
+        b = None if bias is None else bias.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        # Accumulate over chunks in at least fp32, whatever the parameter dtype.
+        acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=acc_dtype, device=weight.device) if need_b else None
+        for start in range(0, m, chunk_size):
+            rows = slice(start, start + chunk_size)
+            dz = _chunk_logits(hidden[rows], w, b, temperature)  # [C, V], z for now
+            dz.sub_(row_max[rows].unsqueeze(1)).sub_(log_sum[rows].unsqueeze(1))  # log p, as in forward
+            p = dz.exp()  # [C, V]
+            g_c, e_c = g[rows].unsqueeze(1), e[rows].unsqueeze(1)  # [C, 1]
+            # dz = g [k = y] - p (g + e (log p + H)), built in the log p buffer.
+            dz.add_(entropy[rows].unsqueeze(1)).mul_(e_c).add_(g_c).mul_(p).neg_()
+            del p
+            dz.scatter_add_(1, targets[rows].unsqueeze(1), g_c)
+            dz.div_(temperature)  # z = logits / tau
+            dz = dz.to(dtype)
+            h = hidden[rows].to(dtype)
+            if need_h:
+                grad_hidden[rows] = torch.mm(dz, w).to(hidden.dtype)
+            if need_w and dz.dtype == grad_weight.dtype:
+                grad_weight.addmm_(dz.t(), h)  # in place: no [V, H] temporary per chunk
+            elif need_w:
+                grad_weight.add_(torch.mm(dz.t(), h))
+            if need_b:
+                grad_bias.add_(dz.sum(dim=0))
+        if need_w:
+            grad_weight = grad_weight.to(weight.dtype)
+        if need_b:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def chunked_token_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    fp32_head: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `targets` and entropy under softmax((hidden W^T + b) / temperature), chunked over tokens.
+
+    hidden [M, H], weight [V, H], bias [V] or None, targets [M] long; returns
+    (logprobs [M], entropy [M]), in fp32 (fp64 for fp64 inputs). Equal to
+    `log_softmax(logits.float() / temperature)` gathered at `targets`, and to
+    its entropy, with gradients to hidden, weight and bias through both
+    outputs; at most two [chunk_size, V] fp32 buffers are alive at once, in
+    forward and backward (the backward recomputes each chunk's logits), so
+    peak memory is ~2 x chunk_size x V x 4 bytes plus the [V, H] weight
+    gradient.
+
+    fp32_head: run the head matmul in fp32 (ScaleRL arXiv 2510.13786,
+    MiniMax-M1 arXiv 2506.13585); otherwise in the hidden dtype, with the
+    softmax statistics still in fp32.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _ChunkedTokenStats.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), bool(fp32_head))
+
+
+def completion_token_stats_chunked(
+    model: PreTrainedModel,
+    batch: SequenceBatch,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    fp32_head: bool = True,
+) -> TokenStats:
+    """`sequences.completion_token_stats` without the [N, L, V] logits: the model body, then the LM
+    head on the valid completion tokens only, chunked (`chunked_token_logprobs_and_entropy`).
+
+    Same contract: [N, T] log-probs and entropies of the completion tokens at
+    temperature `temperature`, 0 on padding. Tied input/output embeddings get
+    both gradient paths, since the head's weight is the embedding parameter.
+    Assumes logits = lm_head(last_hidden_state), as in Llama/Qwen/Mistral; a
+    model that rescales or soft-caps its logits is refused.
+    """
+    config = model.config
+    if getattr(config, "final_logit_softcapping", None) is not None or getattr(config, "logit_scale", None) not in (None, 1.0):
+        raise NotImplementedError(f"{type(model).__name__} transforms its logits after the LM head; use completion_token_stats")
+    head = model.get_output_embeddings()
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state  # [N, L, H]
+    n, t = batch.completion_ids.shape
+    # Position starts[i] - 1 + j predicts completion token j; only valid tokens reach the head.
+    positions = batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)  # [N, T]
+    rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
+    logprobs, entropy = chunked_token_logprobs_and_entropy(
+        hidden[rows, positions[rows, cols]],  # [M, H]
+        head.weight,
+        head.bias,
+        batch.completion_ids[rows, cols],  # [M]
+        temperature=temperature,
+        chunk_size=chunk_size,
+        fp32_head=fp32_head,
+    )
+    # Scatter back to [N, T]; times the mask as in the naive path (a no-op for a 0/1 mask).
+    mask = batch.completion_mask[rows, cols].to(logprobs.dtype)
+    out_logprobs = logprobs.new_zeros(n, t).index_put((rows, cols), logprobs * mask)
+    out_entropy = entropy.new_zeros(n, t).index_put((rows, cols), entropy * mask)
+    return TokenStats(logprobs=out_logprobs, entropy=out_entropy)
+
+
+def token_stats(
+    model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0, chunk_size: int = 0, fp32_head: bool = True
+) -> TokenStats:
+    """Log-probs and entropies of the completion tokens: chunked through the LM head when
+    `chunk_size` > 0 (never the full [tokens x vocab] logits), else the plain full-logits path."""
+    if chunk_size > 0:
+        return completion_token_stats_chunked(model, batch, temperature, chunk_size=chunk_size, fp32_head=fp32_head)
+    return completion_token_stats(model, batch, temperature)
+
+
+@torch.no_grad()
+def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int,
+                   micro_batch_tokens: int | None = None, chunk_size: int = 0) -> torch.Tensor:
+    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches
+    of rows of similar length (see batching.plan_micro_batches)."""
+    out = torch.zeros_like(seq.completion_mask)
+    for rows in plan_micro_batches(seq.attention_mask.sum(dim=1), micro_batch_size, micro_batch_tokens):
+        part = seq.rows(rows)
+        out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, chunk_size).logprobs
+    return out
