@@ -74,11 +74,13 @@ class SFTConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf"] = Field("hf", description="Generation engine: 'hf' is transformers generate.")
+    engine: Literal["native", "hf"] = Field("native", description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.")
+    max_batch_rows: int | None = Field(None, gt=0, description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one (continuous batching). None: all rows of a call at once.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
     max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings: a completion ends with the token that completes one (eos always ends it).")
 
 
 class TrainConfig(_Section):

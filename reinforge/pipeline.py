@@ -22,7 +22,8 @@ from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
 from reinforge.models.factory import check_model_path
 from reinforge.objectives import ObjectiveSpec, resolve_spec
-from reinforge.rollout import ENGINES, SamplingParams
+from reinforge.rollout import SamplingParams, build_engine
+from reinforge.rollout.native import check_native_model_type
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
@@ -59,7 +60,9 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
     if cfg.model.path != "builtin":
-        check_model_path(cfg.model.path)
+        path = check_model_path(cfg.model.path)
+        if cfg.rollout.engine == "native":
+            check_native_model_type(path)
     return task, spec
 
 
@@ -89,7 +92,7 @@ def run(cfg: Config) -> RunResult:
             sft_summary = {"steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
             run_dir.log({"stage": "sft", **sft_summary})
 
-        engine = ENGINES[cfg.rollout.engine](policy, chat_template=cfg.prompt.chat_template)
+        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
         held_out = task.eval_split(cfg.eval.num_prompts)
         start = _evaluate(cfg, engine, task, held_out)
 

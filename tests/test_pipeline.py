@@ -21,16 +21,21 @@ def _finite(record: dict) -> bool:
     return all(v is not None and (not isinstance(v, float) or math.isfinite(v)) for v in record.values())
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "dr_grpo"])
-def test_three_step_run_writes_a_complete_run_dir(tmp_path: Path, micro_overrides, recipe: str) -> None:
+@pytest.mark.parametrize(("recipe", "extra"), [
+    ("grpo", []),
+    ("dr_grpo", ["train.mini_batches=1"]),      # one optimizer step per batch: pi_old from the update's forward
+    ("grpo", ["rollout.engine=hf"]),
+])
+def test_three_step_run_writes_a_complete_run_dir(tmp_path: Path, micro_overrides, recipe: str, extra: list[str]) -> None:
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", *micro_overrides, f"recipe={recipe}", f"output_dir={out}"])
+    result = runner.invoke(app, ["train", *micro_overrides, *extra, f"recipe={recipe}", f"output_dir={out}"])
     assert result.exit_code == 0, result.output
     assert "greedy accuracy" in result.output           # the before/after table
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3]
-    for key in ("reward_mean", "response_length_mean", "entropy", "clip_frac", "grad_norm", "lr", "tokens_per_s", "step_seconds"):
+    for key in ("reward_mean", "response_length_mean", "entropy", "clip_frac", "grad_norm", "lr", "tokens_per_s", "step_seconds",
+                "mismatch_abs_diff_max"):
         assert all(key in r for r in rl), key
     assert all(_finite(r) for r in lines)
     assert ("kl" in rl[0]) == (recipe == "grpo")

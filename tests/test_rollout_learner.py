@@ -24,7 +24,7 @@ from reinforge.objectives import (
     resolve_spec,
 )
 from reinforge.rollout import HFEngine, SamplingParams
-from reinforge.rollout.hf import completion_mask
+from reinforge.rollout.stopping import completion_mask
 
 PROMPTS = ["12+34=", "7+8=", "99+1=", "3 5 7>22:"]
 
@@ -140,3 +140,33 @@ def test_several_optimizer_steps_per_rollout_keep_old_logprobs_fixed(policy) -> 
     with torch.no_grad():
         moved = completion_token_stats(model, seq).logprobs
     assert (moved - old).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "cispo", "gspo"])
+def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: str) -> None:
+    # One optimizer step per batch: pi_old taken inside the update (old_logprobs=None) gives the
+    # gradient of a separate no-grad pass, and the update reports the values it used.
+    torch.manual_seed(4)
+    rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
+    spec = resolve_spec(recipe)
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        old = completion_token_stats(policy.model, seq).logprobs
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1])
+    advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(rewards, rollout.group_ids).advantages
+    common = dict(sequences=seq, advantages=advantages, sampler_logprobs=old - 0.05 * rollout.completion_mask,
+                  group_ids=rollout.group_ids, ref_logprobs=old - 0.1 * rollout.completion_mask)
+    separate = _update_grads(policy, LearnerBatch(old_logprobs=old, **common), spec, micro_batch_size=3)
+    in_place = _update_grads(policy, LearnerBatch(old_logprobs=None, **common), spec, micro_batch_size=3)
+    for a, b in zip(separate, in_place, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-3)
+    stats = policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec,
+                          ppo_epochs=1, mini_batches=1, micro_batch_size=3, grad_clip=1.0, temperature=1.0,
+                          generator=torch.Generator().manual_seed(0), max_length=6)
+    torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="ppo_epochs = mini_batches = 1"):
+        policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec,
+                      ppo_epochs=1, mini_batches=2, micro_batch_size=3, grad_clip=1.0, temperature=1.0,
+                      generator=torch.Generator().manual_seed(0), max_length=6)

@@ -27,7 +27,9 @@ class LearnerBatch:
 
     sequences: SequenceBatch
     advantages: torch.Tensor                 # [N] or [N, T]
-    old_logprobs: torch.Tensor               # [N, T] learner log-probs before this update (fixed over epochs)
+    # [N, T] learner log-probs before this update (fixed over epochs). None: the update has one
+    # optimizer step, so pi_old is the policy of that step's own forward; it is taken there, detached.
+    old_logprobs: torch.Tensor | None
     sampler_logprobs: torch.Tensor           # [N, T] rollout engine's log-probs
     group_ids: torch.Tensor                  # [N]
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference policy, when the objective has a KL term
@@ -54,6 +56,7 @@ class LearnerBatch:
 class UpdateStats:
     optimizer_steps: int
     metrics: dict[str, float]  # means over optimizer steps (grad_norm) and micro-batches (loss parts)
+    old_logprobs: torch.Tensor  # [N, T] the pi_old log-probs the update used
 
 
 def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -81,6 +84,10 @@ def policy_update(
     logprob_chunk_size: int = 0,
 ) -> UpdateStats:
     n = batch.sequences.input_ids.shape[0]
+    in_place = batch.old_logprobs is None
+    if in_place and ppo_epochs * mini_batches != 1:
+        raise ValueError("old_logprobs=None (pi_old from the update's own forward) needs ppo_epochs = mini_batches = 1")
+    old_all = torch.zeros_like(batch.sequences.completion_mask) if in_place else batch.old_logprobs
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     steps = 0
@@ -98,10 +105,12 @@ def policy_update(
                 seq = batch.sequences.rows(rows)
                 width = seq.completion_ids.shape[1]
                 stats = token_stats(model, seq, temperature, logprob_chunk_size)
+                if in_place:   # no step has been taken yet: these weights are pi_old
+                    old_all[rows, :width] = stats.logprobs.detach()
                 out = objective_loss(
                     spec,
                     logprobs=stats.logprobs,
-                    old_logprobs=_slice_rows(batch.old_logprobs, rows, width),
+                    old_logprobs=_slice_rows(old_all, rows, width),
                     advantages=_slice_rows(batch.advantages, rows, width),
                     mask=seq.completion_mask,
                     weights=weights[local][:, :width],
@@ -120,4 +129,4 @@ def policy_update(
             sums["grad_norm"] += float(grad_norm)
             counts["grad_norm"] += 1
             steps += 1
-    return UpdateStats(optimizer_steps=steps, metrics={k: sums[k] / counts[k] for k in sums})
+    return UpdateStats(optimizer_steps=steps, metrics={k: sums[k] / counts[k] for k in sums}, old_logprobs=old_all)

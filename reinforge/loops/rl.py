@@ -72,8 +72,8 @@ def score(task: Task, examples: list[Example], rollout: Rollout, group_size: int
     )
 
 
-def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, old_logprobs: torch.Tensor, group_size: int) -> dict[str, float]:
-    """What the batch looked like before the update: reward, length, degenerate groups, mismatch."""
+def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, group_size: int) -> dict[str, float]:
+    """What the batch looked like before the update: reward, length, degenerate groups."""
     grouped = rewards.view(-1, group_size)                                                 # [P, G]
     return {
         "reward_mean": float(rewards.mean()),
@@ -83,8 +83,6 @@ def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, old_logprobs: torch
         "truncation_rate": float(rollout.truncated.float().mean()),
         # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
         "zero_variance_groups": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
-        # |p_sampler - p_learner| per token at the same weights (ALGORITHMS.md, sampler-learner mismatch).
-        **mismatch_metrics(old_logprobs, rollout.sampler_logprobs, rollout.completion_mask),
     }
 
 
@@ -107,6 +105,7 @@ def train_rl(
     prompts = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     version = 0
+    old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
     for step in range(1, tc.steps + 1):
         t0 = time.perf_counter()
@@ -116,10 +115,13 @@ def train_rl(
         t_gen = time.perf_counter() - t0
         # 2. reward
         rewards = score(task, examples, rollout, tc.group_size)                        # [N]
-        # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference
+        # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
+        #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
+        #    step's own forward: the update takes it there (one forward less; TRL does the same
+        #    with num_iterations=1).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
         micro = (tc.micro_batch_size, tc.micro_batch_tokens, tc.logprob_chunk_size)
-        old_logprobs = token_logprobs(model, sequences, sampling.temperature, *micro)
+        old_logprobs = token_logprobs(model, sequences, sampling.temperature, *micro) if old_before_update else None
         ref_logprobs = reference.logprobs(sequences, sampling.temperature, *micro) if reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
         credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
@@ -144,7 +146,10 @@ def train_rl(
         seconds = time.perf_counter() - t0
         metrics = {
             **update.metrics,
-            **rollout_metrics(rollout, rewards, old_logprobs, tc.group_size),   # whole-batch values win
+            **rollout_metrics(rollout, rewards, tc.group_size),   # whole-batch values win
+            # |p_sampler - p_learner| per token at the same weights, over the rows trained on
+            # (ALGORITHMS.md, sampler-learner mismatch).
+            **mismatch_metrics(update.old_logprobs, batch.sampler_logprobs, batch.sequences.completion_mask),
             "kept_frac": float(credit.keep.float().mean()),
             "lr": scheduler.get_last_lr()[0],
             "policy_version": version,

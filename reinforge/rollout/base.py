@@ -23,10 +23,12 @@ class SamplingParams:
     top_k: int = 0            # 0 = off
     max_new_tokens: int = 8
     greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
+    stop: tuple[str, ...] = ()  # stop strings: a completion ends with the token that completes one
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
-        return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens)
+        return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                   max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop))
 
 
 @dataclass

@@ -7,6 +7,7 @@ import torch
 from reinforge.models import Policy
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
+from reinforge.rollout.stopping import apply_stop_strings, completion_mask
 
 
 class HFEngine:
@@ -61,6 +62,9 @@ class HFEngine:
         logprobs = torch.log_softmax(scores, dim=-1)
         sampler_logprobs = logprobs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
         mask, truncated = completion_mask(completion_ids, eos_ids)
+        # Stop strings are matched in the completion's text only (as vLLM does), after generation:
+        # generate's own stop_strings also match text that straddles the prompt's end.
+        mask, truncated = apply_stop_strings(tokenizer, completion_ids, mask, truncated, params.stop)
         completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
         sampler_logprobs = sampler_logprobs.masked_fill(mask == 0, 0.0)
         rows_prompt_ids = [ids for ids in prompt_ids for _ in range(group_size)]
@@ -76,15 +80,3 @@ class HFEngine:
             texts=texts,
         )
 
-
-def completion_mask(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask of tokens up to and including the first stop token; truncated = no stop token.
-
-    Returns (mask [N, T] float, truncated [N] bool).
-    """
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids))
-    # Tokens strictly after the first eos have a cumulative eos count >= 1 before them.
-    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
-    mask = (eos_before == 0).float()
-    truncated = ~is_eos.any(dim=1)
-    return mask, truncated

@@ -1,0 +1,206 @@
+"""The native rollout engine: the tokens transformers `generate` gives, the learner's log-probs,
+every row exactly once under continuous batching, and exact sampling/filtering rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from reinforge.config import ConfigError, ModelConfig
+from reinforge.learner import build_sequences, completion_token_stats
+from reinforge.models import Policy, build_tiny_qwen2
+from reinforge.models.tokenizer import build_char_tokenizer
+from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.rollout.native import (
+    DecoderShape,
+    KVCache,
+    _draw,
+    check_native_model_type,
+    filter_logits,
+)
+from reinforge.rollout.stopping import stop_string_end
+
+PROMPTS = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]
+
+
+def eos_prone(policy: Policy, scale: float = 40.0) -> Policy:
+    """Make <eos> likely in some contexts (tied embeddings: its output row grows), so completions
+    end at different lengths and the engines' stopping and row-dropping paths are exercised."""
+    with torch.no_grad():
+        policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= scale
+    return policy
+
+
+def qwen2(**overrides) -> Policy:
+    sizes = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=128)
+    cfg = ModelConfig(**{**sizes, **overrides})
+    return eos_prone(build_tiny_qwen2(cfg, seed=0))
+
+
+def from_config(model_cls, config_cls, **extra) -> Policy:
+    tok = build_char_tokenizer()
+    config = config_cls(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True, **extra,
+    )
+    torch.manual_seed(0)
+    return eos_prone(Policy(model=model_cls(config), tokenizer=tok))
+
+
+MODELS = {
+    "qwen2": lambda: qwen2(),
+    "qwen2_gqa": lambda: qwen2(num_kv_heads=1),
+    "llama": lambda: from_config(LlamaForCausalLM, LlamaConfig),
+    "qwen3": lambda: from_config(Qwen3ForCausalLM, Qwen3Config, head_dim=16),
+}
+
+
+def _rows(rollout) -> list[tuple[list[int], bool]]:
+    return [(rollout.completion_ids[r][rollout.completion_mask[r].bool()].tolist(), bool(rollout.truncated[r]))
+            for r in range(rollout.num_rows)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_greedy_tokens_equal_transformers_generate(name: str) -> None:
+    policy = MODELS[name]()
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    hf = HFEngine(policy).generate(PROMPTS, 1, params)
+    native = NativeEngine(policy).generate(PROMPTS, 1, params)
+    assert _rows(native) == _rows(hf)
+    assert native.texts == hf.texts
+    lengths = native.lengths.tolist()
+    assert len(set(lengths)) > 1 and min(lengths) < 10    # rows really ended at different steps
+    torch.testing.assert_close(native.sampler_logprobs, hf.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_gqa", "llama"])
+def test_sampler_logprobs_equal_learner_logprobs(name: str, temperature: float) -> None:
+    policy = MODELS[name]()
+    torch.manual_seed(0)
+    rollout = NativeEngine(policy).generate(PROMPTS, 4, SamplingParams(temperature=temperature, max_new_tokens=8))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = completion_token_stats(policy.model, seq, temperature).logprobs
+    assert rollout.completion_mask.sum() > 40
+    torch.testing.assert_close(learner, rollout.sampler_logprobs, atol=1e-4, rtol=0)
+    for row, text in enumerate(rollout.texts):
+        kept = rollout.completion_ids[row][rollout.completion_mask[row].bool()].tolist()
+        assert policy.tokenizer.decode(kept, skip_special_tokens=True) == text
+        # A truncated row ran to the limit without <eos>; an ended row ends on <eos>.
+        assert bool(rollout.truncated[row]) == (kept[-1] != policy.tokenizer.eos_token_id)
+        assert not rollout.truncated[row] or len(kept) == 8
+
+
+def test_continuous_batching_returns_every_sample_once() -> None:
+    policy = qwen2()
+    params = SamplingParams(max_new_tokens=9, greedy=True)
+    whole = NativeEngine(policy).generate(PROMPTS, 3, params)
+    for slots in (1, 2, 4, 7):
+        # Fewer slots than rows: finished rows' slots are refilled with waiting rows.
+        part = NativeEngine(policy, max_batch_rows=slots).generate(PROMPTS, 3, params)
+        assert _rows(part) == _rows(whole)
+        assert part.group_ids.tolist() == [p for p in range(len(PROMPTS)) for _ in range(3)]
+        torch.testing.assert_close(part.sampler_logprobs, whole.sampler_logprobs, atol=1e-5, rtol=0)
+    # Under sampling each row is its own draw, decoded against its own prompt: its sampler
+    # log-probs are the learner's for that prompt and completion.
+    torch.manual_seed(3)
+    sampled = NativeEngine(policy, max_batch_rows=4).generate(PROMPTS, 6, SamplingParams(max_new_tokens=9))
+    seq = build_sequences(sampled.prompt_ids, sampled.completion_ids, sampled.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = completion_token_stats(policy.model, seq).logprobs
+    torch.testing.assert_close(learner, sampled.sampler_logprobs, atol=1e-4, rtol=0)
+    assert len(set(sampled.lengths.tolist())) > 2
+
+
+def test_engine_sees_weight_updates_without_sync() -> None:
+    policy = qwen2()
+    engine, params = NativeEngine(policy), SamplingParams(max_new_tokens=8, greedy=True)
+    before = engine.generate(PROMPTS, 1, params)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    after = engine.generate(PROMPTS, 1, params)
+    assert _rows(after) == _rows(HFEngine(policy).generate(PROMPTS, 1, params))
+    assert _rows(after) != _rows(before)
+
+
+def test_stop_strings_end_completions_as_in_transformers() -> None:
+    policy = qwen2()
+    params = SamplingParams(max_new_tokens=10, greedy=True, stop=("7", "=="))
+    native = NativeEngine(policy).generate(PROMPTS, 1, params)
+    hf = HFEngine(policy).generate(PROMPTS, 1, params)
+    assert _rows(native) == _rows(hf)
+    ended_by_string = 0
+    for (ids, truncated), text in zip(_rows(native), native.texts, strict=True):
+        if not truncated and ids[-1] != policy.tokenizer.eos_token_id:
+            assert text.endswith("7") or text.endswith("==")
+            assert "7" not in text[:-1] and "==" not in text[:-1]
+            ended_by_string += 1
+    assert ended_by_string >= 1
+
+
+def test_stop_string_end_is_the_shortest_prefix() -> None:
+    tok = build_char_tokenizer()
+    ids = tok("12+345=9", add_special_tokens=False)["input_ids"]
+    assert stop_string_end(tok, ids, ("34",)) == 5
+    assert stop_string_end(tok, ids, ("=", "+")) == 3
+    assert stop_string_end(tok, ids, ("x",)) is None
+
+
+def test_filter_logits_top_k_and_top_p() -> None:
+    scores = torch.log(torch.tensor([[0.1, 0.4, 0.3, 0.2]]))
+    inf = float("-inf")
+    assert filter_logits(scores, 2, 1.0).isinf().tolist() == [[True, False, False, True]]
+    # Top-p 0.6: 0.4 (mass before 0) and 0.3 (mass before 0.4 < 0.6) stay; 0.2 has 0.7 before it.
+    assert filter_logits(scores, 0, 0.6).isinf().tolist() == [[True, False, False, True]]
+    # Exactly reaching p: 0.4 + 0.3 = 0.7, so p = 0.7 keeps two tokens, p = 0.71 three.
+    assert int((filter_logits(scores, 0, 0.71) == inf).sum()) == 1
+    assert filter_logits(scores, 0, 0.05).isinf().tolist() == [[True, False, True, True]]   # the top token stays
+    assert filter_logits(scores, 3, 0.5).isinf().tolist() == [[True, False, False, True]]
+
+
+def test_draw_follows_the_distribution() -> None:
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.1, 0.2, 0.7, 0.0]]).expand(40000, 4)
+    counts = torch.bincount(_draw(probs), minlength=4).float() / 40000
+    assert counts[3] == 0
+    torch.testing.assert_close(counts, torch.tensor([0.1, 0.2, 0.7, 0.0]), atol=0.01, rtol=0)
+
+
+def test_unsupported_models_are_refused_with_the_way_out(tmp_path) -> None:
+    tok = build_char_tokenizer()
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=32))
+    with pytest.raises(NotImplementedError, match="rollout.engine=hf"):
+        NativeEngine(Policy(model=gpt2, tokenizer=tok))
+    gpt2.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="rollout.engine=hf"):
+        check_native_model_type(tmp_path)
+
+
+def test_cache_growth_keeps_entries_and_long_rows_match_generate() -> None:
+    shape = DecoderShape(num_heads=2, num_kv_heads=1, head_dim=4, sliding_window=None)
+    cache = KVCache(num_layers=1, slots=2, shape=shape, initial=3, limit=10, dtype=torch.float32, device="cpu")
+    cache.k[0].normal_()
+    before = cache.k[0].clone()
+    cache.reserve(4)                                   # doubles to 6
+    assert cache.capacity == 6 and torch.equal(cache.k[0][:, :, :3], before) and cache.k[0][:, :, 3:].abs().sum() == 0
+    cache.reserve(13)                                  # never past the limit
+    assert cache.capacity == 10
+    # Rows longer than the first allocation (prompt + 64 positions): the cache grows mid-decode.
+    policy = qwen2(max_positions=160)
+    params = SamplingParams(max_new_tokens=90, greedy=True)
+    with torch.no_grad():   # undo eos_prone's boost so rows run long
+        policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] /= 40.0
+    native = NativeEngine(policy).generate(PROMPTS[:2], 1, params)
+    assert int(native.lengths.max()) > 70
+    assert _rows(native) == _rows(HFEngine(policy).generate(PROMPTS[:2], 1, params))
