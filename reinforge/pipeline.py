@@ -63,6 +63,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         path = check_model_path(cfg.model.path)
         if cfg.rollout.engine == "native":
             check_native_model_type(path)
+        if cfg.train.shared_prefix:
+            check_native_model_type(path, "train.shared_prefix=true", "train.shared_prefix=false")
     return task, spec
 
 

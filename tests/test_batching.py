@@ -43,3 +43,16 @@ def test_bad_budgets_are_errors():
         plan_micro_batches(torch.tensor([1, 2]), max_rows=0)
     with pytest.raises(ValueError):
         plan_micro_batches(torch.tensor([1, 2]), max_rows=2, max_tokens=0)
+
+
+def test_groups_stay_together_unless_larger_than_a_micro_batch() -> None:
+    # Groups 0 and 1 (3 rows each) and group 2 (5 rows); longest rows first.
+    groups = torch.tensor([0, 1, 0, 2, 1, 2, 2, 0, 2, 2, 1])
+    lengths = torch.tensor([5, 9, 6, 3, 9, 4, 3, 5, 3, 3, 8])
+    plan = [p.tolist() for p in plan_micro_batches(lengths, max_rows=6, groups=groups)]
+    # Group 1 (longest row 9) and group 0 (6) fill one micro-batch; group 2 has its own.
+    assert plan == [[1, 4, 10, 0, 2, 7], [3, 5, 6, 8, 9]]
+    # max_rows 4: group 2 is split into 4 + 1 rows; the token budget (width x rows) still holds.
+    plan = [p.tolist() for p in plan_micro_batches(lengths, max_rows=4, max_tokens=30, groups=groups)]
+    assert plan == [[1, 4, 10], [0, 2, 7], [3, 5, 6, 8], [9]]
+    assert sorted(r for p in plan for r in p) == list(range(11))

@@ -9,6 +9,7 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.learner import (
+    ForwardPlan,
     LearnerBatch,
     build_optimizer,
     build_sequences,
@@ -70,7 +71,7 @@ def test_greedy_rollout_is_argmax_of_learner_distribution(policy) -> None:
 
 
 def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micro_batch_tokens=None,
-                  logprob_chunk_size=0) -> list[torch.Tensor]:
+                  logprob_chunk_size=0, shared_prefix=False) -> list[torch.Tensor]:
     """Gradient of one optimizer step (lr 0 keeps the weights, so grads can be read after)."""
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
@@ -78,9 +79,9 @@ def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micr
         group["lr"] = 0.0
     policy_update(
         model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=1, mini_batches=1,
-        micro_batch_size=micro_batch_size, grad_clip=1e9, temperature=1.0,
-        generator=torch.Generator().manual_seed(0), max_length=6, micro_batch_tokens=micro_batch_tokens,
-        logprob_chunk_size=logprob_chunk_size,
+        grad_clip=1e9, temperature=1.0, generator=torch.Generator().manual_seed(0), max_length=6,
+        forward=ForwardPlan(micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
+                            chunk_size=logprob_chunk_size, shared_prefix=shared_prefix),
     )
     return [p.grad.clone() for p in model.parameters()]
 
@@ -92,7 +93,8 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
     rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1])
     spec = resolve_spec(recipe)
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id,
+                          group_ids=rollout.group_ids)
     with torch.no_grad():
         old = completion_token_stats(policy.model, seq).logprobs
     # Critic recipes get per-sequence advantages here (their GAE needs a critic, not built yet).
@@ -105,10 +107,12 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
         correct=rewards > 0,
     )
     whole = _update_grads(policy, batch, spec, micro_batch_size=8)
-    # 24 tokens: a few rows per micro-batch; chunk 5: the LM head in chunks of 5 tokens (learner.logprobs).
-    for size, tokens, chunk in ((1, None, 0), (3, None, 0), (8, 24, 0), (3, None, 5)):
+    # 24 tokens: a few rows per micro-batch; chunk 5: the LM head in chunks of 5 tokens (learner.logprobs);
+    # shared: each prompt once per micro-batch (learner.shared_prefix), whole groups or split ones.
+    for size, tokens, chunk, shared in ((1, None, 0, False), (3, None, 0, False), (8, 24, 0, False), (3, None, 5, False),
+                                        (8, None, 0, True), (3, None, 5, True)):
         split = _update_grads(policy, batch, spec, micro_batch_size=size, micro_batch_tokens=tokens,
-                              logprob_chunk_size=chunk)
+                              logprob_chunk_size=chunk, shared_prefix=shared)
         for a, b in zip(whole, split, strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert all(torch.isfinite(g).all() for g in whole)
@@ -130,8 +134,8 @@ def test_several_optimizer_steps_per_rollout_keep_old_logprobs_fixed(policy) -> 
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-2)
     stats = policy_update(
-        model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=2, mini_batches=2, micro_batch_size=3,
-        grad_clip=1.0, temperature=1.0, generator=torch.Generator().manual_seed(0), max_length=6,
+        model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=2, mini_batches=2, grad_clip=1.0,
+        temperature=1.0, generator=torch.Generator().manual_seed(0), max_length=6, forward=ForwardPlan(micro_batch_size=3),
     )
     assert stats.optimizer_steps == 4
     assert torch.equal(batch.old_logprobs, frozen)           # pi_old is the rollout-time policy throughout
@@ -163,10 +167,10 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
     stats = policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec,
-                          ppo_epochs=1, mini_batches=1, micro_batch_size=3, grad_clip=1.0, temperature=1.0,
-                          generator=torch.Generator().manual_seed(0), max_length=6)
+                          ppo_epochs=1, mini_batches=1, grad_clip=1.0, temperature=1.0,
+                          generator=torch.Generator().manual_seed(0), max_length=6, forward=ForwardPlan(micro_batch_size=3))
     torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ppo_epochs = mini_batches = 1"):
         policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec,
-                      ppo_epochs=1, mini_batches=2, micro_batch_size=3, grad_clip=1.0, temperature=1.0,
-                      generator=torch.Generator().manual_seed(0), max_length=6)
+                      ppo_epochs=1, mini_batches=2, grad_clip=1.0, temperature=1.0,
+                      generator=torch.Generator().manual_seed(0), max_length=6, forward=ForwardPlan(micro_batch_size=3))

@@ -1,6 +1,7 @@
 """The learner: log-probs of completions, the policy update, optimizers."""
 
-from reinforge.learner.logprobs import completion_token_stats_chunked, token_logprobs, token_stats
+from reinforge.learner.forward import ForwardPlan, token_logprobs, token_stats
+from reinforge.learner.logprobs import completion_token_stats_chunked
 from reinforge.learner.optim import build_optimizer, warmup_constant, warmup_cosine
 from reinforge.learner.reference import Reference
 from reinforge.learner.sequences import (
@@ -9,9 +10,11 @@ from reinforge.learner.sequences import (
     build_sequences,
     completion_token_stats,
 )
+from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.learner.update import LearnerBatch, UpdateStats, policy_update
 
 __all__ = [
+    "ForwardPlan",
     "LearnerBatch",
     "Reference",
     "SequenceBatch",
@@ -21,6 +24,7 @@ __all__ = [
     "build_sequences",
     "completion_token_stats",
     "completion_token_stats_chunked",
+    "completion_token_stats_shared",
     "policy_update",
     "token_logprobs",
     "token_stats",

@@ -14,24 +14,39 @@ from __future__ import annotations
 import torch
 
 
-def plan_micro_batches(lengths: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[torch.Tensor]:
+def plan_micro_batches(lengths: torch.Tensor, max_rows: int, max_tokens: int | None = None,
+                       groups: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Row indices [k] of each micro-batch; every row appears exactly once.
 
     lengths [N]: tokens of each row (prompt + completion). A row longer than
-    `max_tokens` gets a micro-batch of its own rather than an error.
+    `max_tokens` gets a micro-batch of its own rather than an error. With
+    `groups` [N], the units packed are groups (by their longest row), not
+    rows: a group's rows share a micro-batch, split only when the group alone
+    exceeds `max_rows` (for the shared-prefix forward, which runs each
+    group's prompt once per micro-batch).
     """
     if max_rows <= 0 or (max_tokens is not None and max_tokens <= 0):
         raise ValueError(f"max_rows and max_tokens must be positive, got {max_rows} and {max_tokens}")
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    if groups is None:
+        units = [[row] for row in range(len(lengths))]
+    else:
+        members: dict[int, list[int]] = {}
+        for row, group in enumerate(groups.tolist()):
+            members.setdefault(group, []).append(row)
+        units = [rows[i : i + max_rows] for rows in members.values() for i in range(0, len(rows), max_rows)]
+    longest = [max(int(lengths[r]) for r in unit) for unit in units]
+    order = sorted(range(len(units)), key=lambda u: -longest[u])     # stable: ties keep their order
     plans: list[list[int]] = []
-    for row in order:
-        current = plans[-1] if plans else None
-        # Sorted longest first: the first row of a micro-batch is its longest.
-        fits = current is not None and len(current) < max_rows and (
-            max_tokens is None or int(lengths[current[0]]) * (len(current) + 1) <= max_tokens
+    width = 0                                                        # longest row of the last micro-batch
+    for u in order:
+        unit, current = units[u], plans[-1] if plans else None
+        # Sorted longest first: the first unit of a micro-batch holds its longest row.
+        fits = current is not None and len(current) + len(unit) <= max_rows and (
+            max_tokens is None or width * (len(current) + len(unit)) <= max_tokens
         )
         if fits:
-            current.append(row)
+            current.extend(unit)
         else:
-            plans.append([row])
+            plans.append(list(unit))
+            width = longest[u]
     return [torch.tensor(rows, dtype=torch.long) for rows in plans]

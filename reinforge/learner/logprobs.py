@@ -23,8 +23,7 @@ import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 from transformers import PreTrainedModel
 
-from reinforge.learner.batching import plan_micro_batches
-from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
+from reinforge.learner.sequences import SequenceBatch, TokenStats
 
 
 def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
@@ -202,47 +201,32 @@ def completion_token_stats_chunked(
     config = model.config
     if getattr(config, "final_logit_softcapping", None) is not None or getattr(config, "logit_scale", None) not in (None, 1.0):
         raise NotImplementedError(f"{type(model).__name__} transforms its logits after the LM head; use completion_token_stats")
-    head = model.get_output_embeddings()
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
     ).last_hidden_state  # [N, L, H]
-    n, t = batch.completion_ids.shape
     # Position starts[i] - 1 + j predicts completion token j; only valid tokens reach the head.
+    t = batch.completion_ids.shape[1]
     positions = batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)  # [N, T]
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
+    return head_token_stats(model, batch, hidden[rows, positions[rows, cols]], temperature, chunk_size, fp32_head)
+
+
+def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: torch.Tensor, temperature: float,
+                     chunk_size: int, fp32_head: bool) -> TokenStats:
+    """The LM head, chunked, on the hidden states [M, E] that predict the batch's valid completion tokens
+    (in the order of `(completion_mask > 0).nonzero()`), scattered back to [N, T] log-probs and entropies.
+
+    The head's own weight goes in, so tied input/output embeddings get both gradient paths.
+    """
+    head = model.get_output_embeddings()
+    n, t = batch.completion_ids.shape
+    rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     logprobs, entropy = chunked_token_logprobs_and_entropy(
-        hidden[rows, positions[rows, cols]],  # [M, H]
-        head.weight,
-        head.bias,
-        batch.completion_ids[rows, cols],  # [M]
-        temperature=temperature,
-        chunk_size=chunk_size,
-        fp32_head=fp32_head,
+        predictors, head.weight, head.bias, batch.completion_ids[rows, cols],
+        temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head,
     )
     # Scatter back to [N, T]; times the mask as in the naive path (a no-op for a 0/1 mask).
     mask = batch.completion_mask[rows, cols].to(logprobs.dtype)
     out_logprobs = logprobs.new_zeros(n, t).index_put((rows, cols), logprobs * mask)
     out_entropy = entropy.new_zeros(n, t).index_put((rows, cols), entropy * mask)
     return TokenStats(logprobs=out_logprobs, entropy=out_entropy)
-
-
-def token_stats(
-    model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0, chunk_size: int = 0, fp32_head: bool = True
-) -> TokenStats:
-    """Log-probs and entropies of the completion tokens: chunked through the LM head when
-    `chunk_size` > 0 (never the full [tokens x vocab] logits), else the plain full-logits path."""
-    if chunk_size > 0:
-        return completion_token_stats_chunked(model, batch, temperature, chunk_size=chunk_size, fp32_head=fp32_head)
-    return completion_token_stats(model, batch, temperature)
-
-
-@torch.no_grad()
-def token_logprobs(model: PreTrainedModel, seq: SequenceBatch, temperature: float, micro_batch_size: int,
-                   micro_batch_tokens: int | None = None, chunk_size: int = 0) -> torch.Tensor:
-    """Log-probs of the completion tokens under `model`, without gradient, [N, T], in micro-batches
-    of rows of similar length (see batching.plan_micro_batches)."""
-    out = torch.zeros_like(seq.completion_mask)
-    for rows in plan_micro_batches(seq.attention_mask.sum(dim=1), micro_batch_size, micro_batch_tokens):
-        part = seq.rows(rows)
-        out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, chunk_size).logprobs
-    return out

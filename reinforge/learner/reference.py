@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from reinforge.learner.logprobs import token_logprobs
+from reinforge.learner.forward import ForwardPlan, token_logprobs
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.kl import ema_update_
@@ -31,10 +31,9 @@ class Reference:
             return None
         return cls(model, ema=spec.reference_ema if spec.reference == "ema" else None)
 
-    def logprobs(self, seq: SequenceBatch, temperature: float, micro_batch_size: int,
-                 micro_batch_tokens: int | None = None, chunk_size: int = 0) -> torch.Tensor:
+    def logprobs(self, seq: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:
         """log pi_ref of the completion tokens, [N, T]."""
-        return token_logprobs(self.model, seq, temperature, micro_batch_size, micro_batch_tokens, chunk_size)
+        return token_logprobs(self.model, seq, temperature, plan)
 
     def after_update(self, policy: torch.nn.Module) -> None:
         """Called once per RL step, after the policy update: the EMA reference moves toward the policy."""

@@ -18,6 +18,7 @@ class SequenceBatch:
     starts: torch.Tensor          # [N] long, prompt length of each row
     completion_ids: torch.Tensor  # [N, T] long
     completion_mask: torch.Tensor  # [N, T] float
+    group_ids: torch.Tensor | None = None  # [N] long, rows with one id share their prompt (None: unknown)
 
     def rows(self, index: torch.Tensor) -> SequenceBatch:
         """The sub-batch of the given rows, trimmed to its own longest sequence."""
@@ -30,10 +31,12 @@ class SequenceBatch:
             starts=self.starts[index],
             completion_ids=self.completion_ids[index, :width],
             completion_mask=self.completion_mask[index, :width],
+            group_ids=None if self.group_ids is None else self.group_ids[index],
         )
 
 
-def build_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int) -> SequenceBatch:
+def build_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int,
+                    group_ids: torch.Tensor | None = None) -> SequenceBatch:
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -50,6 +53,7 @@ def build_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, c
         starts=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
         completion_ids=completion_ids,
         completion_mask=completion_mask.float(),
+        group_ids=group_ids,
     )
 
 

@@ -3,7 +3,7 @@ steps, each accumulated over micro-batches.
 
 Aggregation weights are computed once per optimizer mini-batch (the one
 place that normalises: `objectives.loss_weights`), then sliced into
-micro-batches (rows of similar length, `batching.plan_micro_batches`) whose
+micro-batches (rows of similar length, `ForwardPlan.micro_batches`) whose
 losses are summed, so the gradient does not depend on `micro_batch_size` or
 `micro_batch_tokens`.
 """
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.learner.batching import plan_micro_batches
-from reinforge.learner.logprobs import token_stats
+from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
 
@@ -75,13 +74,11 @@ def policy_update(
     *,
     ppo_epochs: int,
     mini_batches: int,
-    micro_batch_size: int,
     grad_clip: float,
     temperature: float,
     generator: torch.Generator,
+    forward: ForwardPlan,
     max_length: int | None = None,
-    micro_batch_tokens: int | None = None,
-    logprob_chunk_size: int = 0,
 ) -> UpdateStats:
     n = batch.sequences.input_ids.shape[0]
     in_place = batch.old_logprobs is None
@@ -99,12 +96,11 @@ def policy_update(
                 continue
             weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length)  # [M, T]
             optimizer.zero_grad(set_to_none=True)
-            lengths = batch.sequences.attention_mask[mb].sum(dim=1)                              # [M]
-            for local in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
+            for local in forward.micro_batches(batch.sequences, mb):
                 rows = mb[local]
                 seq = batch.sequences.rows(rows)
                 width = seq.completion_ids.shape[1]
-                stats = token_stats(model, seq, temperature, logprob_chunk_size)
+                stats = token_stats(model, seq, temperature, forward)
                 if in_place:   # no step has been taken yet: these weights are pi_old
                     old_all[rows, :width] = stats.logprobs.detach()
                 out = objective_loss(

@@ -15,6 +15,7 @@ import torch
 
 from reinforge.config import Config
 from reinforge.learner import (
+    ForwardPlan,
     LearnerBatch,
     Reference,
     build_optimizer,
@@ -96,6 +97,7 @@ def train_rl(
 ) -> RLResult:
     model, tc = policy.model, cfg.train
     sampling = SamplingParams.from_config(cfg.rollout)
+    forward = ForwardPlan.from_config(tc)
     # The reference starts as the policy as RL starts (after SFT); None when the loss has no KL term.
     reference = Reference.build(model, spec)
     advantage = AdvantagePipeline(spec.advantage, spec.advantage_params,
@@ -119,10 +121,10 @@ def train_rl(
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
         #    with num_iterations=1).
-        sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
-        micro = (tc.micro_batch_size, tc.micro_batch_tokens, tc.logprob_chunk_size)
-        old_logprobs = token_logprobs(model, sequences, sampling.temperature, *micro) if old_before_update else None
-        ref_logprobs = reference.logprobs(sequences, sampling.temperature, *micro) if reference is not None else None
+        sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                                    policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+        old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if old_before_update else None
+        ref_logprobs = reference.logprobs(sequences, sampling.temperature, forward) if reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
         credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
                            rollout.group_ids, generator=generator)
@@ -134,10 +136,9 @@ def train_rl(
         # 5. update
         update = policy_update(
             model, optimizer, scheduler, batch, spec,
-            ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, micro_batch_size=tc.micro_batch_size,
-            grad_clip=tc.grad_clip, temperature=sampling.temperature, generator=generator,
-            max_length=cfg.rollout.max_new_tokens, micro_batch_tokens=tc.micro_batch_tokens,
-            logprob_chunk_size=tc.logprob_chunk_size,
+            ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, grad_clip=tc.grad_clip,
+            temperature=sampling.temperature, generator=generator, forward=forward,
+            max_length=cfg.rollout.max_new_tokens,
         )
         if reference is not None:
             reference.after_update(model)

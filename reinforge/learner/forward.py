@@ -1,0 +1,63 @@
+"""How the learner runs its forward passes, as one record, and the passes themselves.
+
+None of these choices changes a number beyond float rounding (tests check the
+log-probs and gradients of every combination against the plain forward): they
+trade memory and time only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from reinforge.config import TrainConfig
+from reinforge.learner.batching import plan_micro_batches
+from reinforge.learner.logprobs import completion_token_stats_chunked
+from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
+from reinforge.learner.shared_prefix import completion_token_stats_shared
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    micro_batch_size: int = 64                # rows per forward/backward
+    micro_batch_tokens: int | None = None     # token budget per micro-batch (rows x longest row)
+    chunk_size: int = 0                       # tokens per LM-head chunk (logprobs.py); 0: the full-logits path
+    shared_prefix: bool = False               # each prompt once for its group (shared_prefix.py)
+    fp32_head: bool = True                    # the LM head in fp32 (chunked and shared paths)
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> ForwardPlan:
+        return cls(micro_batch_size=train.micro_batch_size, micro_batch_tokens=train.micro_batch_tokens,
+                   chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix)
+
+    def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Indices into `rows` (default: all rows of `batch`) of each micro-batch. With a shared prefix,
+        a group's rows stay together, so that its prompt runs once."""
+        rows = torch.arange(batch.input_ids.shape[0]) if rows is None else rows
+        groups = batch.group_ids[rows] if self.shared_prefix and batch.group_ids is not None else None
+        return plan_micro_batches(batch.attention_mask[rows].sum(dim=1), self.micro_batch_size, self.micro_batch_tokens,
+                                  groups=groups)
+
+
+def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
+    """Log-probs and entropies [N, T] of the completion tokens at `temperature`, with gradients."""
+    if plan.shared_prefix:
+        if batch.group_ids is None:
+            raise ValueError("the shared-prefix forward needs the batch's group ids (build_sequences(..., group_ids=...))")
+        return completion_token_stats_shared(model, batch, batch.group_ids, temperature,
+                                             chunk_size=plan.chunk_size or 1024, fp32_head=plan.fp32_head)
+    if plan.chunk_size > 0:
+        return completion_token_stats_chunked(model, batch, temperature, chunk_size=plan.chunk_size, fp32_head=plan.fp32_head)
+    return completion_token_stats(model, batch, temperature)
+
+
+@torch.no_grad()
+def token_logprobs(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:
+    """Log-probs [N, T] of the completion tokens under `model`, without gradient, in micro-batches."""
+    out = torch.zeros_like(batch.completion_mask)
+    for rows in plan.micro_batches(batch):
+        part = batch.rows(rows)
+        out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, plan).logprobs
+    return out
