@@ -7,8 +7,6 @@ from reinforge.rollout.hf import HFEngine
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.prompts import encode_prompts
 
-ENGINES = {"native": NativeEngine, "hf": HFEngine}
-
 
 def build_engine(rollout: RolloutConfig, policy: Policy, chat_template: str = "auto") -> RolloutEngine:
     """The configured engine over `policy` (the native engine raises NotImplementedError for a
@@ -18,4 +16,4 @@ def build_engine(rollout: RolloutConfig, policy: Policy, chat_template: str = "a
     return HFEngine(policy, chat_template=chat_template)
 
 
-__all__ = ["ENGINES", "HFEngine", "NativeEngine", "Rollout", "RolloutEngine", "SamplingParams", "build_engine", "encode_prompts"]
+__all__ = ["HFEngine", "NativeEngine", "Rollout", "RolloutEngine", "SamplingParams", "build_engine", "encode_prompts"]

@@ -407,7 +407,8 @@ class NativeEngine:
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
         self.prefill_tokens = prefill_tokens
-        self.shape = decoder_shape(policy.model)   # fail at construction, before any run starts
+        # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
+        self.shape = decoder_shape(policy.model)
         DecoderWeights.of(policy.model)
 
     @torch.no_grad()
