@@ -122,6 +122,22 @@ def test_continuous_batching_returns_every_sample_once() -> None:
     assert len(set(sampled.lengths.tolist())) > 2
 
 
+def test_a_reused_cache_gives_the_numbers_of_a_fresh_one() -> None:
+    # The engine keeps its cache's memory between calls on CPU; stale keys/values of an earlier,
+    # larger call sit in the masked positions of the next and must change nothing.
+    policy = qwen2(max_positions=160)
+    engine = NativeEngine(policy)
+    engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=100))       # grows the cache
+    for prompts, group in ((PROMPTS[1:3], 2), (PROMPTS, 5)):                # fewer rows, then more
+        params = SamplingParams(max_new_tokens=12)
+        torch.manual_seed(5)
+        reused = engine.generate(prompts, group, params)
+        torch.manual_seed(5)
+        fresh = NativeEngine(policy).generate(prompts, group, params)
+        assert _rows(reused) == _rows(fresh)
+        torch.testing.assert_close(reused.sampler_logprobs, fresh.sampler_logprobs, atol=0, rtol=0)
+
+
 def test_engine_sees_weight_updates_without_sync() -> None:
     policy = qwen2()
     engine, params = NativeEngine(policy), SamplingParams(max_new_tokens=8, greedy=True)
@@ -187,15 +203,45 @@ def test_unsupported_models_are_refused_with_the_way_out(tmp_path) -> None:
         check_native_model_type(tmp_path)
 
 
-def test_cache_growth_keeps_entries_and_long_rows_match_generate() -> None:
-    shape = DecoderShape(num_heads=2, num_kv_heads=1, head_dim=4, sliding_window=None)
-    cache = KVCache(num_layers=1, slots=2, shape=shape, initial=3, limit=10, dtype=torch.float32, device="cpu")
-    cache.k[0].normal_()
-    before = cache.k[0].clone()
-    cache.reserve(4)                                   # doubles to 6
-    assert cache.capacity == 6 and torch.equal(cache.k[0][:, :, :3], before) and cache.k[0][:, :, 3:].abs().sum() == 0
-    cache.reserve(13)                                  # never past the limit
-    assert cache.capacity == 10
+@pytest.mark.parametrize("keys_last", [True, False])
+def test_cache_write_puts_each_slots_key_and_value_at_its_position(keys_last: bool) -> None:
+    shape = DecoderShape(num_heads=4, num_kv_heads=2, head_dim=64, sliding_window=None)
+    cache = KVCache(num_layers=2, slots=5, shape=shape, initial=6, limit=8, dtype=torch.float32, device="cpu",
+                    keys_last=keys_last)
+    positions = torch.tensor([3, 0, 5])              # slots 0..2 are live
+    k, v = torch.randn(3, 2, 64), torch.randn(3, 2, 64)
+    cache.write(1, k, v, torch.arange(3), positions)
+    expected_k, expected_v = torch.zeros(5, 2, 8, 64), torch.zeros(5, 2, 8, 64)
+    expected_k[torch.arange(3), :, positions] = k
+    expected_v[torch.arange(3), :, positions] = v
+    assert torch.equal(cache.keys(1), expected_k) and torch.equal(cache.v[1], expected_v)
+    assert cache.keys(0).abs().sum() == 0 and cache.v[0].abs().sum() == 0   # other layers untouched
+
+
+def test_cache_holds_enough_keys_for_blas_attention() -> None:
+    # ATen's CPU bmm takes a slow loop below D x group x keys = 400: D 16, one query head per
+    # key/value head -> 25 keys, rounded up to 32; D 64 with groups of 2 -> 4, rounded up to 8.
+    small = KVCache(1, 2, DecoderShape(8, 8, 16, None), initial=10, limit=24, dtype=torch.float32, device="cpu")
+    assert small.capacity == 32 and small.limit == 32
+    grouped = KVCache(1, 2, DecoderShape(4, 2, 64, None), initial=3, limit=100, dtype=torch.float32, device="cpu")
+    assert grouped.capacity == 8
+
+
+@pytest.mark.parametrize("keys_last", [True, False])
+def test_cache_growth_keeps_entries_and_long_rows_match_generate(keys_last: bool) -> None:
+    shape = DecoderShape(num_heads=2, num_kv_heads=1, head_dim=64, sliding_window=None)
+    cache = KVCache(num_layers=1, slots=2, shape=shape, initial=8, limit=20, dtype=torch.float32, device="cpu",
+                    keys_last=keys_last)
+    cache.keys(0).normal_()
+    cache.v[0].normal_()
+    before_k, before_v = cache.keys(0).clone(), cache.v[0].clone()
+    cache.reserve(9)                                   # doubles to 16
+    assert cache.capacity == 16
+    for grown, before in ((cache.keys(0), before_k), (cache.v[0], before_v)):
+        assert grown.shape == (2, 1, 16, 64)
+        assert torch.equal(grown[:, :, :8], before) and grown[:, :, 8:].abs().sum() == 0
+    cache.reserve(30)                                  # never past the limit
+    assert cache.capacity == 20
     # Rows longer than the first allocation (prompt + 64 positions): the cache grows mid-decode.
     policy = qwen2(max_positions=160)
     params = SamplingParams(max_new_tokens=90, greedy=True)
