@@ -38,6 +38,42 @@ def train(
     _print_summary(result.output_dir, result.summary)
 
 
+@app.command(name="filter", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def filter_prompts(
+    out: Annotated[str, typer.Argument(help="JSONL file to write the kept prompts to (read back with task.name=dataset)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides: model=PATH, task.*, rollout.*, train.num_prompts")] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
+    k: Annotated[int, typer.Option(help="Samples per prompt")] = 8,
+    lo: Annotated[float, typer.Option(help="Lowest pass rate kept")] = 0.1,
+    hi: Annotated[float, typer.Option(help="Highest pass rate kept")] = 0.9,
+) -> None:
+    """Offline difficulty filter: keep the train prompts whose pass rate over k samples lies in [lo, hi]."""
+    from pathlib import Path
+
+    import torch
+
+    from reinforge.loops.difficulty import pass_rates, write_filtered
+    from reinforge.models import load_policy
+    from reinforge.pipeline import prepare, seed_everything
+    from reinforge.rollout import SamplingParams, build_engine
+
+    try:
+        cfg = build_config(overrides or [], config)
+        task, _ = prepare(cfg)
+        torch.set_num_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        policy = load_policy(cfg.model, cfg.seed)
+        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+        examples = task.train_split(cfg.train.num_prompts)
+        rates = pass_rates(engine, task, examples, k, SamplingParams.from_config(cfg.rollout))
+        report = write_filtered(Path(out), examples, rates, lo, hi)
+    except (ConfigError, ValueError, NotImplementedError) as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    console.print(f"kept {report.kept} of {len(examples)} prompts (too easy: {report.too_easy}, "
+                  f"too hard: {report.too_hard}) -> {out}")
+
+
 @app.command()
 def recipes(
     name: Annotated[str | None, typer.Argument(help="A recipe: print its preset (its full composition) instead of the table")] = None,

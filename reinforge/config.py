@@ -41,18 +41,24 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: str = Field("arithmetic", description="Built-in task: arithmetic or countdown.")
+    name: str = Field("arithmetic", description="Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see reinforge.tasks.dataset).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic.")
 
     @model_validator(mode="after")
     def _check_task(self) -> TaskConfig:
         from reinforge.tasks import TASKS, build_task
 
-        build_task(self.name)  # raises with a suggestion for an unknown name
-        params = [p for p in inspect.signature(TASKS[self.name].__init__).parameters if p != "self"]
+        if self.name not in TASKS:
+            build_task(self.name)  # raises with a suggestion for an unknown name
+        signature = inspect.signature(TASKS[self.name].__init__)
+        params = [p for p in signature.parameters if p != "self"]
         for key in self.options:
             if key not in params:
                 raise ConfigError(_unknown_key_message(f"task.options.{key}", key, params))
+        # Options without a default (the dataset task's path) must be given.
+        missing = [p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in self.options]
+        if missing:
+            raise ConfigError(f"task '{self.name}' needs task.options.{missing[0]}")
         return self
 
 
@@ -141,6 +147,14 @@ class ObjectiveConfig(_Section):
         return out
 
 
+class CurationConfig(_Section):
+    filters: list[Literal["zero_variance"]] = Field(default_factory=list, description="Group filters between reward and advantage: zero_variance drops prompts whose rewards are all equal (their advantage is zero).")
+    refill: Literal["none", "dynamic", "active"] = Field("none", description="When filters leave the batch short: none trains on what is left (ScaleRL); dynamic samples another full batch of prompts per round (DAPO dynamic sampling); active samples just the missing prompts (Olmo 3 active refill).")
+    max_rounds: int = Field(3, gt=0, description="Generation rounds per step when refilling; a batch still short then is trained on as it is (curation/short = 1).")
+    overlong_filter: bool = Field(False, description="Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's advantage.")
+    retire_pass_rate: float | None = Field(None, gt=0, le=1, description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL no-positive-resampling: 0.9). None: never.")
+
+
 class EvalConfig(_Section):
     num_prompts: int = Field(200, gt=0, description="Held-out prompts evaluated at the start and end of RL.")
     num_samples: int = Field(8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature).")
@@ -149,6 +163,38 @@ class EvalConfig(_Section):
 
 class LogConfig(_Section):
     progress: bool = Field(True, description="Show a progress bar.")
+
+
+class RewardFunctionConfig(_Section):
+    name: str = Field(description="Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' (see reinforge.rewards.compose).")
+    weight: float = Field(1.0, description="Weight of this function in the summed reward.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the function, e.g. {pattern: 'answer: \\d+', mode: search} for format.")
+
+
+class OverlongConfig(_Section):
+    max_length: int | None = Field(None, gt=0, description="L_max in completion tokens; None: rollout.max_new_tokens.")
+    cache: int | None = Field(None, gt=0, description="L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: 4096 of 20480).")
+    coef: float = Field(1.0, ge=0, description="Weight of the shaping term in the reward.")
+
+    @model_validator(mode="after")
+    def _check_window(self) -> OverlongConfig:
+        if self.max_length is not None and self.cache is not None and self.cache > self.max_length:
+            raise ConfigError(f"reward.overlong.cache ({self.cache}) must be <= max_length ({self.max_length})")
+        return self
+
+
+class RewardConfig(_Section):
+    functions: list[RewardFunctionConfig] = Field(default_factory=lambda: [RewardFunctionConfig(name="verifier")], min_length=1, description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient.")
+    overlong: OverlongConfig | None = Field(None, description="DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); None: off.")
+    max_error_rate: float = Field(0.05, ge=0, le=1, description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.")
+
+    @model_validator(mode="after")
+    def _check_functions(self) -> RewardConfig:
+        from reinforge.rewards.compose import resolve_reward_function
+
+        for f in self.functions:
+            resolve_reward_function(f.name, f.params)   # raises with a suggestion for an unknown name or parameter
+        return self
 
 
 class Config(_Section):
@@ -163,8 +209,10 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    curation: CurationConfig = Field(default_factory=CurationConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -12,7 +12,14 @@ from __future__ import annotations
 from reinforge.objectives.recipes import RECIPES, SYSTEMS
 from reinforge.objectives.spec import ObjectiveSpec
 
-BUILT: frozenset[str] = frozenset()
+BUILT: frozenset[str] = frozenset({
+    "dynamic_sampling",            # loops/curation.py
+    "zero_variance_filter",
+    "active_refill",
+    "positive_resampling_filter",
+    "overlong_shaping",            # rewards/compose.py (reward.overlong)
+    "fp32_lm_head",                # learner/logprobs.py: the LM head runs in fp32 (ForwardPlan.fp32_head)
+})
 
 
 def missing_systems(recipe: str, spec: ObjectiveSpec | None = None) -> list[str]:

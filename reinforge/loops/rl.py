@@ -6,7 +6,6 @@ It reads top to bottom; methods differ only in the objective spec they pass
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,31 +23,13 @@ from reinforge.learner import (
     token_logprobs,
     warmup_constant,
 )
+from reinforge.loops.curation import BatchCollector, PromptStream, Scores
 from reinforge.models import Policy
-from reinforge.objectives import AdvantagePipeline, ObjectiveSpec, shaped_rewards
+from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
 from reinforge.objectives.corrections import mismatch_metrics
+from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example, Task
-
-
-class PromptStream:
-    """Train examples in a seeded random order, reshuffled every epoch."""
-
-    def __init__(self, examples: list[Example], seed: int):
-        self.examples = examples
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
-        self.epoch = 0
-
-    def next(self, n: int) -> list[Example]:
-        out = []
-        while len(out) < n:
-            if not self.order:
-                self.order = list(range(len(self.examples)))
-                self.rng.shuffle(self.order)
-                self.epoch += 1
-            out.append(self.examples[self.order.pop()])
-        return out
 
 
 @dataclass
@@ -66,25 +47,28 @@ class StepRecord:
     metrics: dict[str, float]
 
 
-def score(task: Task, examples: list[Example], rollout: Rollout, group_size: int) -> torch.Tensor:
-    """Verifier rewards, [N]; row r belongs to examples[r // group_size]."""
-    return torch.tensor(
-        [task.reward(examples[r // group_size], text) for r, text in enumerate(rollout.texts)], dtype=torch.float32
-    )
+def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list[Example], Rollout], Scores]:
+    """The configured reward functions (cfg.reward) as the reward; row r belongs to examples[r // group_size]."""
+
+    def score(examples: list[Example], rollout: Rollout) -> Scores:
+        scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
+        # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
+        correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
+        return Scores(rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics())
+
+    return score
 
 
-def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, group_size: int) -> dict[str, float]:
-    """What the batch looked like before the update: reward, length, degenerate groups."""
-    grouped = rewards.view(-1, group_size)                                                 # [P, G]
-    return {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "response_length_mean": float(rollout.lengths.mean()),
-        "response_length_max": float(rollout.lengths.max()),
-        "truncation_rate": float(rollout.truncated.float().mean()),
-        # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
-        "zero_variance_groups": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
-    }
+def valid_advantages(advantage: AdvantagePipeline, rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor,
+                     generator: torch.Generator) -> AdvantageResult:
+    """Advantages from the valid rows only: a sample without a reward (its reward function failed
+    or skipped it) must not move its group's baseline; it gets A = 0 and leaves the batch."""
+    if bool(valid.all()):
+        return advantage(rewards, group_ids, generator=generator)
+    rows = valid.nonzero().squeeze(1)
+    part = advantage(rewards[rows], group_ids[rows], generator=generator)
+    return AdvantageResult(rewards.new_zeros(len(rewards)).index_copy_(0, rows, part.advantages),
+                           torch.zeros_like(valid).index_copy_(0, rows, part.keep))
 
 
 def train_rl(
@@ -104,19 +88,23 @@ def train_rl(
                                   [(t.name, t.params) for t in spec.advantage_transforms])
     optimizer = build_optimizer(model, tc.lr, tc.weight_decay)
     scheduler = warmup_constant(optimizer, tc.warmup_steps)
-    prompts = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
+    pool = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
+    collector = BatchCollector(cfg.curation, pool, engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size), tc.prompts_per_step,
+                               tc.group_size, sampling)
     generator = torch.Generator().manual_seed(cfg.seed)
     version = 0
     old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
     for step in range(1, tc.steps + 1):
         t0 = time.perf_counter()
-        # 1. sample
-        examples = prompts.next(tc.prompts_per_step)
-        rollout = engine.generate([e.prompt for e in examples], tc.group_size, sampling, policy_version=version)
+        # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
+        curated = collector.collect(version)
         t_gen = time.perf_counter() - t0
-        # 2. reward
-        rewards = score(task, examples, rollout, tc.group_size)                        # [N]
+        if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
+            on_step(StepRecord(step=step, metrics={**curated.metrics, "policy_version": version, "generation_seconds": t_gen,
+                                                   "step_seconds": time.perf_counter() - t0}))
+            continue
+        rollout, rewards = curated.rollout, curated.scores.rewards
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
@@ -126,13 +114,13 @@ def train_rl(
         old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if old_before_update else None
         ref_logprobs = reference.logprobs(sequences, sampling.temperature, forward) if reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
-        credit = advantage(shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
-                           rollout.group_ids, generator=generator)
+        credit = valid_advantages(advantage, shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
+                                  rollout.group_ids, curated.scores.valid, generator)
         batch = LearnerBatch(
             sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
-            correct=rewards > 0,     # the built-in verifiers give 1 for a correct answer, 0 otherwise
-        ).select(credit.keep)
+            correct=curated.scores.correct,
+        ).select(credit.keep & curated.row_keep)    # advantage transforms and curation may drop rows
         # 5. update
         update = policy_update(
             model, optimizer, scheduler, batch, spec,
@@ -147,7 +135,7 @@ def train_rl(
         seconds = time.perf_counter() - t0
         metrics = {
             **update.metrics,
-            **rollout_metrics(rollout, rewards, tc.group_size),   # whole-batch values win
+            **curated.metrics,   # the sampled rows' reward and length figures, and curation's counts
             # |p_sampler - p_learner| per token at the same weights, over the rows trained on
             # (ALGORITHMS.md, sampler-learner mismatch).
             **mismatch_metrics(update.old_logprobs, batch.sampler_logprobs, batch.sequences.completion_mask),

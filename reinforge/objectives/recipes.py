@@ -56,6 +56,12 @@ _CLIP_HIGHER = {"eps_low": 0.2, "eps_high": 0.28}
 # Methods without a ratio (REINFORCE-style terms) are only unbiased on-policy:
 # one optimizer step per rollout batch (ALGORITHMS.md: "one update per batch").
 _ON_POLICY = {"train": {"ppo_epochs": 1, "mini_batches": 1}}
+# Batch curation (loops/curation.py). DAPO samples up to 3 generation batches per step
+# (its num_gen_batches; the paper gives no fixed limit); ScaleRL filters without refill and
+# retires prompts at pass rate 0.9; Olmo 3 refills just the missing prompts.
+_DYNAMIC_SAMPLING = {"filters": ["zero_variance"], "refill": "dynamic", "max_rounds": 3}
+_SCALERL_CURATION = {"filters": ["zero_variance"], "refill": "none", "retire_pass_rate": 0.9}
+_ACTIVE_REFILL = {"filters": ["zero_variance"], "refill": "active", "max_rounds": 3}
 
 
 def _rl(advantage: str, policy_loss: str, aggregation: str, policy_params: Mapping[str, object] | None = None,
@@ -83,7 +89,8 @@ _RECIPES = [
            "arXiv 2503.20783", "GRPO without the std division and with a constant length normaliser"),
     Recipe("dapo", _rl("grpo", "ppo_clip", "token_mean", _CLIP_HIGHER),
            "arXiv 2503.14476", "clip-higher, token-level loss, dynamic sampling, overlong shaping",
-           extras=("dynamic sampling", "overlong shaping"), requires=("dynamic_sampling", "overlong_shaping")),
+           extras=("dynamic sampling", "overlong shaping"), requires=("dynamic_sampling", "overlong_shaping"),
+           settings={"curation": _DYNAMIC_SAMPLING, "reward": {"overlong": {"coef": 1.0}}}),
     Recipe("gspo", _rl("grpo", "gspo", "seq_mean_token_mean", {"eps_low": 3e-4, "eps_high": 4e-4}),
            "arXiv 2507.18071", "sequence-level ratio (length-normalised), one clipped term per sequence"),
     Recipe("gmpo", _rl("grpo", "gmpo", "seq_mean_token_mean", {"eps": 0.4}),
@@ -106,16 +113,18 @@ _RECIPES = [
     Recipe("scalerl", _rl("scalerl", "cispo", "prompt_mean", {"r_max": 5.0}, ratio_anchor="sampler"),
            "arXiv 2510.13786", "batch-normalised advantage, CISPO against the sampler, prompt-level mean",
            extras=("zero-variance filter (no refill)", "no positive resampling", "fp32 LM head", "async"),
-           requires=("zero_variance_filter", "positive_resampling_filter", "fp32_lm_head", "async")),
+           requires=("zero_variance_filter", "positive_resampling_filter", "fp32_lm_head", "async"),
+           settings={"curation": _SCALERL_CURATION}),
     Recipe("olmo3", _rl("dr_grpo", "ppo_clip", "token_mean", _CLIP_HIGHER, correction="tis",
                         correction_params={"cap": 2.0}),
            "arXiv 2512.13961", "Dr.GRPO advantage, clip-higher, truncated importance sampling",
-           extras=("zero-variance filter with active refill",), requires=("zero_variance_filter", "active_refill")),
+           extras=("zero-variance filter with active refill",), requires=("zero_variance_filter", "active_refill"),
+           settings={"curation": _ACTIVE_REFILL}),
     Recipe("vapo", _rl("gae", "ppo_clip", "token_mean", _CLIP_HIGHER, nll_coef=0.1,
                        value=ValueSpec(lam_actor=0.95, lam_critic=1.0, length_adaptive_alpha=0.05)),
            "arXiv 2504.05118", "value-based: decoupled and length-adaptive GAE, clip-higher, NLL on correct samples",
            extras=("value pre-training", "positive NLL 0.1", "dynamic sampling"),
-           requires=("critic", "value_pretraining", "dynamic_sampling")),
+           requires=("critic", "value_pretraining", "dynamic_sampling"), settings={"curation": _DYNAMIC_SAMPLING}),
     # T1 gives no numbers for the EMA rate or the entropy coefficient: 0.99 and 1e-3 are choices.
     Recipe("t1", _rl("grpo", "ppo_clip", "token_mean", _PPO_CLIP, kl_estimator="k3", kl_coef=0.04,
                      reference="ema", reference_ema=0.99, entropy_coef=1e-3),

@@ -1,0 +1,253 @@
+"""Batch curation: which sampled groups reach the gradient (ALGORITHMS.md, "Batch curation").
+
+It sits between reward and advantage. One `collect` call runs generation
+rounds until the step's batch is full or the round limit is hit:
+
+1. draw prompts from the pool and sample G completions each;
+2. score them (the reward composer: totals, which samples are valid, which are correct);
+3. group filters decide which prompts' groups stay (`GROUP_FILTERS`, by name in
+   `curation.filters`): `zero_variance` drops groups whose rewards are all equal,
+   since their group-relative advantage is zero (DAPO dynamic sampling, ScaleRL,
+   Olmo 3);
+4. prompts whose pass rate reaches `retire_pass_rate` leave the pool for later
+   epochs (ScaleRL's no-positive-resampling, 0.9);
+5. refill: `none` trains on what is left (ScaleRL: filter without refill);
+   `dynamic` samples a whole new batch of prompts per round (DAPO, arXiv
+   2503.14476, up to `max_rounds` generation batches); `active` samples just
+   the missing number of prompts (Olmo 3's active refill, arXiv 2512.13961).
+   A batch still short at the round limit is trained on as it is, and the
+   metrics say so (`curation/short`).
+
+Sample-level masks leave rows in the advantage computation but out of the
+loss: a sample whose reward function failed or skipped it (`valid` False),
+and with `overlong_filter` a truncated sample (DAPO's overlong filtering).
+
+The default configuration (no filters, no refill) is one round with every
+group kept: plain GRPO sampling.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from reinforge.config import CurationConfig
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
+from reinforge.tasks import Example
+
+
+class PromptStream:
+    """The prompt pool: train examples in a seeded random order, reshuffled every epoch.
+
+    Retired prompts (`retire`) are not drawn again from the next epoch on.
+    """
+
+    def __init__(self, examples: list[Example], seed: int):
+        self.examples = examples
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.epoch = 0
+        self.retired: set[int] = set()
+        self._index = {id(e): i for i, e in enumerate(examples)}
+
+    @property
+    def size(self) -> int:
+        """Prompts still in the pool."""
+        return len(self.examples) - len(self.retired)
+
+    def next(self, n: int) -> list[Example]:
+        out = []
+        while len(out) < n:
+            if not self.order:
+                self.order = [i for i in range(len(self.examples)) if i not in self.retired]
+                if not self.order:
+                    raise RuntimeError(f"every one of the {len(self.examples)} train prompts has left the pool "
+                                       "(curation.retire_pass_rate): raise the threshold or train.num_prompts")
+                self.rng.shuffle(self.order)
+                self.epoch += 1
+            out.append(self.examples[self.order.pop()])
+        return out
+
+    def retire(self, example: Example) -> None:
+        self.retired.add(self._index[id(example)])
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What the reward step says about each row of a rollout, [N] each."""
+
+    rewards: torch.Tensor            # float: the reward the advantage uses
+    valid: torch.Tensor              # bool: False where a reward function failed or skipped the sample
+    correct: torch.Tensor            # bool: the verifier accepted the completion (pass rate, NLL term)
+    metrics: dict[str, float] = field(default_factory=dict)   # the reward step's own figures
+
+
+@dataclass(frozen=True)
+class Groups:
+    """One round's samples as [P, G] views, what the group filters see."""
+
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    correct: torch.Tensor
+    truncated: torch.Tensor
+
+
+def zero_variance(groups: Groups) -> torch.Tensor:
+    """[P] keep: the group's valid rewards are not all equal (fewer than two valid ones: equal)."""
+    high = groups.rewards.masked_fill(~groups.valid, float("-inf")).max(dim=1).values
+    low = groups.rewards.masked_fill(~groups.valid, float("inf")).min(dim=1).values
+    return (groups.valid.sum(dim=1) >= 2) & (high > low)
+
+
+GROUP_FILTERS: dict[str, Callable[[Groups], torch.Tensor]] = {
+    "zero_variance": zero_variance,
+}
+
+
+@dataclass
+class CuratedBatch:
+    """The step's training batch after curation, rows grouped by prompt; `rollout` None when no
+    group survived (the step then has no update)."""
+
+    examples: list[Example]          # [P]
+    rollout: Rollout | None          # N = P x G rows, group ids 0..P-1
+    scores: Scores | None            # [N]
+    row_keep: torch.Tensor | None    # [N] bool: rows the loss sees (valid, not overlong-filtered)
+    metrics: dict[str, float]        # reward and rollout figures of every sampled row, and curation counts
+
+
+def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
+    """What the sampled batch looked like before curation: reward (of the valid samples), length,
+    degenerate groups."""
+    rewards = groups.rewards[groups.valid]
+    return {
+        "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "response_length_mean": float(rollout.lengths.mean()),
+        "response_length_max": float(rollout.lengths.max()),
+        "truncation_rate": float(rollout.truncated.float().mean()),
+        # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
+        "zero_variance_groups": float((~zero_variance(groups)).float().mean()),
+    }
+
+
+def concat_rollouts(parts: list[Rollout]) -> Rollout:
+    """Rows of several rollouts in order, completions right-padded to the widest; group ids renumbered."""
+    width = max(p.completion_ids.shape[1] for p in parts)
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        return F.pad(t, (0, width - t.shape[1]), value=value)
+
+    pad_id = 0
+    for p in parts:   # the pad id is whatever fills masked positions
+        masked = p.completion_ids[p.completion_mask == 0]
+        if masked.numel():
+            pad_id = int(masked[0])
+            break
+    offsets, groups = 0, []
+    for p in parts:
+        groups.append(p.group_ids + offsets)
+        offsets += int(p.group_ids.max()) + 1 if p.num_rows else 0
+    return Rollout(
+        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
+        completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+        completion_mask=torch.cat([pad(p.completion_mask, 0.0) for p in parts]),
+        sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        group_ids=torch.cat(groups),
+        policy_version=min(p.policy_version for p in parts),
+        texts=[t for p in parts for t in p.texts],
+    )
+
+
+def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout's rows `rows` (whole groups, in order), group ids renumbered 0..P'-1."""
+    index = rows.tolist()
+    _, groups = torch.unique(rollout.group_ids[rows], return_inverse=True)
+    return Rollout(
+        prompt_ids=[rollout.prompt_ids[i] for i in index],
+        completion_ids=rollout.completion_ids[rows],
+        completion_mask=rollout.completion_mask[rows],
+        sampler_logprobs=rollout.sampler_logprobs[rows],
+        truncated=rollout.truncated[rows],
+        group_ids=groups,
+        policy_version=rollout.policy_version,
+        texts=[rollout.texts[i] for i in index],
+    )
+
+
+class BatchCollector:
+    """Runs the generation rounds of one step and curates their groups (see the module docstring)."""
+
+    def __init__(self, cfg: CurationConfig, pool: PromptStream, engine: RolloutEngine,
+                 score: Callable[[list[Example], Rollout], Scores], prompts_per_step: int, group_size: int,
+                 sampling: SamplingParams):
+        self.cfg, self.pool, self.engine, self.score = cfg, pool, engine, score
+        self.prompts, self.group_size, self.sampling = prompts_per_step, group_size, sampling
+        self.filters = [(name, GROUP_FILTERS[name]) for name in cfg.filters]
+
+    def collect(self, policy_version: int) -> CuratedBatch:
+        g, target = self.group_size, self.prompts
+        kept: list[tuple[list[Example], Rollout, Scores]] = []
+        counts = {"sampled": 0, "kept": 0, "retired": 0, **{f"dropped_{name}": 0 for name, _ in self.filters}}
+        reward_metrics: list[tuple[int, dict[str, float]]] = []
+        rounds = 0
+        while True:
+            want = target - counts["kept"] if self.cfg.refill == "active" else target
+            examples = self.pool.next(want)
+            rollout = self.engine.generate([e.prompt for e in examples], g, self.sampling, policy_version=policy_version)
+            scores = self.score(examples, rollout)
+            rounds += 1
+            counts["sampled"] += len(examples)
+            groups = Groups(scores.rewards.view(-1, g), scores.valid.view(-1, g), scores.correct.view(-1, g),
+                            rollout.truncated.view(-1, g))
+            reward_metrics.append((rollout.num_rows, {**scores.metrics, **rollout_metrics(rollout, groups)}))
+            keep = torch.ones(len(examples), dtype=torch.bool)
+            for name, check in self.filters:
+                passed = check(groups)
+                counts[f"dropped_{name}"] += int((keep & ~passed).sum())
+                keep &= passed
+            if self.cfg.retire_pass_rate is not None:
+                for p in (groups.correct.float().mean(dim=1) >= self.cfg.retire_pass_rate).nonzero().flatten().tolist():
+                    self.pool.retire(examples[p])
+                    counts["retired"] += 1
+            take = keep.nonzero().flatten()[: target - counts["kept"]]     # a full batch, and no more
+            if len(take):
+                rows = (take[:, None] * g + torch.arange(g)).flatten()
+                kept.append(([examples[p] for p in take.tolist()], select_rows(rollout, rows),
+                             Scores(scores.rewards[rows], scores.valid[rows], scores.correct[rows])))
+                counts["kept"] += len(take)
+            if counts["kept"] >= target or self.cfg.refill == "none" or rounds >= self.cfg.max_rounds:
+                break
+        rollout = concat_rollouts([r for _, r, _ in kept]) if kept else None
+        scores = Scores(*(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct"))) if kept else None
+        row_keep = None
+        if kept:
+            row_keep = scores.valid & ~rollout.truncated if self.cfg.overlong_filter else scores.valid
+        metrics = {
+            **_weighted_mean(reward_metrics),
+            "curation/rounds": float(rounds),
+            "curation/prompts_sampled": float(counts["sampled"]),
+            "curation/prompts_kept": float(counts["kept"]),
+            **{f"curation/{k}": float(v) for k, v in counts.items() if k.startswith("dropped_")},
+            "curation/short": float(counts["kept"] < target),
+            "curation/rows_masked": float((~row_keep).sum()) if kept else 0.0,
+            "curation/pool_size": float(self.pool.size),
+            "curation/retired": float(counts["retired"]),
+        }
+        return CuratedBatch([e for ex, _, _ in kept for e in ex], rollout, scores, row_keep, metrics)
+
+
+def _weighted_mean(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Per-key mean of the rounds' reward metrics, weighted by their rows."""
+    total: dict[str, float] = {}
+    weight: dict[str, int] = {}
+    for rows, metrics in parts:
+        for key, value in metrics.items():
+            total[key] = total.get(key, 0.0) + rows * value
+            weight[key] = weight.get(key, 0) + rows
+    return {key: total[key] / weight[key] for key in total}

@@ -1,0 +1,278 @@
+"""Reward composition: the scalar reward of each completion, from several reward functions.
+
+This module owns the step between a rollout and its advantages: it calls each
+configured reward function on each completion, sums them with their weights,
+adds DAPO's overlong shaping, and reports what went wrong per function (raised,
+or declined to score) so that such samples can be dropped instead of trained on
+with a made-up reward.
+
+A reward function is a plain callable (as in TRL) called with keyword arguments
+and returning a float, or None for "do not score this sample". It receives
+only the keywords it declares (all of them if it takes **kwargs):
+
+    prompt, completion, answer   the example's prompt and gold answer, the decoded completion
+    length, truncated            completion tokens (eos included) and whether max_new_tokens cut it
+    example, task                the `Example` record and the `Task` (its verifier: task.reward)
+    <meta fields>                each key of example.meta not named above, e.g. target, numbers
+    <params>                     the function's `params` from the config (they win over meta)
+
+Built-ins are in `REWARD_FUNCTIONS`; anything else is given as 'module:function'.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from reinforge.config import Config, RewardConfig
+from reinforge.objectives.common import accepted_params, check_params, resolve
+from reinforge.rollout.base import Rollout
+from reinforge.tasks.base import Example, Task
+
+# The keywords a reward function may receive besides the example's meta fields and its params.
+REWARD_INPUTS = ("prompt", "completion", "answer", "length", "truncated", "example", "task")
+
+
+# ------------------------------------------------------------------ built-in functions
+
+
+def verifier(*, completion: str, example: Example, task: Task) -> float:
+    """The task's own verifier (1.0 correct, 0.0 otherwise): the reward before composition existed."""
+    return task.reward(example, completion)
+
+
+def format_match(*, completion: str, pattern: str, mode: str = "search") -> float:
+    """1.0 if the regex `pattern` matches the completion (re.search, or re.fullmatch for mode='fullmatch'), else 0.0.
+
+    The generic format reward of TRL / open-r1 (`format_reward`); DOTALL, so '.' spans lines.
+    """
+    if mode not in ("search", "fullmatch"):
+        raise ValueError(f"format mode must be 'search' or 'fullmatch', got {mode!r}")
+    match = re.search if mode == "search" else re.fullmatch
+    return 1.0 if match(pattern, completion, flags=re.DOTALL) else 0.0
+
+
+# One <think> block, then one <answer> block, nothing else but whitespace around them; neither body
+# may hold another think/answer tag (so "<think>a</think>b</think><answer>..." does not pass).
+_BODY = r"(?:(?!</?think>|</?answer>).)*"
+_THINK_ANSWER = re.compile(rf"\s*<think>{_BODY}</think>\s*<answer>{_BODY}</answer>\s*", re.DOTALL)
+
+
+def think_answer(*, completion: str, think_prefilled: bool = False) -> float:
+    """DeepSeek-R1 format reward (arXiv 2501.12948, sec. 2.2.2): 1.0 for '<think>...</think>
+    <answer>...</answer>' and nothing else, 0.0 otherwise.
+
+    think_prefilled: the prompt already ends with '<think>' (R1-Zero's template), so the
+    completion starts inside the think block.
+    """
+    return 1.0 if _THINK_ANSWER.fullmatch(("<think>" if think_prefilled else "") + completion) else 0.0
+
+
+def length_penalty(*, length: int, target: int, coef: float = 1.0) -> float:
+    """-coef * max(0, |y| - target) / target: 0 up to `target` tokens, then linear, -coef at 2 x target.
+
+    A one-sided, target-normalised form of L1's length term (LCPO, arXiv 2503.04697, eq. 1:
+    -alpha |n_gold - n_y|); one-sided so short completions are never punished (choice).
+    """
+    if target <= 0:
+        raise ValueError(f"length_penalty target must be > 0, got {target!r}")
+    return -coef * max(0, length - target) / target
+
+
+REWARD_FUNCTIONS: dict[str, Callable[..., float | None]] = {
+    "verifier": verifier,
+    "format": format_match,
+    "think_answer": think_answer,
+    "length_penalty": length_penalty,
+}
+
+
+def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..., float | None]:
+    """The function named `name` (built-in or 'module:function'), after checking `params` against it.
+
+    Raises ValueError for an unknown name, a parameter the function does not take,
+    a parameter that shadows one of REWARD_INPUTS, or a built-in's missing required parameter.
+    """
+    fn = resolve(REWARD_FUNCTIONS, name, "reward function")
+    kind = f"reward function {name!r}"
+    for key in params:
+        if key in REWARD_INPUTS:
+            raise ValueError(f"{kind}: parameter {key!r} is an input the composer passes itself ({', '.join(REWARD_INPUTS)})")
+    check_params(fn, params, kind, reserved=REWARD_INPUTS)
+    if name in REWARD_FUNCTIONS:   # a user function's required keywords may be meta fields, unknown here
+        for p in inspect.signature(fn).parameters.values():
+            if p.default is inspect.Parameter.empty and p.name not in REWARD_INPUTS and p.name not in params:
+                raise ValueError(f"{kind} needs parameter {p.name!r}, e.g. params: {{{p.name}: ...}}")
+    return fn
+
+
+# ------------------------------------------------------------------ overlong shaping
+
+
+def overlong_shaping(lengths: Tensor, max_length: int, cache: int) -> Tensor:
+    """DAPO soft overlong punishment (arXiv 2503.14476, eq. 13), [N] -> [N]:
+
+        0                                   |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache  L_max - L_cache < |y| <= L_max
+        -1                                  |y| > L_max
+
+    Continuous: 0 at the start of the cache window, -1 at L_max.
+    """
+    if not 0 < cache <= max_length:
+        raise ValueError(f"overlong shaping needs 0 < cache <= max_length, got cache={cache}, max_length={max_length}")
+    lengths = lengths.float()
+    start = max_length - cache
+    ramp = (start - lengths) / cache
+    return torch.where(lengths <= start, torch.zeros_like(ramp), torch.where(lengths <= max_length, ramp, -torch.ones_like(ramp)))
+
+
+# ------------------------------------------------------------------ composition
+
+
+class RewardError(RuntimeError):
+    """Reward functions raised on more of a batch than `reward.max_error_rate` allows."""
+
+
+@dataclass(frozen=True)
+class RewardBatch:
+    """Rewards of one rollout batch, row r for examples[r // group_size].
+
+    Invariant: valid == ~(raised | skipped), and total is finite exactly where valid.
+    """
+
+    total: Tensor                # [N] float, sum_k weight_k * parts[k] + coef * parts["overlong"]; NaN where not valid
+    parts: dict[str, Tensor]     # function key -> [N] float raw values (before weights); NaN where it raised or returned None
+    valid: Tensor                # [N] bool, False where any function raised or returned None: give such rows no gradient
+    raised: Tensor               # [N] bool, some function raised on this row
+    skipped: Tensor              # [N] bool, some function returned None for this row
+    errors: dict[str, int]       # function key -> rows on which it raised (every function listed, 0 included)
+    first_traceback: str | None  # the first exception of the batch, with the function and row it came from
+
+    def metrics(self) -> dict[str, float]:
+        """reward/<key>_mean over the rows the function scored (NaN if none), reward/<key>_errors,
+        the total's mean over valid rows, and the fractions of rows skipped, failed and valid."""
+        out = {f"reward/{key}_mean": _nanmean(values) for key, values in self.parts.items()}
+        out.update({f"reward/{key}_errors": float(count) for key, count in self.errors.items()})
+        out["reward/total_mean"] = _nanmean(self.total)
+        out["reward/skip_frac"] = _mean(self.skipped)
+        out["reward/error_frac"] = _mean(self.raised)
+        out["reward/valid_frac"] = _mean(self.valid)
+        return out
+
+
+def _mean(flags: Tensor) -> float:
+    return float(flags.float().mean()) if flags.numel() else 0.0
+
+
+def _nanmean(values: Tensor) -> float:
+    scored = values[~values.isnan()]
+    return float(scored.mean()) if scored.numel() else math.nan
+
+
+@dataclass(frozen=True)
+class _Term:
+    key: str                     # name in parts and metrics: the function part of the name, made unique
+    fn: Callable[..., float | None]
+    weight: float
+    params: dict[str, Any]
+    accepts: set[str] | None     # keywords the function declares; None if it takes **kwargs
+
+
+class RewardComposer:
+    """The configured reward functions of a run, called per completion, summed with their weights."""
+
+    def __init__(self, cfg: RewardConfig, task: Task, max_new_tokens: int) -> None:
+        self.task = task
+        self.max_error_rate = cfg.max_error_rate
+        self.terms: list[_Term] = []
+        taken = {"overlong"} if cfg.overlong is not None else set()
+        for f in cfg.functions:
+            fn = resolve_reward_function(f.name, f.params)
+            key = base = f.name.rpartition(":")[2]
+            i = 1
+            while key in taken:
+                i += 1
+                key = f"{base}_{i}"
+            taken.add(key)
+            self.terms.append(_Term(key, fn, f.weight, dict(f.params), accepted_params(fn)))
+        if not self.terms:
+            raise ValueError("reward.functions is empty: give at least one reward function, e.g. [{name: verifier}]")
+        self.overlong = cfg.overlong
+        self.overlong_max_length = (cfg.overlong.max_length or max_new_tokens) if cfg.overlong is not None else None
+        # DAPO's window is a fifth of the limit (4096 of 20480 tokens): the default when none is given.
+        self.overlong_cache = (cfg.overlong.cache or max(1, self.overlong_max_length // 5)) if cfg.overlong is not None else None
+        if cfg.overlong is not None:
+            overlong_shaping(torch.zeros(0), self.overlong_max_length, self.overlong_cache)   # validates the window now
+
+    @classmethod
+    def from_config(cls, cfg: Config, task: Task) -> RewardComposer:
+        return cls(cfg.reward, task, cfg.rollout.max_new_tokens)
+
+    def score(self, examples: list[Example], rollout: Rollout, group_size: int) -> RewardBatch:
+        """Rewards of every row of `rollout`; row r belongs to examples[r // group_size].
+
+        Raises RewardError when the fraction of rows on which some function raised exceeds max_error_rate.
+        """
+        n = len(rollout.texts)
+        if n != len(examples) * group_size:
+            raise ValueError(f"rollout has {n} rows, expected {len(examples)} examples x group_size {group_size}")
+        lengths = rollout.lengths                                                       # [N]
+        parts = {t.key: torch.full((n,), math.nan) for t in self.terms}
+        errors = {t.key: 0 for t in self.terms}
+        raised = torch.zeros(n, dtype=torch.bool)
+        skipped = torch.zeros(n, dtype=torch.bool)
+        first_traceback = None
+        for r, completion in enumerate(rollout.texts):
+            example = examples[r // group_size]
+            inputs = {**example.meta, "prompt": example.prompt, "completion": completion, "answer": example.answer,
+                      "length": int(lengths[r]), "truncated": bool(rollout.truncated[r]), "example": example,
+                      "task": self.task}
+            for t in self.terms:
+                kwargs = {**inputs, **t.params}
+                if t.accepts is not None:
+                    kwargs = {k: v for k, v in kwargs.items() if k in t.accepts}
+                try:
+                    value = t.fn(**kwargs)
+                    if value is not None:
+                        value = float(value)
+                        if not math.isfinite(value):
+                            raise ValueError(f"reward is not finite: {value}")
+                except Exception:
+                    errors[t.key] += 1
+                    raised[r] = True
+                    if first_traceback is None:
+                        first_traceback = f"reward function {t.key!r} on row {r}:\n{traceback.format_exc()}"
+                    continue
+                if value is None:
+                    skipped[r] = True
+                else:
+                    parts[t.key][r] = value
+        if _mean(raised) > self.max_error_rate:
+            counts = ", ".join(f"{k}: {c}" for k, c in errors.items() if c)
+            raise RewardError(
+                f"reward functions raised on {int(raised.sum())} of {n} samples ({counts}), more than "
+                f"reward.max_error_rate={self.max_error_rate}; first traceback:\n{first_traceback}"
+            )
+        total = torch.zeros(n)
+        for t in self.terms:
+            total += t.weight * parts[t.key]           # NaN propagates: a row missing any part has no total
+        if self.overlong is not None:
+            parts["overlong"] = overlong_shaping(lengths, self.overlong_max_length, self.overlong_cache)
+            total += self.overlong.coef * parts["overlong"]
+        valid = ~(raised | skipped)
+        return RewardBatch(total=total, parts=parts, valid=valid, raised=raised, skipped=skipped, errors=errors,
+                           first_traceback=first_traceback)
+
+
+__all__ = [
+    "REWARD_FUNCTIONS", "REWARD_INPUTS", "RewardBatch", "RewardComposer", "RewardError", "format_match",
+    "length_penalty", "overlong_shaping", "resolve_reward_function", "think_answer", "verifier",
+]

@@ -1,0 +1,272 @@
+"""Reward composition: weighted sums, DAPO overlong shaping, built-in and user functions,
+skipped and failing samples, and the `reward` config section. Expected numbers are
+derived by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.config import ConfigError, RewardConfig, build_config, config_to_yaml
+from reinforge.rewards.compose import (
+    RewardComposer,
+    RewardError,
+    format_match,
+    length_penalty,
+    overlong_shaping,
+    think_answer,
+)
+from reinforge.rollout.base import Rollout
+from reinforge.tasks import Example
+from reinforge.tasks.arithmetic import ArithmeticTask
+
+NAN = math.nan
+
+
+@pytest.fixture(autouse=True)
+def _fixtures_importable(monkeypatch):
+    # User functions are given as 'reward_fixtures:name', whatever pytest's import mode.
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def _rollout(texts: list[str], lengths: list[int], truncated: list[bool] | None = None, group_size: int = 2) -> Rollout:
+    n, width = len(texts), max(lengths)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()      # [N, T]
+    return Rollout(
+        prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, width, dtype=torch.long), completion_mask=mask,
+        sampler_logprobs=torch.zeros(n, width), truncated=torch.tensor(truncated or [False] * n),
+        group_ids=torch.arange(n) // group_size, policy_version=0, texts=texts,
+    )
+
+
+def _composer(max_new_tokens: int = 20, **reward) -> RewardComposer:
+    return RewardComposer(RewardConfig(**reward), ArithmeticTask(), max_new_tokens)
+
+
+EXAMPLES = [Example("23+23=", "46", {"target": 46}), Example("3+4=", "7", {"target": 7})]
+
+
+def _close(actual: torch.Tensor, expected: list[float]) -> None:
+    torch.testing.assert_close(actual, torch.tensor(expected), equal_nan=True)
+
+
+# ------------------------------------------------------------------ composition
+
+
+def test_default_is_the_task_verifier():
+    rollout = _rollout(["46", "45", "7", "seven"], [2, 2, 1, 5])
+    out = _composer().score(EXAMPLES, rollout, group_size=2)
+    _close(out.total, [1.0, 0.0, 1.0, 0.0])    # ArithmeticTask.reward, row r of examples[r // 2]
+    assert list(out.parts) == ["verifier"] and out.valid.all()
+    assert out.errors == {"verifier": 0} and out.first_traceback is None
+
+
+def test_weighted_sum_of_three_functions():
+    rollout = _rollout(["46", "45", " 7 ", "seven"], [2, 6, 8, 4])
+    out = _composer(functions=[
+        {"name": "verifier"},
+        {"name": "format", "weight": 0.5, "params": {"pattern": "[0-9]+", "mode": "fullmatch"}},
+        {"name": "length_penalty", "params": {"target": 4, "coef": 0.5}},
+    ]).score(EXAMPLES, rollout, group_size=2)
+    # verifier [1, 0, 1, 0] (" 7 " is stripped by the verifier), format [1, 1, 0, 0] (fullmatch: no spaces),
+    # length_penalty -0.5 max(0, |y| - 4) / 4 for |y| = [2, 6, 8, 4]: [0, -0.25, -0.5, 0]
+    _close(out.parts["verifier"], [1.0, 0.0, 1.0, 0.0])
+    _close(out.parts["format"], [1.0, 1.0, 0.0, 0.0])
+    _close(out.parts["length_penalty"], [0.0, -0.25, -0.5, 0.0])
+    # total = 1 v + 0.5 f + 1 l = [1 + 0.5, 0.5 - 0.25, 1 - 0.5, 0]
+    _close(out.total, [1.5, 0.25, 0.5, 0.0])
+    metrics = out.metrics()
+    assert metrics["reward/verifier_mean"] == 0.5
+    assert metrics["reward/length_penalty_mean"] == pytest.approx(-0.1875)   # -0.75 / 4
+    assert metrics["reward/total_mean"] == pytest.approx(0.5625)             # 2.25 / 4
+    assert metrics["reward/skip_frac"] == 0.0 and metrics["reward/error_frac"] == 0.0
+
+
+def test_same_function_twice_gets_distinct_keys():
+    out = _composer(functions=[
+        {"name": "format", "params": {"pattern": "4"}},
+        {"name": "format", "weight": 2.0, "params": {"pattern": "6"}},
+    ]).score(EXAMPLES[:1], _rollout(["46", "4"], [2, 1]), group_size=2)
+    _close(out.parts["format"], [1.0, 1.0])
+    _close(out.parts["format_2"], [1.0, 0.0])
+    _close(out.total, [3.0, 1.0])
+
+
+# ------------------------------------------------------------------ overlong shaping
+
+
+def test_overlong_shaping_regions_and_boundaries():
+    # L_max = 20, L_cache = 4: the window starts at 16. (16 - |y|) / 4 inside (16, 20], -1 beyond 20.
+    lengths = torch.tensor([1, 15, 16, 17, 18, 19, 20, 21, 40])
+    _close(overlong_shaping(lengths, max_length=20, cache=4), [0.0, 0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0])
+    # cache = max_length: the ramp covers everything, 0 only at |y| = 0.
+    _close(overlong_shaping(torch.tensor([0, 2, 4]), max_length=4, cache=4), [0.0, -0.5, -1.0])
+    with pytest.raises(ValueError, match="cache <= max_length"):
+        overlong_shaping(lengths, max_length=4, cache=5)
+
+
+def test_overlong_added_with_its_coef_and_max_length_from_the_rollout():
+    rollout = _rollout(["46", "46", "7", "7"], [16, 18, 20, 3])
+    # L_max = max_new_tokens = 20, L_cache = 4, coef 0.5: shaping [0, -0.5, -1, 0]; verifier all 1.
+    out = _composer(max_new_tokens=20, overlong={"cache": 4, "coef": 0.5}).score(EXAMPLES, rollout, group_size=2)
+    _close(out.parts["overlong"], [0.0, -0.5, -1.0, 0.0])
+    _close(out.total, [1.0, 0.75, 0.5, 1.0])
+    # An explicit max_length wins: L_max = 18, window (14, 18] -> 16: -0.5, 18: -1, 20: -1.
+    out = _composer(max_new_tokens=20, overlong={"cache": 4, "max_length": 18}).score(EXAMPLES, rollout, group_size=2)
+    _close(out.parts["overlong"], [-0.5, -1.0, -1.0, 0.0])
+    with pytest.raises(ValueError, match="cache <= max_length"):
+        _composer(max_new_tokens=3, overlong={"cache": 4})
+
+
+# ------------------------------------------------------------------ built-in functions
+
+
+@pytest.mark.parametrize(("completion", "kwargs", "expected"), [
+    ("answer: 42", {"pattern": r"\d+"}, 1.0),
+    ("answer: 42", {"pattern": r"\d+", "mode": "fullmatch"}, 0.0),
+    ("42", {"pattern": r"\d+", "mode": "fullmatch"}, 1.0),
+    ("a\nb", {"pattern": "a.b"}, 1.0),                 # DOTALL
+    ("no digits", {"pattern": r"\d"}, 0.0),
+])
+def test_format(completion, kwargs, expected):
+    assert format_match(completion=completion, **kwargs) == expected
+
+
+def test_format_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode"):
+        format_match(completion="x", pattern="x", mode="match")
+
+
+@pytest.mark.parametrize(("completion", "prefilled", "expected"), [
+    ("<think>a</think><answer>1</answer>", False, 1.0),
+    ("<think>\nstep 1\nstep 2\n</think>\n<answer>\n1\n</answer>\n", False, 1.0),
+    ("<answer>1</answer>", False, 0.0),                                   # no think block
+    ("<think>a</think>", False, 0.0),                                     # no answer block
+    ("<think>a</think>b</think><answer>1</answer>", False, 0.0),          # nested close tag
+    ("<think>a</think>text<answer>1</answer>", False, 0.0),               # text between the blocks
+    ("<think>a</think><answer>1</answer> more", False, 0.0),              # text after the answer
+    ("<answer>1</answer><think>a</think>", False, 0.0),                   # wrong order
+    ("<think>a</think><answer>1</answer><answer>2</answer>", False, 0.0),  # two answers
+    ("a</think><answer>1</answer>", True, 1.0),                           # prompt ended with <think>
+    ("a</think><answer>1</answer>", False, 0.0),
+])
+def test_think_answer(completion, prefilled, expected):
+    assert think_answer(completion=completion, think_prefilled=prefilled) == expected
+
+
+def test_length_penalty():
+    # -coef max(0, |y| - target) / target with target 10, coef 2: 10 -> 0, 15 -> -1, 20 -> -2
+    assert [length_penalty(length=n, target=10, coef=2.0) for n in (3, 10, 15, 20)] == [0.0, 0.0, -1.0, -2.0]
+
+
+# ------------------------------------------------------------------ user functions
+
+
+def test_user_function_by_import_path_gets_meta_and_params():
+    rollout = _rollout(["46", "40", "7", "9"], [2, 2, 1, 1])
+    out = _composer(functions=[
+        {"name": "reward_fixtures:target_distance", "weight": 0.5},       # target from example.meta
+        {"name": "reward_fixtures:scaled_length", "params": {"scale": 0.25}},
+    ]).score(EXAMPLES, rollout, group_size=2)
+    _close(out.parts["target_distance"], [0.0, -6.0, 0.0, -2.0])
+    _close(out.parts["scaled_length"], [0.5, 0.5, 0.25, 0.25])
+    _close(out.total, [0.5, -2.5, 0.25, -0.75])   # 0.5 d + s
+
+
+def test_user_function_receives_every_input():
+    from reward_fixtures import CALLS
+
+    CALLS.clear()
+    example = Example("p", "7", {"target": 7, "prompt": "shadowed"})
+    rollout = _rollout(["7", "8"], [1, 3], truncated=[False, True])
+    task = ArithmeticTask()
+    RewardComposer(RewardConfig(functions=[{"name": "reward_fixtures:record", "params": {"k": 1}}]), task, 8).score(
+        [example], rollout, group_size=2)
+    assert set(CALLS[1]) == {"prompt", "completion", "answer", "length", "truncated", "example", "task", "target", "k"}
+    assert CALLS[1]["prompt"] == "p"          # the inputs win over a meta field of the same name
+    assert (CALLS[1]["completion"], CALLS[1]["length"], CALLS[1]["truncated"]) == ("8", 3, True)
+    assert CALLS[1]["example"] is example and CALLS[1]["task"] is task and CALLS[1]["target"] == 7
+
+
+def test_none_marks_the_row_invalid():
+    rollout = _rollout(["46", "  ", "7", "7"], [2, 1, 1, 1])
+    out = _composer(functions=[{"name": "verifier"}, {"name": "reward_fixtures:skip_empty"}]).score(
+        EXAMPLES, rollout, group_size=2)
+    assert out.valid.tolist() == [True, False, True, True]
+    _close(out.parts["skip_empty"], [1.0, NAN, 1.0, 1.0])
+    _close(out.parts["verifier"], [1.0, 0.0, 1.0, 1.0])   # the other function's value is still reported
+    _close(out.total, [2.0, NAN, 2.0, 2.0])
+    assert out.skipped.tolist() == [False, True, False, False] and not out.raised.any()
+    assert out.errors == {"verifier": 0, "skip_empty": 0}
+    metrics = out.metrics()
+    assert metrics["reward/skip_frac"] == 0.25 and metrics["reward/valid_frac"] == 0.75
+    assert metrics["reward/skip_empty_mean"] == 1.0 and metrics["reward/total_mean"] == 2.0
+
+
+def test_raising_function_under_the_error_rate_is_counted():
+    rollout = _rollout(["46", "oops", "7", "nan"], [2, 4, 1, 3])
+    out = _composer(max_error_rate=0.5, functions=[
+        {"name": "reward_fixtures:target_distance"}, {"name": "reward_fixtures:not_finite"},
+    ]).score(EXAMPLES, rollout, group_size=2)
+    # Row 1: int("oops") raises. Row 3: int("nan") raises in target_distance and not_finite returns NaN.
+    assert out.errors == {"target_distance": 2, "not_finite": 1}
+    assert out.valid.tolist() == [True, False, True, False] and out.raised.tolist() == [False, True, False, True]
+    assert out.first_traceback.startswith("reward function 'target_distance' on row 1:")
+    assert "ValueError: invalid literal for int()" in out.first_traceback
+    metrics = out.metrics()
+    assert metrics["reward/error_frac"] == 0.5          # 2 of 4 rows, although 3 calls raised
+    assert metrics["reward/target_distance_errors"] == 2.0 and metrics["reward/not_finite_errors"] == 1.0
+
+
+def test_raising_function_over_the_error_rate_stops_the_run():
+    rollout = _rollout(["46", "oops", "7", "bad"], [2, 4, 1, 3])
+    composer = _composer(max_error_rate=0.25, functions=[{"name": "reward_fixtures:target_distance"}])
+    with pytest.raises(RewardError) as err:       # 2 / 4 = 0.5 > 0.25
+        composer.score(EXAMPLES, rollout, group_size=2)
+    message = str(err.value)
+    assert "2 of 4 samples (target_distance: 2)" in message
+    assert "reward function 'target_distance' on row 1:" in message and "Traceback" in message
+    # Exactly at the rate is allowed: 1 / 4 = 0.25.
+    out = composer.score(EXAMPLES, _rollout(["46", "oops", "7", "7"], [2, 4, 1, 1]), group_size=2)
+    assert out.errors == {"target_distance": 1}
+
+
+def test_rows_must_match_examples_times_group_size():
+    with pytest.raises(ValueError, match="expected 2 examples x group_size 3"):
+        _composer().score(EXAMPLES, _rollout(["1"] * 4, [1] * 4), group_size=3)
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_config_overrides_and_yaml_round_trip(tmp_path):
+    cfg = build_config([
+        "reward.functions=[{name: verifier}, {name: format, weight: 0.5, params: {pattern: '[0-9]+$'}}, "
+        "{name: reward_fixtures:skip_empty}]",
+        "reward.overlong.cache=4",
+        "reward.max_error_rate=0.1",
+    ])
+    assert [(f.name, f.weight, f.params) for f in cfg.reward.functions] == [
+        ("verifier", 1.0, {}), ("format", 0.5, {"pattern": "[0-9]+$"}), ("reward_fixtures:skip_empty", 1.0, {})]
+    assert (cfg.reward.overlong.cache, cfg.reward.overlong.max_length, cfg.reward.overlong.coef) == (4, None, 1.0)
+    path = tmp_path / "run.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert build_config(config_file=str(path)).reward == cfg.reward
+    assert build_config([]).reward.functions[0].name == "verifier" and build_config([]).reward.overlong is None
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("reward.functions=[{name: fromat}]", "did you mean 'format'"),
+    ("reward.functions=[{name: format}]", "needs parameter 'pattern'"),
+    ("reward.functions=[{name: format, params: {pattern: x, mdoe: search}}]", "did you mean 'mode'"),
+    ("reward.functions=[{name: reward_fixtures:scaled_length, params: {completion: x}}]", "passes itself"),
+    ("reward.functions=[{name: reward_fixtures:nope}]", "cannot import"),
+    ("reward.overlong={cache: 8, max_length: 4}", "must be <= max_length"),
+    ("reward.functions=[]", "at least 1"),
+])
+def test_config_errors_say_what_to_fix(override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config([override])
