@@ -59,6 +59,12 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
+    if cfg.sft.enabled and cfg.sft.steps > 0:
+        # A task without traces (a dataset with no completions) says so here, before the run directory exists.
+        first, rng = task.train_split(1), random.Random(cfg.seed)
+        task.teacher_completion(first[0], rng)
+        if cfg.sft.corrupt_fraction > 0:
+            task.corrupt_completion(first[0], rng)
     if cfg.model.path != "builtin":
         path = check_model_path(cfg.model.path)
         if cfg.rollout.engine == "native":

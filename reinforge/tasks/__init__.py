@@ -7,10 +7,12 @@ import difflib
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.base import Example, SFTExample, Task
 from reinforge.tasks.countdown import CountdownTask
+from reinforge.tasks.dataset import DatasetTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
     CountdownTask.name: CountdownTask,
+    DatasetTask.name: DatasetTask,
 }
 
 
