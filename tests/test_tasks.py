@@ -247,7 +247,9 @@ def test_sft_cycles_small_train_split_evenly() -> None:
 
 
 def test_registry() -> None:
-    assert TASKS == {"arithmetic": ArithmeticTask, "countdown": CountdownTask}
+    from reinforge.tasks.dataset import DatasetTask
+
+    assert TASKS == {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "dataset": DatasetTask}
     task = build_task("arithmetic", digits=3, operators="-")
     assert isinstance(task, ArithmeticTask)
     assert task.train_split(1)[0].meta["op"] == "-"
@@ -257,9 +259,9 @@ def test_unknown_task_message() -> None:
     with pytest.raises(ValueError) as info:
         build_task("arithmetc")
     assert str(info.value) == (
-        "unknown task 'arithmetc'; did you mean 'arithmetic'? valid: arithmetic, countdown"
+        "unknown task 'arithmetc'; did you mean 'arithmetic'? valid: arithmetic, countdown, dataset"
     )
-    with pytest.raises(ValueError, match="unknown task 'zzz'; valid: arithmetic, countdown"):
+    with pytest.raises(ValueError, match="unknown task 'zzz'; valid: arithmetic, countdown, dataset"):
         build_task("zzz")
 
 
