@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from reinforge.config import ConfigError, build_config
+from reinforge.telemetry.errors import os_error_message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
 console = Console()
@@ -25,16 +26,26 @@ def _root() -> None:
 def train(
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. recipe=dr_grpo train.steps=20 model=/path/to/hf_model")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
+    resume: Annotated[str | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not allowed)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in output_dir")] = False,
 ) -> None:
     """Cold-start SFT, RL with the chosen recipe, and held-out evaluation."""
-    try:
-        cfg = build_config(overrides or [], config)
-        from reinforge.pipeline import run
+    from reinforge.pipeline import RunStopped, resume_config, run
 
-        result = run(cfg)
-    except (ConfigError, FileExistsError, NotImplementedError) as err:
+    try:
+        if resume is not None:
+            if overrides or config:
+                raise ConfigError("--resume continues a run with its own config.yaml; start a new run to change settings")
+            cfg = resume_config(resume)
+        else:
+            cfg = build_config(overrides or [], config)
+        result = run(cfg, resume=resume is not None, overwrite=overwrite)
+    except (ConfigError, FileExistsError, NotImplementedError, RunStopped) as err:
         console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
+    except OSError as err:   # disk full, permission denied, read-only file system: say so, no traceback
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
     _print_summary(result.output_dir, result.summary)
 
 

@@ -104,6 +104,7 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    max_nonfinite_steps: int = Field(3, gt=0, description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.")
 
 
 class TransformConfig(_Section):
@@ -159,10 +160,33 @@ class EvalConfig(_Section):
     num_prompts: int = Field(200, gt=0, description="Held-out prompts evaluated at the start and end of RL.")
     num_samples: int = Field(8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature).")
     seed: int = Field(1234, description="Sampling seed of evaluation, the same for the start and final model.")
+    every: int = Field(25, ge=0, description="Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under its own seed and never changes the training numbers.")
+    every_prompts: int | None = Field(None, gt=0, description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: eval.num_prompts.")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(25, ge=0, description="Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train --resume RUN_DIR` continues from the newest.")
+    keep_last: int = Field(2, gt=0, description="Resumable checkpoints kept; older ones are deleted once a newer one is complete.")
 
 
 class LogConfig(_Section):
     progress: bool = Field(True, description="Show a progress bar.")
+    tensorboard: bool = Field(False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard.")
+    wandb: bool = Field(False, description="Also log the metrics to Weights & Biases.")
+    wandb_project: str = Field("reinforge", description="W&B project name.")
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="W&B mode: offline writes RUN_DIR/wandb without network (`wandb sync` uploads it later).")
+
+
+class AlertConfig(_Section):
+    """Thresholds of the health alerts (console and RUN_DIR/alerts.jsonl); see reinforge.telemetry.alerts."""
+
+    enabled: bool = Field(True, description="Check the health alerts every step.")
+    window: int = Field(5, gt=0, description="Steps averaged for the baseline (the first `window` RL steps) and for the current value.")
+    entropy_collapse_ratio: float = Field(0.1, gt=0, lt=1, description="Entropy collapse: the current mean token entropy falls below this fraction of its baseline.")
+    length_blowup_ratio: float = Field(3.0, gt=1, description="Length blow-up: the current mean response length exceeds this multiple of its baseline.")
+    truncation_rate_max: float = Field(0.5, gt=0, le=1, description="Length blow-up: the current truncation rate exceeds this fraction.")
+    hacking_eval_drop: float = Field(0.05, gt=0, description="Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward rose over the same steps.")
+    is_weight_max: float = Field(10.0, gt=1, description="Exploding IS weights: the largest per-token ratio pi_learner / pi_sampler of a step exceeds this.")
 
 
 class RewardFunctionConfig(_Section):
@@ -211,7 +235,9 @@ class Config(_Section):
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     curation: CurationConfig = Field(default_factory=CurationConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    alerts: AlertConfig = Field(default_factory=AlertConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @model_validator(mode="before")

@@ -10,14 +10,17 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
-from reinforge.loops.rl import StepRecord, train_rl
+from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
 from reinforge.models.factory import check_model_path
@@ -27,6 +30,8 @@ from reinforge.rollout.native import check_native_model_type
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
+from reinforge.telemetry.checkpoint import CheckpointStore
+from reinforge.telemetry.recorder import Recorder, eval_metrics
 
 
 @dataclass
@@ -74,7 +79,29 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     return task, spec
 
 
-def run(cfg: Config) -> RunResult:
+class RunStopped(RuntimeError):
+    """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""
+
+
+def resume_config(run_dir: str | Path) -> Config:
+    """The resolved config a run wrote to RUN_DIR/config.yaml, pointed at RUN_DIR (it may have moved)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--resume: '{run_dir}' holds no run (no config.yaml)")
+    try:
+        cfg = Config.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return cfg.model_copy(update={"output_dir": str(run_dir)})
+
+
+def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunResult:
+    """The default job, or with `resume` its continuation from the newest checkpoint in cfg.output_dir.
+
+    A resumed run ends with the weights and metrics.jsonl of an uninterrupted run (timing
+    figures aside, `telemetry.recorder.TIMING_KEYS`). Checkpoints start with RL: a run stopped
+    before its first one starts over.
+    """
     t_start = time.perf_counter()
     task, spec = prepare(cfg)
     torch.set_num_threads(cfg.threads)
@@ -82,52 +109,86 @@ def run(cfg: Config) -> RunResult:
     policy = load_policy(cfg.model, cfg.seed)
     # The resolved config names its real run directory, not the default's null.
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
-    run_dir = RunDir(cfg.output_dir, cfg)
-    show = cfg.log.progress
-    sft_summary = None
+    store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
+    saved = store.latest() if resume else None
+    # Nothing to continue from: start over in place (SFT is deterministic under the seed).
+    run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
+    meta = saved.meta() if saved is not None else None
+    recorder = Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
     try:
-        if cfg.sft.enabled and cfg.sft.steps > 0:
-            sft_data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
-            bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, leave=False)
-
-            def sft_step(step: int, loss: float) -> None:
-                bar.update(1)
-                if step % 10 == 0:
-                    bar.set_postfix(loss=f"{loss:.3f}")
-
-            sft = run_sft(policy, sft_data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step)
-            bar.close()
-            sft_summary = {"steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
-            run_dir.log({"stage": "sft", **sft_summary})
-
+        if saved is None:
+            sft_summary = _cold_start(cfg, policy, task, recorder)
+            tensors = None
+        else:
+            sft_summary, tensors = meta["sft"], saved.tensors()
+            policy.model.load_state_dict(tensors["model"])
         engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
         held_out = task.eval_split(cfg.eval.num_prompts)
-        start = _evaluate(cfg, engine, task, held_out)
+        if saved is None:
+            start = _evaluate(cfg, engine, task, held_out)
+            recorder.log_eval(0, start)
+        else:
+            start = EvalResult.from_summary(meta["start_eval"])
 
-        bar = tqdm(total=cfg.train.steps, desc=f"rl:{cfg.recipe}", disable=not show)
+        def checkpoint(state: RLState) -> Path:
+            recorder.sync()
+            record = {"step": state.step, "sft": sft_summary, "start_eval": start.to_summary(),
+                      "telemetry": {"step": state.step, **recorder.state_dict()}}
+            return store.save(state.step, {"model": policy.model.state_dict(), "rl": state.state_dict()}, record).path
 
-        def rl_step(record: StepRecord) -> None:
-            run_dir.log({"stage": "rl", "step": record.step, **record.metrics})
-            bar.update(1)
-            bar.set_postfix(reward=f"{record.metrics['reward_mean']:.3f}", len=f"{record.metrics['response_length_mean']:.1f}")
+        def on_step(record: StepRecord, state: RLState) -> None:
+            every = cfg.eval.every
+            if every and record.step % every == 0 and record.step < cfg.train.steps:
+                # Under its own seed (evaluate forks the RNG): the training numbers do not change.
+                part = held_out[: cfg.eval.every_prompts or len(held_out)]
+                record.metrics.update(eval_metrics(_evaluate(cfg, engine, task, part)))
+            recorder.step(record.step, record.metrics)
+            if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
+                checkpoint(state)
 
-        rl = train_rl(cfg, policy, engine, task, spec, rl_step)
-        bar.close()
+        try:
+            rl = train_rl(cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
+        except NonFiniteStop as err:
+            path = checkpoint(err.state)   # skipped updates left the weights at the last good step
+            raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
+                             f"`reinforge train --resume {run_dir.path}` continues from it.") from None
         final = _evaluate(cfg, engine, task, held_out)
-        run_dir.save_checkpoint(policy, rl.optimizer, {"rl_steps": rl.steps, "policy_version": rl.policy_version})
+        recorder.log_eval(cfg.train.steps, final)
+        run_dir.export_model(policy)
         summary = {
             "recipe": cfg.recipe,
             "task": cfg.task.name,
             "seed": cfg.seed,
             "sft": sft_summary,
             "rl_steps": rl.steps,
+            "resumed_from_step": saved.step if saved is not None else None,
             "wall_seconds": time.perf_counter() - t_start,
             "eval": {"start": start.to_summary(), "final": final.to_summary()},
         }
         run_dir.write_summary(summary)
     finally:
+        recorder.close()
         run_dir.close()
     return RunResult(output_dir=str(run_dir.path), summary=summary)
+
+
+def _cold_start(cfg: Config, policy, task: Task, recorder: Recorder) -> dict | None:
+    """SFT on the task's teacher traces (sft.*); its summary, or None when it is off."""
+    if not (cfg.sft.enabled and cfg.sft.steps > 0):
+        return None
+    data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
+    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False)
+
+    def sft_step(step: int, loss: float) -> None:
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step)
+    bar.close()
+    summary = {"steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
+    recorder.log({"stage": "sft", **summary})
+    return summary
 
 
 def _evaluate(cfg: Config, engine, task: Task, held_out) -> EvalResult:

@@ -230,7 +230,7 @@ def test_mismatch_metrics_by_hand():
     #   0.9, 0.6    |diff| 0.3    delta  ln 1.5   k3 = 0.5 - ln 1.5      = 0.0945349
     #   0.01, 0.99  padding (its |diff| 0.98 would be the max)
     # abs mean (0.25 + 0.2 + 0.3) / 3 = 0.25, max 0.3, log-ratio mean ln 1.5 / 3 = 0.1351550,
-    # kl (1 - ln 1.5) / 3 = 0.1981783.
+    # kl (1 - ln 1.5) / 3 = 0.1981783; IS weights r = 2, 0.5, 1.5: mean 4/3, max 2 (padding's 0.0101 left out).
     old_logprobs = torch.log(_tensor([[0.5, 0.2], [0.9, 0.01]]))
     sampler_logprobs = torch.log(_tensor([[0.25, 0.4], [0.6, 0.99]]))
     metrics = mismatch_metrics(old_logprobs, sampler_logprobs, _tensor([[1, 1], [1, 0]]))
@@ -239,6 +239,8 @@ def test_mismatch_metrics_by_hand():
         "mismatch_abs_diff_max": 0.3,
         "mismatch_log_ratio_mean": math.log(1.5) / 3,
         "mismatch_kl": (1 - math.log(1.5)) / 3,
+        "is_weight_mean": 4 / 3,
+        "is_weight_max": 2.0,
     })
     assert all(isinstance(value, float) for value in metrics.values())
 
@@ -261,11 +263,11 @@ def test_mismatch_metrics_identical_and_empty():
     mask = _tensor([[1, 1], [1, 0]])
     assert mismatch_metrics(logprobs, logprobs.clone(), mask) == {
         "mismatch_abs_diff_mean": 0.0, "mismatch_abs_diff_max": 0.0,
-        "mismatch_log_ratio_mean": 0.0, "mismatch_kl": 0.0,
+        "mismatch_log_ratio_mean": 0.0, "mismatch_kl": 0.0, "is_weight_mean": 1.0, "is_weight_max": 1.0,
     }
     other = logprobs.clone()
     other[1, 1] = float("nan")
     for empty in (torch.zeros_like(mask), torch.zeros(0, 0, dtype=F64)):
         rows = empty.shape
         metrics = mismatch_metrics(logprobs[: rows[0], : rows[1]], other[: rows[0], : rows[1]], empty)
-        assert metrics == dict.fromkeys(metrics, 0.0) and len(metrics) == 4
+        assert metrics == {**dict.fromkeys(metrics, 0.0), "is_weight_mean": 1.0, "is_weight_max": 1.0} and len(metrics) == 6

@@ -26,6 +26,12 @@ class EvalResult:
         out["pass@k"] = out.pop("pass_at_k")
         return out
 
+    @classmethod
+    def from_summary(cls, summary: dict) -> EvalResult:
+        """The inverse of `to_summary`."""
+        out = dict(summary)
+        return cls(pass_at_1=out.pop("pass@1"), pass_at_k=out.pop("pass@k"), **out)
+
 
 def evaluate(
     engine: RolloutEngine,

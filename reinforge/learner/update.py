@@ -6,10 +6,16 @@ place that normalises: `objectives.loss_weights`), then sliced into
 micro-batches (rows of similar length, `ForwardPlan.micro_batches`) whose
 losses are summed, so the gradient does not depend on `micro_batch_size` or
 `micro_batch_tokens`.
+
+Guard: a mini-batch whose loss or gradient norm is NaN/inf takes no step:
+its gradient is dropped and neither the weights, the optimizer's moments nor
+the scheduler move (one bad batch must not poison Adam's state for good).
+The caller counts these and decides when to stop.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -53,7 +59,8 @@ class LearnerBatch:
 
 @dataclass
 class UpdateStats:
-    optimizer_steps: int
+    optimizer_steps: int                  # steps taken; skipped ones do not count
+    skipped_steps: int                    # steps skipped because the loss or gradient was not finite
     metrics: dict[str, float]  # means over optimizer steps (grad_norm) and micro-batches (loss parts)
     old_logprobs: torch.Tensor  # [N, T] the pi_old log-probs the update used
 
@@ -87,7 +94,7 @@ def policy_update(
     old_all = torch.zeros_like(batch.sequences.completion_mask) if in_place else batch.old_logprobs
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    steps = 0
+    steps = skipped = 0
     mask_all = batch.sequences.completion_mask
     for _ in range(ppo_epochs):
         order = torch.randperm(n, generator=generator)
@@ -96,6 +103,7 @@ def policy_update(
                 continue
             weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length)  # [M, T]
             optimizer.zero_grad(set_to_none=True)
+            finite = True
             for local in forward.micro_batches(batch.sequences, mb):
                 rows = mb[local]
                 seq = batch.sequences.rows(rows)
@@ -115,14 +123,21 @@ def policy_update(
                     entropy=stats.entropy,
                     correct=_slice_rows(batch.correct, rows, width),
                 )
+                finite &= bool(torch.isfinite(out.loss.detach()))
                 out.loss.backward()
                 for key, value in out.metrics.items():
                     sums[key] += value
                     counts[key] += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+            if not (finite and math.isfinite(grad_norm)):
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             optimizer.step()
             scheduler.step()
-            sums["grad_norm"] += float(grad_norm)
+            sums["grad_norm"] += grad_norm
             counts["grad_norm"] += 1
             steps += 1
-    return UpdateStats(optimizer_steps=steps, metrics={k: sums[k] / counts[k] for k in sums}, old_logprobs=old_all)
+    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics.setdefault("grad_norm", float("nan"))     # every step skipped
+    return UpdateStats(optimizer_steps=steps, skipped_steps=skipped, metrics=metrics, old_logprobs=old_all)

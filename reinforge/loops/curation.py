@@ -28,6 +28,7 @@ group kept: plain GRPO sampling.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,6 +75,19 @@ class PromptStream:
 
     def retire(self, example: Example) -> None:
         self.retired.add(self._index[id(example)])
+
+    def state_dict(self) -> dict:
+        """Where the stream is (JSON-able): the rest of this epoch's order, epoch, retired prompts, RNG."""
+        version, internal, gauss = self.rng.getstate()
+        return {"order": list(self.order), "epoch": self.epoch, "retired": sorted(self.retired),
+                "rng": [version, list(internal), gauss], "num_examples": len(self.examples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_examples"] != len(self.examples):
+            raise ValueError(f"the saved prompt pool had {state['num_examples']} prompts, this one has {len(self.examples)}")
+        self.order, self.epoch, self.retired = list(state["order"]), state["epoch"], set(state["retired"])
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
 
 
 @dataclass(frozen=True)
@@ -124,11 +138,16 @@ def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
     """What the sampled batch looked like before curation: reward (of the valid samples), length,
     degenerate groups."""
     rewards = groups.rewards[groups.valid]
+    lengths, correct = rollout.lengths.float(), groups.correct.flatten()
     return {
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "response_length_mean": float(rollout.lengths.mean()),
-        "response_length_max": float(rollout.lengths.max()),
+        "response_length_mean": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        # Length bias hides in the incorrect samples (Dr.GRPO, arXiv 2503.20783, sec. 3.1): watch both.
+        # NaN when a step has none of one kind (logged as null).
+        "response_length_correct_mean": float(lengths[correct].mean()) if correct.any() else float("nan"),
+        "response_length_incorrect_mean": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
         "truncation_rate": float(rollout.truncated.float().mean()),
         # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
         "zero_variance_groups": float((~zero_variance(groups)).float().mean()),
@@ -243,11 +262,15 @@ class BatchCollector:
 
 
 def _weighted_mean(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Per-key mean of the rounds' reward metrics, weighted by their rows."""
+    """Per-key mean of the rounds' reward metrics, weighted by their rows; a round's NaN (nothing
+    to measure there) is left out, a key NaN in every round stays NaN."""
     total: dict[str, float] = {}
     weight: dict[str, int] = {}
     for rows, metrics in parts:
         for key, value in metrics.items():
-            total[key] = total.get(key, 0.0) + rows * value
-            weight[key] = weight.get(key, 0) + rows
-    return {key: total[key] / weight[key] for key in total}
+            total.setdefault(key, 0.0)
+            weight.setdefault(key, 0)
+            if not math.isnan(value):
+                total[key] += rows * value
+                weight[key] += rows
+    return {key: total[key] / weight[key] if weight[key] else float("nan") for key in total}

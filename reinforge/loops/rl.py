@@ -30,6 +30,7 @@ from reinforge.objectives.corrections import mismatch_metrics
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example, Task
+from reinforge.telemetry.checkpoint import global_rng_state, set_global_rng_state
 
 
 @dataclass
@@ -45,6 +46,74 @@ class StepRecord:
 
     step: int
     metrics: dict[str, float]
+
+
+class NonFiniteStop(RuntimeError):
+    """Too many RL steps in a row had a NaN/inf loss or gradient (train.max_nonfinite_steps).
+
+    `state` is the loop's state at the stop (the weights and optimizer of the last good step,
+    since skipped updates changed nothing): what the caller checkpoints.
+    """
+
+    def __init__(self, message: str, state: RLState):
+        super().__init__(message)
+        self.state = state
+
+
+@dataclass
+class RLState:
+    """Everything RL carries from one step to the next: what a checkpoint saves and resume restores.
+
+    With it restored (and the weights), step k+1 of a resumed run computes exactly what step k+1 of
+    an uninterrupted run computes: the sampler's draws come from torch's global generator, so the
+    global RNG states are part of it.
+    """
+
+    step: int                                   # last completed RL step
+    version: int                                # policy version: optimizer steps taken
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    reference: Reference | None                 # None when the loss has no KL term
+    advantage: AdvantagePipeline                # owns estimator / transform state (EMA baselines)
+    pool: PromptStream                          # prompt order, epoch, retired prompts
+    generator: torch.Generator                  # mini-batch order, noise transforms
+    nonfinite_streak: int = 0                   # RL steps in a row with a skipped optimizer step
+    skipped_total: int = 0                      # optimizer steps skipped over the run
+
+    @classmethod
+    def start(cls, cfg: Config, model: torch.nn.Module, task: Task, spec: ObjectiveSpec) -> RLState:
+        """The state as RL starts; the reference (fixed or EMA) begins as the policy (after SFT)."""
+        optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+        return cls(
+            step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
+            reference=Reference.build(model, spec),
+            advantage=AdvantagePipeline(spec.advantage, spec.advantage_params,
+                                        [(t.name, t.params) for t in spec.advantage_transforms]),
+            pool=PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.seed),
+            generator=torch.Generator().manual_seed(cfg.seed),
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step, "version": self.version,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "reference": self.reference.model.state_dict() if self.reference is not None else None,
+            "advantage": self.advantage.state_dict(), "pool": self.pool.state_dict(),
+            "generator": self.generator.get_state(), "global_rng": global_rng_state(),
+            "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.version = state["step"], state["version"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.reference is not None:
+            self.reference.model.load_state_dict(state["reference"])
+        self.advantage.load_state_dict(state["advantage"])
+        self.pool.load_state_dict(state["pool"])
+        self.generator.set_state(state["generator"])
+        self.nonfinite_streak, self.skipped_total = state["nonfinite_streak"], state["skipped_total"]
+        set_global_rng_state(state["global_rng"])
 
 
 def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list[Example], Rollout], Scores]:
@@ -77,32 +146,34 @@ def train_rl(
     engine: RolloutEngine,
     task: Task,
     spec: ObjectiveSpec,
-    on_step: Callable[[StepRecord], None],
+    on_step: Callable[[StepRecord, RLState], None],
+    saved: dict | None = None,
 ) -> RLResult:
+    """RL from step 1, or from the step after `saved` (an `RLState.state_dict()`; the weights are the caller's).
+
+    `on_step` gets every step's record and the state after it (to log, evaluate and checkpoint).
+    Raises NonFiniteStop after train.max_nonfinite_steps steps in a row with a skipped update,
+    once `on_step` has seen the last of them.
+    """
     model, tc = policy.model, cfg.train
     sampling = SamplingParams.from_config(cfg.rollout)
     forward = ForwardPlan.from_config(tc)
-    # The reference starts as the policy as RL starts (after SFT); None when the loss has no KL term.
-    reference = Reference.build(model, spec)
-    advantage = AdvantagePipeline(spec.advantage, spec.advantage_params,
-                                  [(t.name, t.params) for t in spec.advantage_transforms])
-    optimizer = build_optimizer(model, tc.lr, tc.weight_decay)
-    scheduler = warmup_constant(optimizer, tc.warmup_steps)
-    pool = PromptStream(task.train_split(tc.num_prompts), seed=cfg.seed)
-    collector = BatchCollector(cfg.curation, pool, engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size), tc.prompts_per_step,
+    state = RLState.start(cfg, model, task, spec)
+    if saved is not None:
+        state.load_state_dict(saved)
+    collector = BatchCollector(cfg.curation, state.pool, engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size), tc.prompts_per_step,
                                tc.group_size, sampling)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    version = 0
     old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
-    for step in range(1, tc.steps + 1):
+    for step in range(state.step + 1, tc.steps + 1):
         t0 = time.perf_counter()
+        state.step = step
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
-        curated = collector.collect(version)
+        curated = collector.collect(state.version)
         t_gen = time.perf_counter() - t0
         if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
-            on_step(StepRecord(step=step, metrics={**curated.metrics, "policy_version": version, "generation_seconds": t_gen,
-                                                   "step_seconds": time.perf_counter() - t0}))
+            on_step(StepRecord(step=step, metrics={**curated.metrics, "policy_version": state.version, "generation_seconds": t_gen,
+                                                   "step_seconds": time.perf_counter() - t0}), state)
             continue
         rollout, rewards = curated.rollout, curated.scores.rewards
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
@@ -112,39 +183,48 @@ def train_rl(
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
         old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if old_before_update else None
-        ref_logprobs = reference.logprobs(sequences, sampling.temperature, forward) if reference is not None else None
+        ref_logprobs = state.reference.logprobs(sequences, sampling.temperature, forward) if state.reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
-        credit = valid_advantages(advantage, shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
-                                  rollout.group_ids, curated.scores.valid, generator)
+        credit = valid_advantages(state.advantage, shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
+                                  rollout.group_ids, curated.scores.valid, state.generator)
         batch = LearnerBatch(
             sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
             correct=curated.scores.correct,
         ).select(credit.keep & curated.row_keep)    # advantage transforms and curation may drop rows
-        # 5. update
+        # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py)
         update = policy_update(
-            model, optimizer, scheduler, batch, spec,
+            model, state.optimizer, state.scheduler, batch, spec,
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, grad_clip=tc.grad_clip,
-            temperature=sampling.temperature, generator=generator, forward=forward,
+            temperature=sampling.temperature, generator=state.generator, forward=forward,
             max_length=cfg.rollout.max_new_tokens,
         )
-        if reference is not None:
-            reference.after_update(model)
-        version += update.optimizer_steps
+        if state.reference is not None:
+            state.reference.after_update(model)
+        state.version += update.optimizer_steps
+        state.skipped_total += update.skipped_steps
+        state.nonfinite_streak = state.nonfinite_streak + 1 if update.skipped_steps else 0
         # 6. log
         seconds = time.perf_counter() - t0
         metrics = {
             **update.metrics,
             **curated.metrics,   # the sampled rows' reward and length figures, and curation's counts
             # |p_sampler - p_learner| per token at the same weights, over the rows trained on
-            # (ALGORITHMS.md, sampler-learner mismatch).
+            # (ALGORITHMS.md, sampler-learner mismatch), and the IS weights pi_old / mu.
             **mismatch_metrics(update.old_logprobs, batch.sampler_logprobs, batch.sequences.completion_mask),
             "kept_frac": float(credit.keep.float().mean()),
-            "lr": scheduler.get_last_lr()[0],
-            "policy_version": version,
+            "guard/skipped_steps": float(update.skipped_steps),
+            "guard/skipped_total": float(state.skipped_total),
+            "lr": state.scheduler.get_last_lr()[0],
+            "policy_version": state.version,
             "tokens_per_s": float(rollout.completion_mask.sum()) / seconds,
             "generation_seconds": t_gen,
             "step_seconds": seconds,
         }
-        on_step(StepRecord(step=step, metrics=metrics))
-    return RLResult(steps=tc.steps, policy_version=version, optimizer=optimizer)
+        on_step(StepRecord(step=step, metrics=metrics), state)
+        if state.nonfinite_streak >= tc.max_nonfinite_steps:
+            raise NonFiniteStop(
+                f"RL step {step}: {state.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
+                f"updates were skipped (train.max_nonfinite_steps={tc.max_nonfinite_steps}); the weights are still "
+                "those of the last good step. Lower train.lr, or look for NaN in the rewards or the data.", state)
+    return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)

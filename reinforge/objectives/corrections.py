@@ -211,9 +211,12 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
     - mismatch_log_ratio_mean: mean of delta = old - mu (clamped);
     - mismatch_kl: mean of k3 = (r - 1) - log r = expm1(delta) - delta, r = pi_old / mu,
       an unbiased, >= 0 estimate of KL(mu || pi_old), because the tokens were sampled from mu
-      (E_mu[r] = 1, E_mu[-log r] = KL(mu || pi_old); Schulman, "Approximating KL Divergence").
+      (E_mu[r] = 1, E_mu[-log r] = KL(mu || pi_old); Schulman, "Approximating KL Divergence");
+    - is_weight_mean / _max: mean / max of the per-token importance weight r = pi_old / mu,
+      what TIS truncates (Yao et al. 2025): a max far above 1 means a few tokens would carry
+      huge weights without the cap (the exploding-IS-weights alert watches it).
 
-    An empty mask gives 0.0 for every key, never NaN.
+    An empty mask gives 0.0 for every key (1.0 for the IS weights), never NaN.
     """
     valid = mask.bool()
     old = masked(old_logprobs.detach(), mask)                                 # padding -> log p = 0,
@@ -226,4 +229,6 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
         "mismatch_abs_diff_max": abs_diff.max().item() if valid.any() else 0.0,
         "mismatch_log_ratio_mean": masked_mean(delta, valid).item(),
         "mismatch_kl": masked_mean(k3, valid).item(),
+        "is_weight_mean": masked_mean(torch.exp(delta), valid).item() if valid.any() else 1.0,
+        "is_weight_max": torch.exp(delta.masked_fill(~valid, float("-inf"))).max().item() if valid.any() else 1.0,
     }

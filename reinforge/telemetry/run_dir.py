@@ -1,15 +1,26 @@
-"""The run directory: resolved config, metrics.jsonl, summary.json, checkpoint."""
+"""The run directory: resolved config, metrics.jsonl, summary.json, the final model.
+
+    RUN_DIR/config.yaml          the resolved config (what --resume reads back)
+    RUN_DIR/metrics.jsonl        one JSON line per SFT run, evaluation and RL step
+    RUN_DIR/alerts.jsonl         health alerts (telemetry/alerts.py)
+    RUN_DIR/checkpoints/step-N/  resumable checkpoints (telemetry/checkpoint.py)
+    RUN_DIR/model/               the final model and tokenizer, a Hugging Face folder
+    RUN_DIR/summary.json         evaluation of the start and final model
+
+A directory that already holds a run is never overwritten by accident: a new
+run there needs `overwrite=True` (`--overwrite`), a continued one `resume=True`.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from pathlib import Path
 
-import torch
-
-from reinforge.config import Config, config_to_yaml
+from reinforge.config import Config, ConfigError, config_to_yaml
 from reinforge.models import Policy, save_policy
 
 
@@ -17,31 +28,61 @@ def default_output_dir(cfg: Config) -> Path:
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.recipe}"
 
 
+def holds_run(path: Path) -> bool:
+    return (path / "config.yaml").exists() or (path / "metrics.jsonl").exists()
+
+
 class RunDir:
-    def __init__(self, path: str | Path, cfg: Config):
+    def __init__(self, path: str | Path, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.path = Path(path)
-        if (self.path / "metrics.jsonl").exists():
-            raise FileExistsError(f"output_dir '{self.path}' already holds a run; choose another output_dir")
+        if resume:
+            if not (self.path / "config.yaml").is_file():
+                raise ConfigError(f"--resume: '{self.path}' holds no run (no config.yaml)")
+        elif holds_run(self.path):
+            if not overwrite:
+                raise FileExistsError(f"output_dir '{self.path}' already holds a run: continue it with "
+                                      f"`reinforge train --resume {self.path}`, replace it with --overwrite, "
+                                      "or choose another output_dir")
+            shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.yaml").write_text(config_to_yaml(cfg))
+        if not resume:
+            (self.path / "config.yaml").write_text(config_to_yaml(cfg))
         self._metrics = (self.path / "metrics.jsonl").open("a")
 
     def log(self, record: dict) -> None:
-        """One JSON line per step; non-finite floats are written as null (valid JSON)."""
+        """One JSON line per record; non-finite floats are written as null (valid JSON)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._metrics.write(json.dumps(clean) + "\n")
         self._metrics.flush()
 
-    def save_checkpoint(self, policy: Policy, optimizer: torch.optim.Optimizer | None, state: dict) -> Path:
-        directory = self.path / "checkpoint"
+    def metrics_position(self) -> int:
+        """Bytes of metrics.jsonl written so far (a checkpoint records it)."""
+        return self._metrics.tell()
+
+    def truncate_metrics(self, position: int) -> None:
+        """Drop the lines written after `position`: a resumed run rewrites them."""
+        size = os.path.getsize(self._metrics.name)
+        if size < position:
+            raise ConfigError(f"{self._metrics.name} has {size} bytes, fewer than the {position} its checkpoint "
+                              "recorded: the file was changed after the run; it cannot be resumed exactly")
+        self._metrics.truncate(position)
+        self._metrics.seek(position)
+
+    def sync(self) -> None:
+        """Everything logged so far is on disk (called before a checkpoint records the position)."""
+        self._metrics.flush()
+        os.fsync(self._metrics.fileno())
+
+    def export_model(self, policy: Policy) -> Path:
+        """The final model and tokenizer as a Hugging Face folder (load it with from_pretrained)."""
+        directory = self.path / "model"
         save_policy(policy, directory)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), directory / "optimizer.pt")
-        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
         return directory
 
     def write_summary(self, summary: dict) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        tmp = self.path / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.path / "summary.json")
 
     def close(self) -> None:
         self._metrics.close()

@@ -1,0 +1,100 @@
+"""Where a run's numbers go: metrics.jsonl (always), TensorBoard and W&B
+(`log.tensorboard`, `log.wandb`), health alerts (console and alerts.jsonl) and
+the progress bar.
+
+A checkpoint stores `state_dict()`: how far metrics.jsonl and alerts.jsonl
+had been written, the alert monitor's windows and the W&B run id. A resumed
+run cuts both files back to those positions and rewrites what follows, so
+its files end up equal to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.console import Console
+from tqdm import tqdm
+
+from reinforge.config import Config
+from reinforge.eval.evaluate import EvalResult
+from reinforge.telemetry.alerts import AlertLog, AlertMonitor
+from reinforge.telemetry.run_dir import RunDir
+from reinforge.telemetry.sinks import WandbSink, build_sinks
+
+# Wall-clock figures: the only metrics a resumed run does not reproduce.
+TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
+
+
+def eval_metrics(result: EvalResult) -> dict[str, float]:
+    """A held-out evaluation as flat metrics (eval/pass@1, eval/greedy_accuracy, eval/pass@K, ...)."""
+    return {
+        "eval/pass@1": result.pass_at_1,
+        "eval/greedy_accuracy": result.greedy_accuracy,
+        "eval/mean_length": result.mean_length,
+        **{f"eval/pass@{k}": v for k, v in result.pass_at_k.items() if k != "1"},
+    }
+
+
+class Recorder:
+    def __init__(self, cfg: Config, run_dir: RunDir, saved: Mapping | None = None, console: Console | None = None):
+        """`saved`: the `state_dict()` of a checkpoint being resumed (None: a new run)."""
+        self.cfg, self.run_dir = cfg, run_dir
+        self.start_step = saved["step"] if saved else 0
+        run_dir.truncate_metrics(saved["metrics_position"] if saved else 0)
+        self.monitor = AlertMonitor(cfg.alerts)
+        if saved:
+            self.monitor.load_state_dict(saved["alerts"])
+        self.alert_log = AlertLog(run_dir.path / "alerts.jsonl", console or Console(stderr=True),
+                                  truncate_to=saved["alerts_position"] if saved else 0)
+        self.sinks = build_sinks(cfg.log, run_dir.path, cfg.model_dump(mode="json"), self.start_step,
+                                 saved.get("wandb_id") if saved else None)
+        self._bar: tqdm | None = None
+
+    def log(self, record: dict) -> None:
+        """A line that is not an RL step (the SFT stage, an evaluation); sinks get it when it has a step."""
+        self.run_dir.log(record)
+        if "step" in record:
+            for sink in self.sinks:
+                sink.log(record["step"], record)
+
+    def log_eval(self, step: int, result: EvalResult) -> None:
+        """The start (step 0) and final evaluation; the alerts see them too (the reward-hacking
+        check compares held-out accuracy from the start of RL on)."""
+        metrics = eval_metrics(result)
+        self.alert_log.write(self.monitor.check(step, metrics))
+        self.log({"stage": "eval", "step": step, **metrics})
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        """One RL step: alerts first (so they print above the bar), then every sink, then the bar."""
+        self.alert_log.write(self.monitor.check(step, metrics))
+        self.run_dir.log({"stage": "rl", "step": step, **metrics})
+        for sink in self.sinks:
+            sink.log(step, metrics)
+        if self._bar is None:
+            self._bar = tqdm(total=self.cfg.train.steps, initial=step - 1, desc=f"rl:{self.cfg.recipe}",
+                             disable=not self.cfg.log.progress)
+        self._bar.update(1)
+        self._bar.set_postfix(reward=f"{metrics.get('reward_mean', float('nan')):.3f}",
+                              len=f"{metrics.get('response_length_mean', float('nan')):.1f}")
+
+    def state_dict(self) -> dict:
+        """What a checkpoint taken now records (after `sync`)."""
+        wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
+        return {
+            "metrics_position": self.run_dir.metrics_position(),
+            "alerts_position": self.alert_log.position(),
+            "alerts": self.monitor.state_dict(),
+            "wandb_id": wandb.id if wandb is not None else None,
+        }
+
+    def sync(self) -> None:
+        """metrics.jsonl and alerts.jsonl are on disk up to the positions `state_dict` reports."""
+        self.run_dir.sync()
+        self.alert_log.sync()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        for sink in self.sinks:
+            sink.close()
+        self.alert_log.close()
