@@ -58,7 +58,7 @@ def filter_prompts(
     lo: Annotated[float, typer.Option(help="Lowest pass rate kept")] = 0.1,
     hi: Annotated[float, typer.Option(help="Highest pass rate kept")] = 0.9,
 ) -> None:
-    """Offline difficulty filter: keep the train prompts whose pass rate over k samples lies in [lo, hi]."""
+    """Offline difficulty filter: keep the train prompts whose pass rate over k samples lies in \\[lo, hi]."""
     from pathlib import Path
 
     import torch
@@ -83,6 +83,82 @@ def filter_prompts(
         raise typer.Exit(code=2) from None
     console.print(f"kept {report.kept} of {len(examples)} prompts (too easy: {report.too_easy}, "
                   f"too hard: {report.too_hard}) -> {out}")
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[str], typer.Argument(help="Run directories (each holds metrics.jsonl)", show_default=False)],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder for report.html and its PNGs; default: the run directory (one run), else ./report")] = None,
+) -> None:
+    """One HTML page of one or several runs: the before/after table, plots of every run overlaid, and the alerts."""
+    from pathlib import Path
+
+    from reinforge.telemetry.report import write_report
+
+    paths = [Path(p) for p in run_dirs]
+    for path in paths:
+        problem = ("does not exist" if not path.exists() else "is not a directory" if not path.is_dir()
+                   else "has no metrics.jsonl (not a run directory, or its run has not started)"
+                   if not (path / "metrics.jsonl").is_file() else None)
+        if problem:
+            console.print(f"[bold red]error:[/] run directory '{escape(str(path))}' {problem}", soft_wrap=True)
+            raise typer.Exit(code=2)
+    target = Path(out) if out else paths[0] if len(paths) == 1 else Path("report")
+    try:
+        html_path = write_report(paths, target)
+    except OSError as err:
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    console.print(f"report: {escape(str(html_path))}", soft_wrap=True, highlight=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    overrides: Annotated[list[str] | None, typer.Argument(help="Axes key=a,b,c (the grid is their product) and plain key=value settings, e.g. recipe=grpo,dr_grpo seed=0,1,2 train.steps=50")] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings shared by every run")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Sweep folder; default sweeps/<time>. Re-running into the same folder skips finished runs")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Runs at a time (each a subprocess with cores/jobs torch threads unless threads is set)")] = 1,
+) -> None:
+    """Run every combination of the values given (each a `reinforge train` run), then compare the groups: mean ± std over seeds."""
+    import time
+    from pathlib import Path
+
+    from reinforge.loops.sweep import run_sweep, table
+
+    target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        result = run_sweep(overrides or [], target, jobs=jobs, config_file=config,
+                           on_event=lambda message: console.print(escape(message), soft_wrap=True, highlight=False))
+    except ConfigError as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except OSError as err:
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    header, cells = table(result.rows, result.axes)
+    grid = Table(title="held-out evaluation after RL: mean ± sample std over seeds")
+    labels = max(1, len([axis for axis in result.axes if axis != "seed"]))   # the group's columns, then numbers
+    for i, name in enumerate(header):
+        grid.add_column(name, justify="left" if i < labels else "right")
+    for row in cells:
+        grid.add_row(*(escape(c) for c in row))
+    if console.is_terminal:
+        console.print(grid)
+    else:   # a log file or pipe: the whole table unwrapped, not squeezed into rich's default 80 columns
+        from rich.measure import Measurement
+
+        width = Measurement.get(console, console.options.update_width(10_000), grid).maximum
+        Console(file=console.file, width=max(console.width, width)).print(grid)
+    if result.note:
+        console.print(escape(result.note), soft_wrap=True, highlight=False)
+    for run in result.failed:
+        last = (run.error or "").splitlines()[-1:] or ["no output"]
+        console.print(f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} (log: {escape(str(target / 'logs' / run.name))}.log)", soft_wrap=True)
+    console.print(f"table: {escape(str(result.markdown))} (also {result.json.name}, {result.csv.name})", soft_wrap=True, highlight=False)
+    if result.report is not None:
+        console.print(f"report: {escape(str(result.report))}", soft_wrap=True, highlight=False)
+    if result.failed:
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -174,3 +175,49 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
         policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec,
                       ppo_epochs=1, mini_batches=2, grad_clip=1.0, temperature=1.0,
                       generator=torch.Generator().manual_seed(0), max_length=6, forward=ForwardPlan(micro_batch_size=3))
+
+
+def _small_batch(policy, seed: int) -> tuple[LearnerBatch, object]:
+    torch.manual_seed(seed)
+    rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        old = completion_token_stats(policy.model, seq).logprobs
+    advantages = compute_advantages("dr_grpo", torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), rollout.group_ids)
+    return LearnerBatch(sequences=seq, advantages=advantages, old_logprobs=old, sampler_logprobs=old,
+                        group_ids=rollout.group_ids), resolve_spec("dr_grpo")
+
+
+def test_gradient_is_clipped_to_grad_clip_and_the_metric_is_the_norm_before(policy) -> None:
+    batch, spec = _small_batch(policy, 5)
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-3)
+    for group in opt.param_groups:
+        group["lr"] = 0.0                        # keep the weights: the clipped grads stay readable
+    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, ppo_epochs=1, mini_batches=1, grad_clip=1e-3,
+                          temperature=1.0, generator=torch.Generator().manual_seed(0), forward=ForwardPlan(micro_batch_size=8))
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])))
+    assert stats.metrics["grad_norm"] > 1e-2                                     # clipping had work to do
+    assert norm == pytest.approx(1e-3, rel=1e-4)                                  # ||g|| scaled down to grad_clip
+
+
+def test_a_nonfinite_mini_batch_takes_no_step_and_the_other_one_does(policy) -> None:
+    batch, spec = _small_batch(policy, 6)
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-2)
+    scheduler = warmup_constant(opt, 0)
+    calls = {"n": 0}
+
+    def poison_first(grad: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return grad * float("nan") if calls["n"] == 1 else grad
+
+    embed = model.get_input_embeddings().weight
+    embed.register_hook(poison_first)              # the first backward (first mini-batch) gets a NaN gradient
+    stats = policy_update(model, opt, scheduler, batch, spec, ppo_epochs=1, mini_batches=2, grad_clip=1.0,
+                          temperature=1.0, generator=torch.Generator().manual_seed(0), forward=ForwardPlan(micro_batch_size=8))
+    assert (stats.optimizer_steps, stats.skipped_steps) == (1, 1)
+    assert scheduler.last_epoch == 1 and int(opt.state[embed]["step"]) == 1     # one Adam step, not two
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in opt.state.values())
+    assert math.isfinite(stats.metrics["grad_norm"]) and stats.metrics["grad_norm"] > 0   # the finite step's norm only

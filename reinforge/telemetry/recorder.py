@@ -49,6 +49,7 @@ class Recorder:
         self.sinks = build_sinks(cfg.log, run_dir.path, cfg.model_dump(mode="json"), self.start_step,
                                  saved.get("wandb_id") if saved else None)
         self._bar: tqdm | None = None
+        self._last_eval: str | None = None
 
     def log(self, record: dict) -> None:
         """A line that is not an RL step (the SFT stage, an evaluation); sinks get it when it has a step."""
@@ -74,8 +75,14 @@ class Recorder:
             self._bar = tqdm(total=self.cfg.train.steps, initial=step - 1, desc=f"rl:{self.cfg.recipe}",
                              disable=not self.cfg.log.progress)
         self._bar.update(1)
-        self._bar.set_postfix(reward=f"{metrics.get('reward_mean', float('nan')):.3f}",
-                              len=f"{metrics.get('response_length_mean', float('nan')):.1f}")
+        live = {"reward": ("reward_mean", ".3f"), "len": ("response_length_mean", ".1f"), "H": ("entropy", ".3f"),
+                "kl": ("kl", ".2g"), "eval": ("eval/pass@1", ".3f")}
+        shown = {name: format(metrics[key], fmt) for name, (key, fmt) in live.items() if key in metrics}
+        if "eval/pass@1" in metrics:
+            self._last_eval = shown["eval"]
+        elif self._last_eval is not None:
+            shown["eval"] = self._last_eval       # the latest held-out figure stays on the bar
+        self._bar.set_postfix(shown)
 
     def state_dict(self) -> dict:
         """What a checkpoint taken now records (after `sync`)."""
