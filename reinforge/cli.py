@@ -20,6 +20,10 @@ console = Console()
 @app.callback()
 def _root() -> None:
     """reinforge: RL post-training with verifiable rewards."""
+    # transformers' per-file progress bars (loading and saving weights) would interleave with ours.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -47,6 +51,43 @@ def train(
         console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
         raise typer.Exit(code=1) from None
     _print_summary(result.output_dir, result.summary)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def pipeline(
+    name: Annotated[str, typer.Argument(help="A shipped pipeline (r1, r1_zero) or a pipeline YAML file")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value for every stage, STAGE:key=value for one stage")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips finished stages and resumes an interrupted one")] = None,
+) -> None:
+    """Multi-stage training: each stage a train run starting from the previous stage's model."""
+    import time
+    from pathlib import Path
+
+    from reinforge.multistage import run_pipeline
+    from reinforge.pipeline import RunStopped
+
+    target = Path(out) if out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(name).stem}"
+
+    def announce(k: int, cfg) -> None:
+        console.print(f"[bold]stage {k + 1}[/]: {escape(Path(cfg.output_dir).name)} (recipe {cfg.recipe}, "
+                      f"sft {'on' if cfg.sft.enabled and cfg.sft.steps else 'off'}, {cfg.train.steps} RL steps)")
+
+    try:
+        result = run_pipeline(name, overrides or [], target, on_stage=announce)
+    except (ConfigError, FileExistsError, NotImplementedError, RunStopped) as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except OSError as err:
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    table = Table(title=f"pipeline {result.name}: held-out evaluation after each stage")
+    for column in ("stage", "recipe", "RL steps", "pass@1", "greedy accuracy"):
+        table.add_column(column, justify="left" if column in ("stage", "recipe") else "right")
+    for stage in result.stages:
+        table.add_row(escape(stage.name), stage.recipe, str(stage.rl_steps), f"{stage.final['pass@1']:.3f}",
+                      f"{stage.final['greedy_accuracy']:.3f}")
+    console.print(table)
+    console.print(f"pipeline directory: {escape(result.output_dir)} (pipeline.json)")
 
 
 @app.command(name="filter", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -186,6 +227,28 @@ def recipes(
     for row in recipe_rows():
         table.add_row(*(escape(getattr(row, field.name)) for field in fields(RecipeRow)))
     console.print(table)
+
+
+@app.command(name="export")
+def export_run(
+    run_dir: Annotated[str, typer.Argument(help="Run directory of `reinforge train` (holds config.yaml and checkpoints/)", show_default=False)],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder to write the model to (must not exist, or be empty); default RUN_DIR/export")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="Checkpoint step to export; default the newest checkpoint, else RUN_DIR/model")] = None,
+) -> None:
+    """A run's model as a plain Hugging Face folder: LoRA adapters merged, the run's sampling settings as generation defaults."""
+    from pathlib import Path
+
+    from reinforge.export import export_model
+
+    try:
+        path = export_model(Path(run_dir), Path(out) if out else Path(run_dir) / "export", step)
+    except ConfigError as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except OSError as err:
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    console.print(f"model: {escape(str(path))}", soft_wrap=True, highlight=False)
 
 
 def _print_summary(output_dir: str, summary: dict) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +31,18 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(_Section):
+    """LoRA adapters (Hu et al., arXiv 2106.09685) through peft: h = W x + (alpha / r) B A x, W frozen."""
+
+    r: int = Field(gt=0, description="Rank of the adapters; setting it (model.lora.r=8) turns LoRA on.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / r) B A. Kept fixed when r changes, as in the LoRA paper (sec. 4.1: r can then vary without retuning the learning rate); alpha = 2 r is another common choice.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training mode; > 0 needs train.shared_prefix=false (the shared-prompt forward runs merged weights).")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1, description="Module names (suffixes) that get adapters; default the attention and MLP projections of Llama-family decoders. The native engine and shared-prompt forward also handle lm_head.")
+
+
 class ModelConfig(_Section):
     path: str = Field("builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory.")
     hidden_size: int = Field(128, gt=0, description="Built-in model only: width.")
@@ -38,6 +52,7 @@ class ModelConfig(_Section):
     intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
     max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    lora: LoraConfig | None = Field(None, description="LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning.")
 
 
 class TaskConfig(_Section):
@@ -77,6 +92,17 @@ class SFTConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     num_examples: int = Field(150000, gt=0, description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh problems keep the model from memorising noisy answers).")
     corrupt_fraction: float = Field(0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start).")
+    source: Literal["teacher", "rejection", "file"] = Field("teacher", description="What SFT trains on: the task's (noisy) teacher traces; 'rejection': the model's own verified-correct samples (rejection-sampling SFT, DeepSeek-R1 stage 3, arXiv 2501.12948 sec. 2.3.3); 'file': teacher traces from sft.data_path (distillation).")
+    data_path: str | None = Field(None, description="source=file: a JSONL / Parquet / datasets folder of prompt and completion fields.")
+    rejection_prompts: int = Field(512, gt=0, description="source=rejection: train prompts sampled.")
+    rejection_samples: int = Field(8, gt=0, description="source=rejection: samples per prompt (at the rollout temperature).")
+    rejection_max_per_prompt: int = Field(2, gt=0, description="source=rejection: distinct correct samples kept per prompt at most, so easy prompts do not crowd out hard ones.")
+
+    @model_validator(mode="after")
+    def _check_source(self) -> SFTConfig:
+        if self.source == "file" and not self.data_path:
+            raise ConfigError("sft.source=file needs sft.data_path (a JSONL / Parquet file of prompt and completion)")
+        return self
 
 
 class RolloutConfig(_Section):
@@ -104,7 +130,16 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    kl_target: float | None = Field(None, gt=0, description="Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL (Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta.")
     max_nonfinite_steps: int = Field(3, gt=0, description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.")
+
+
+class CriticConfig(_Section):
+    """The value model of PPO-family recipes (advantage gae: ppo, vapo); see reinforge.learner.critic."""
+
+    lr: float = Field(1e-3, gt=0, description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).")
+    weight_decay: float = Field(0.0, ge=0, description="Critic AdamW weight decay.")
+    shared_body: bool = Field(False, description="A value head on the policy's own body instead of a separate value model (not built yet: true is refused).")
 
 
 class TransformConfig(_Section):
@@ -154,6 +189,28 @@ class CurationConfig(_Section):
     max_rounds: int = Field(3, gt=0, description="Generation rounds per step when refilling; a batch still short then is trained on as it is (curation/short = 1).")
     overlong_filter: bool = Field(False, description="Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's advantage.")
     retire_pass_rate: float | None = Field(None, gt=0, le=1, description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL no-positive-resampling: 0.9). None: never.")
+
+
+class DPOConfig(_Section):
+    """The preference loop (recipe dpo, reinforge.loops.dpo). It reuses train.steps (one optimizer step each),
+    train.lr, train.warmup_steps, train.grad_clip, train.prompts_per_step, train.group_size, train.num_prompts and
+    the forward settings; train.ppo_epochs and train.mini_batches do not apply."""
+
+    pairs: Literal["on_policy", "dataset"] = Field("on_policy", description="Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one (rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path.")
+    pairs_path: str | None = Field(None, description="pairs=dataset: a JSONL / Parquet / datasets folder with prompt, chosen and rejected text fields.")
+    pairs_fields: dict[str, str] = Field(default_factory=dict, description="pairs=dataset: our field name -> the file's column, e.g. {chosen: response_a}.")
+    pairs_per_prompt: int = Field(2, gt=0, description="pairs=on_policy: pairs formed per prompt at most; pair k takes correct sample k mod c and incorrect sample k mod i (c, i their counts), k < max(c, i).")
+    beta: float | None = Field(None, gt=0, description="Override of the recipe's beta (the implicit reward's scale); None keeps the recipe's (dpo: 0.1).")
+    loss_type: str | None = Field(None, description="Override of the recipe's preference loss: sigmoid (DPO), ipo, or 'module:function'.")
+    label_smoothing: float | None = Field(None, ge=0, le=0.5, description="Override of the recipe's label smoothing s (cDPO; sigmoid only).")
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> DPOConfig:
+        if self.pairs == "dataset" and not self.pairs_path:
+            raise ConfigError("dpo.pairs=dataset needs dpo.pairs_path (a JSONL / Parquet file of prompt, chosen and rejected)")
+        if self.pairs == "on_policy" and (self.pairs_path or self.pairs_fields):
+            raise ConfigError("dpo.pairs_path and dpo.pairs_fields are read only with dpo.pairs=dataset")
+        return self
 
 
 class EvalConfig(_Section):
@@ -233,7 +290,9 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     curation: CurationConfig = Field(default_factory=CurationConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -271,6 +330,10 @@ _SYNONYMS = {
     "epsilon_high": "eps_high",
     "loss_type": "aggregation",
     "max_grad_norm": "grad_clip",
+    "rank": "r",             # peft's LoraConfig spells these lora_alpha, lora_dropout
+    "lora_r": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
 }
 
 
@@ -280,6 +343,15 @@ def _unknown_key_message(path: str, key: str, valid: list[str], what: str = "con
     return f"unknown {what} '{path}'{hint} (valid: {', '.join(sorted(valid))})"
 
 
+def _optional_section(annotation: Any) -> Any:
+    """`Section` for an optional section `Section | None` (model.lora), so that its keys are checked too."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
 def _check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
     """Reject unknown keys at any depth, naming the closest valid key."""
     fields = model.model_fields
@@ -287,7 +359,7 @@ def _check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") 
         path = f"{prefix}{key}"
         if key not in fields:
             raise ConfigError(_unknown_key_message(path, key, list(fields)))
-        annotation = fields[key].annotation
+        annotation = _optional_section(fields[key].annotation)
         if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             _check_keys(value, annotation, prefix=f"{path}.")
 

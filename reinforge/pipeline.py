@@ -61,10 +61,15 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     try:
         task = build_task(cfg.task.name, **cfg.task.options)
         spec = objective_spec(cfg)
+        # Splits too small for the prompts asked for (a small dataset, digits=1) say so now.
+        task.train_split(max(cfg.train.num_prompts, cfg.sft.rejection_prompts if cfg.sft.source == "rejection" else 0))
+        task.eval_split(cfg.eval.num_prompts)
     except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
-    if cfg.sft.enabled and cfg.sft.steps > 0:
+    if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
+        raise ConfigError(f"sft.data_path '{cfg.sft.data_path}' does not exist")
+    if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher":
         # A task without traces (a dataset with no completions) says so here, before the run directory exists.
         first, rng = task.train_split(1), random.Random(cfg.seed)
         task.teacher_completion(first[0], rng)
@@ -76,6 +81,9 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
             check_native_model_type(path)
         if cfg.train.shared_prefix:
             check_native_model_type(path, "train.shared_prefix=true", "train.shared_prefix=false")
+    if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
+        raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
+                          "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
     return task, spec
 
 
@@ -116,13 +124,15 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     meta = saved.meta() if saved is not None else None
     recorder = Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
     try:
+        # The engine reads the policy's weights at every call, so it can be built before SFT
+        # (rejection-sampling SFT samples from the model it then trains).
+        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
         if saved is None:
-            sft_summary = _cold_start(cfg, policy, task, recorder)
+            sft_summary = _sft_stage(cfg, policy, engine, task, recorder)
             tensors = None
         else:
             sft_summary, tensors = meta["sft"], saved.tensors()
             policy.model.load_state_dict(tensors["model"])
-        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
         held_out = task.eval_split(cfg.eval.num_prompts)
         if saved is None:
             start = _evaluate(cfg, engine, task, held_out)
@@ -137,6 +147,9 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             return store.save(state.step, {"model": policy.model.state_dict(), "rl": state.state_dict()}, record).path
 
         def on_step(record: StepRecord, state: RLState) -> None:
+            if record.stage != "rl":       # before RL (value pre-training): a line of its own, no checkpoint
+                recorder.log({"stage": record.stage, "step": record.step, **record.metrics})
+                return
             every = cfg.eval.every
             if every and record.step % every == 0 and record.step < cfg.train.steps:
                 # Under its own seed (evaluate forks the RNG): the training numbers do not change.
@@ -150,9 +163,10 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             rl = train_rl(cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
         except NonFiniteStop as err:
             path = checkpoint(err.state)   # skipped updates left the weights at the last good step
+            recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
             raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                              f"`reinforge train --resume {run_dir.path}` continues from it.") from None
-        final = _evaluate(cfg, engine, task, held_out)
+        final = start if cfg.train.steps == 0 else _evaluate(cfg, engine, task, held_out)   # an SFT-only run
         recorder.log_eval(cfg.train.steps, final)
         run_dir.export_model(policy)
         summary = {
@@ -172,11 +186,31 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     return RunResult(output_dir=str(run_dir.path), summary=summary)
 
 
-def _cold_start(cfg: Config, policy, task: Task, recorder: Recorder) -> dict | None:
-    """SFT on the task's teacher traces (sft.*); its summary, or None when it is off."""
+def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
+    """What SFT trains on (sft.source) and figures about it for the summary."""
+    if cfg.sft.source == "teacher":
+        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed), {}
+    if cfg.sft.source == "file":
+        from reinforge.loops.rejection import distillation_examples
+
+        examples = distillation_examples(cfg.sft.data_path)
+        return examples, {"examples": len(examples)}
+    from reinforge.loops.rejection import rejection_sample
+
+    kept = rejection_sample(engine, task, task.train_split(cfg.sft.rejection_prompts), cfg.sft.rejection_samples,
+                            SamplingParams.from_config(cfg.rollout), cfg.sft.rejection_max_per_prompt, seed=cfg.seed)
+    if not kept.examples:
+        raise RunStopped(f"rejection sampling kept no sample: none of {cfg.sft.rejection_prompts} prompts x "
+                         f"{cfg.sft.rejection_samples} samples was verified correct; start from a stronger model "
+                         "or raise sft.rejection_samples")
+    return kept.examples, kept.metrics()
+
+
+def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> dict | None:
+    """SFT on the sft.source examples; its summary, or None when it is off."""
     if not (cfg.sft.enabled and cfg.sft.steps > 0):
         return None
-    data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
+    data, figures = sft_examples(cfg, engine, task)
     bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False)
 
     def sft_step(step: int, loss: float) -> None:
@@ -186,7 +220,7 @@ def _cold_start(cfg: Config, policy, task: Task, recorder: Recorder) -> dict | N
 
     sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step)
     bar.close()
-    summary = {"steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
+    summary = {"source": cfg.sft.source, **figures, "steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
     recorder.log({"stage": "sft", **summary})
     return summary
 

@@ -19,6 +19,8 @@ BUILT: frozenset[str] = frozenset({
     "positive_resampling_filter",
     "overlong_shaping",            # rewards/compose.py (reward.overlong)
     "fp32_lm_head",                # learner/logprobs.py: the LM head runs in fp32 (ForwardPlan.fp32_head)
+    "critic",                      # learner/critic.py, loops/credit.py: a value model and GAE
+    "value_pretraining",           # loops/credit.py CriticCredit.pretrain (objective.value.pretrain_steps)
 })
 
 

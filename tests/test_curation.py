@@ -223,14 +223,15 @@ def test_filter_command_writes_the_kept_prompts(tmp_path):
 
 
 def test_a_sample_without_a_reward_does_not_move_its_groups_baseline():
-    from reinforge.loops.rl import valid_advantages
-    from reinforge.objectives import AdvantagePipeline
+    from reinforge.learner import build_sequences
+    from reinforge.loops.credit import GroupCredit
+    from reinforge.objectives import resolve_spec
 
-    pipeline = AdvantagePipeline("dr_grpo", {}, [])
     rewards = torch.tensor([1.0, 0.0, float("nan"), 1.0, 0.5, 0.5, 0.0, 1.0])
     valid = torch.tensor([True, True, False, True, True, True, True, True])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    credit = valid_advantages(pipeline, rewards, groups, valid, torch.Generator())
+    sequences = build_sequences([[1]] * 8, torch.ones(8, 2, dtype=torch.long), torch.ones(8, 2), 0, group_ids=groups)
+    credit = GroupCredit(resolve_spec("dr_grpo")).assign(sequences, rewards, valid, groups, None, None, torch.Generator())
     # Group 0's baseline is the mean of its three valid rewards, 2/3; group 1's is 0.5.
     expected = torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3, 0.0, 0.0, -0.5, 0.5])
     torch.testing.assert_close(credit.advantages, expected)

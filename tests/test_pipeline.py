@@ -148,3 +148,18 @@ def test_other_architectures_and_chat_templates_use_the_same_path(tmp_path: Path
     result = runner.invoke(app, ["train", *micro_overrides, f"model={path}", f"output_dir={out}"])
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
+
+
+def test_sft_on_teacher_traces_from_a_file(tmp_path: Path, micro_overrides) -> None:
+    """Distillation: sft.source=file trains on (prompt, completion) rows of a JSONL file."""
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n"
+                              for a in range(10, 14) for b in range(20, 22)))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={traces}", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    sft = json.loads((out / "summary.json").read_text())["sft"]
+    assert sft["source"] == "file" and sft["examples"] == 8 and sft["final_loss"] < sft["first_loss"]
+    missing = runner.invoke(app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={tmp_path / 'nope.jsonl'}",
+                                  f"output_dir={tmp_path / 'other'}"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output and not (tmp_path / "other").exists()

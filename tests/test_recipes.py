@@ -32,7 +32,7 @@ def test_the_table_has_every_row_of_the_formula_sheet():
     }
     # Recipes whose systems exist today; the rest need a critic, async or the DPO loop.
     assert set(RUNNABLE) == {"reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "sapo",
-                             "dppo", "maxrl", "gpg", "lite_ppo", "olmo3", "t1"}
+                             "dppo", "maxrl", "gpg", "lite_ppo", "olmo3", "t1", "ppo", "vapo"}
 
 
 def _spec(name):
@@ -159,10 +159,15 @@ def test_recipes_without_their_systems_say_so_and_write_nothing(tmp_path, micro_
     assert not out.exists()
 
 
-def test_a_composed_critic_advantage_needs_the_critic(tmp_path, micro_overrides):
+def test_a_composed_critic_advantage_trains_a_critic(tmp_path, micro_overrides):
+    # Any recipe with advantage=gae gets the critic, whatever the recipe is called.
     result = runner.invoke(app, ["train", *micro_overrides, "objective.advantage=gae",
                                  "objective.value={lam_actor: 0.9}", f"output_dir={tmp_path / 'r'}"])
-    assert result.exit_code == 2 and "value model (critic)" in result.output
+    assert result.exit_code == 0, result.output
+    assert all("critic/value_loss" in r for r in _rl_lines(tmp_path / "r"))
+    shared = runner.invoke(app, ["train", *micro_overrides, "recipe=ppo", "critic.shared_body=true",
+                                 f"output_dir={tmp_path / 's'}"])
+    assert shared.exit_code == 2 and "not built yet" in shared.output
 
 
 def test_user_yaml_composes_parts(tmp_path, micro_overrides):

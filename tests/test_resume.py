@@ -194,6 +194,9 @@ def test_nonfinite_updates_are_skipped_and_the_run_stops_with_the_last_good_weig
     # micro config: 2 mini-batches per step, both skipped; no optimizer step, so the policy version stays 0.
     assert [(r["guard/skipped_steps"], r["guard/skipped_total"], r["policy_version"]) for r in rl] == [
         (2.0, 2.0, 0), (2.0, 4.0, 0), (2.0, 6.0, 0)]
+    assert _lines(out / "metrics.jsonl")[-1]["stage"] == "stopped"
+    from reinforge.telemetry.report import load_runs, run_table
+    assert run_table(load_runs([out]))[1][0][4] == "stopped at step 3"
     saved = CheckpointStore(out / "checkpoints", 2).latest()
     assert saved.step == 3
     state = saved.tensors()

@@ -24,6 +24,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from transformers import PreTrainedModel
 
 from reinforge.learner.sequences import SequenceBatch, TokenStats
+from reinforge.models.lora import linear_weight
 
 
 def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
@@ -216,13 +217,14 @@ def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: t
     """The LM head, chunked, on the hidden states [M, E] that predict the batch's valid completion tokens
     (in the order of `(completion_mask > 0).nonzero()`), scattered back to [N, T] log-probs and entropies.
 
-    The head's own weight goes in, so tied input/output embeddings get both gradient paths.
+    The head's own weight goes in, so tied input/output embeddings get both gradient paths; a LoRA
+    head (lm_head in model.lora.target_modules) computes with W + (alpha / r) B A (`models.lora`).
     """
-    head = model.get_output_embeddings()
+    weight, bias = linear_weight(model.get_output_embeddings())
     n, t = batch.completion_ids.shape
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     logprobs, entropy = chunked_token_logprobs_and_entropy(
-        predictors, head.weight, head.bias, batch.completion_ids[rows, cols],
+        predictors, weight, bias, batch.completion_ids[rows, cols],
         temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head,
     )
     # Scatter back to [N, T]; times the mask as in the naive path (a no-op for a 0/1 mask).

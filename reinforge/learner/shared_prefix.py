@@ -12,7 +12,10 @@ in the backward), so values and parameter gradients equal the plain path's.
 
 Layer math is the native rollout engine's (`rollout.native.decoder_layers`,
 Llama/Qwen2/Qwen3/Mistral-style decoders); the LM head is the chunked one
-(`logprobs.chunked_token_logprobs_and_entropy`).
+(`logprobs.chunked_token_logprobs_and_entropy`). With LoRA (a peft model), each
+projection runs its effective weight W + (alpha / r) B A (`models.lora.linear_weight`):
+the same function as the adapter's forward, gradients reaching A and B through the
+sum, but no dropout on the adapter's input, so LoRA dropout is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from transformers import PreTrainedModel
 
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
+from reinforge.models.lora import lora_dropouts
 from reinforge.rollout.native import (
     DecoderShape,
     DecoderWeights,
@@ -49,6 +53,9 @@ def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeight
         raise NotImplementedError(f"the shared-prompt learner forward does not model sliding-window attention; set {OPTION}")
     if model.training and getattr(model.config, "attention_dropout", 0.0):
         raise NotImplementedError(f"the shared-prompt learner forward does not apply attention dropout; set {OPTION}")
+    if model.training and any(p > 0 for p in lora_dropouts(model)):
+        raise NotImplementedError(f"the shared-prompt learner forward runs merged LoRA weights, without LoRA dropout; set {OPTION} "
+                                  "or model.lora.dropout=0")
     return shape, weights
 
 

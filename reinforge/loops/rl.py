@@ -23,9 +23,11 @@ from reinforge.learner import (
     token_logprobs,
     warmup_constant,
 )
+from reinforge.learner.critic import Critic
+from reinforge.loops.credit import CriticCredit, GroupCredit
 from reinforge.loops.curation import BatchCollector, PromptStream, Scores
 from reinforge.models import Policy
-from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
+from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.corrections import mismatch_metrics
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
@@ -46,6 +48,7 @@ class StepRecord:
 
     step: int
     metrics: dict[str, float]
+    stage: str = "rl"          # "value_pretrain": a critic pre-training step before RL (not an RL step)
 
 
 class NonFiniteStop(RuntimeError):
@@ -74,7 +77,7 @@ class RLState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     reference: Reference | None                 # None when the loss has no KL term
-    advantage: AdvantagePipeline                # owns estimator / transform state (EMA baselines)
+    credit: GroupCredit | CriticCredit          # advantages: group estimator state (EMA baselines) or the critic
     pool: PromptStream                          # prompt order, epoch, retired prompts
     generator: torch.Generator                  # mini-batch order, noise transforms
     nonfinite_streak: int = 0                   # RL steps in a row with a skipped optimizer step
@@ -87,8 +90,7 @@ class RLState:
         return cls(
             step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
             reference=Reference.build(model, spec),
-            advantage=AdvantagePipeline(spec.advantage, spec.advantage_params,
-                                        [(t.name, t.params) for t in spec.advantage_transforms]),
+            credit=build_credit(cfg, model, spec),
             pool=PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.seed),
             generator=torch.Generator().manual_seed(cfg.seed),
         )
@@ -97,8 +99,8 @@ class RLState:
         return {
             "step": self.step, "version": self.version,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "reference": self.reference.model.state_dict() if self.reference is not None else None,
-            "advantage": self.advantage.state_dict(), "pool": self.pool.state_dict(),
+            "reference": self.reference.state_dict() if self.reference is not None else None,
+            "credit": self.credit.state_dict(), "pool": self.pool.state_dict(),
             "generator": self.generator.get_state(), "global_rng": global_rng_state(),
             "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
         }
@@ -108,8 +110,8 @@ class RLState:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.reference is not None:
-            self.reference.model.load_state_dict(state["reference"])
-        self.advantage.load_state_dict(state["advantage"])
+            self.reference.load_state_dict(state["reference"])
+        self.credit.load_state_dict(state["credit"])
         self.pool.load_state_dict(state["pool"])
         self.generator.set_state(state["generator"])
         self.nonfinite_streak, self.skipped_total = state["nonfinite_streak"], state["skipped_total"]
@@ -128,16 +130,16 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
     return score
 
 
-def valid_advantages(advantage: AdvantagePipeline, rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor,
-                     generator: torch.Generator) -> AdvantageResult:
-    """Advantages from the valid rows only: a sample without a reward (its reward function failed
-    or skipped it) must not move its group's baseline; it gets A = 0 and leaves the batch."""
-    if bool(valid.all()):
-        return advantage(rewards, group_ids, generator=generator)
-    rows = valid.nonzero().squeeze(1)
-    part = advantage(rewards[rows], group_ids[rows], generator=generator)
-    return AdvantageResult(rewards.new_zeros(len(rewards)).index_copy_(0, rows, part.advantages),
-                           torch.zeros_like(valid).index_copy_(0, rows, part.keep))
+def build_credit(cfg: Config, model: torch.nn.Module, spec: ObjectiveSpec) -> GroupCredit | CriticCredit:
+    """The credit assignment `spec` asks for: a critic and GAE (advantage gae), else the group estimator."""
+    if not spec.needs_critic:
+        return GroupCredit(spec, cfg.train.kl_target)
+    if cfg.critic.shared_body:
+        raise NotImplementedError("critic.shared_body=true (a value head on the policy's body) is not built yet; "
+                                  "the critic is a separate value model (critic.shared_body=false)")
+    return CriticCredit(spec, Critic(model, cfg.critic.lr, cfg.critic.weight_decay), ForwardPlan.from_config(cfg.train),
+                        epochs=cfg.train.ppo_epochs, mini_batches=cfg.train.mini_batches, grad_clip=cfg.train.grad_clip,
+                        kl_target=cfg.train.kl_target)
 
 
 def train_rl(
@@ -165,6 +167,17 @@ def train_rl(
                                tc.group_size, sampling)
     old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
+    if state.step == 0 and isinstance(state.credit, CriticCredit):
+        # Value pre-training on the initial policy's samples (VC-PPO / VAPO); objective.value.pretrain_steps.
+        for k in range(1, spec.value.pretrain_steps + 1):
+            curated = collector.collect(state.version)
+            if curated.rollout is None:
+                continue
+            rollout = curated.rollout
+            sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                                        policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+            fitted = state.credit.pretrain(sequences, curated.scores.rewards, curated.scores.valid, state.generator)
+            on_step(StepRecord(step=k, metrics=fitted, stage="value_pretrain"), state)
     for step in range(state.step + 1, tc.steps + 1):
         t0 = time.perf_counter()
         state.step = step
@@ -184,9 +197,10 @@ def train_rl(
                                     policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
         old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if old_before_update else None
         ref_logprobs = state.reference.logprobs(sequences, sampling.temperature, forward) if state.reference is not None else None
-        # 4. advantage (whole groups are here; the learner only consumes A); transforms may drop samples
-        credit = valid_advantages(state.advantage, shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, rollout.completion_mask),
-                                  rollout.group_ids, curated.scores.valid, state.generator)
+        # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
+        #    critic's GAE (loops/credit.py); transforms may drop samples
+        credit = state.credit.assign(sequences, rewards, curated.scores.valid, rollout.group_ids, old_logprobs,
+                                     ref_logprobs, state.generator)
         batch = LearnerBatch(
             sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
@@ -201,6 +215,7 @@ def train_rl(
         )
         if state.reference is not None:
             state.reference.after_update(model)
+        credit_metrics = state.credit.after_update(credit.keep & curated.row_keep, state.generator)   # critic training, KL coefficient
         state.version += update.optimizer_steps
         state.skipped_total += update.skipped_steps
         state.nonfinite_streak = state.nonfinite_streak + 1 if update.skipped_steps else 0
@@ -208,6 +223,7 @@ def train_rl(
         seconds = time.perf_counter() - t0
         metrics = {
             **update.metrics,
+            **credit_metrics,
             **curated.metrics,   # the sampled rows' reward and length figures, and curation's counts
             # |p_sampler - p_learner| per token at the same weights, over the rows trained on
             # (ALGORITHMS.md, sampler-learner mismatch), and the IS weights pi_old / mu.

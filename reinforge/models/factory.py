@@ -1,11 +1,13 @@
 """Models and tokenizers: the built-in tiny Qwen2, and any local Hugging Face
-causal-LM directory, through one code path (`load_policy`).
+causal-LM directory, through one code path (`load_policy`), optionally with
+LoRA adapters (`model.lora`, models/lora.py).
 
 Nothing is downloaded: a path that is not a local directory is an error.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from reinforge.config import ConfigError, ModelConfig
+from reinforge.config import ConfigError, ModelConfig, RolloutConfig
+from reinforge.models.lora import apply_lora, merged
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,7 +32,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Policy:
     """A causal LM with its tokenizer; what every loop trains or samples from."""
 
-    model: PreTrainedModel
+    model: PreTrainedModel      # or, with model.lora, a peft PeftModel around one (its adapters alone train)
     tokenizer: PreTrainedTokenizerBase
 
     @property
@@ -80,17 +83,36 @@ def check_model_path(path: str) -> Path:
 
 
 def load_policy(cfg: ModelConfig, seed: int) -> Policy:
-    """The built-in model for path 'builtin', else the local HF model and its own tokenizer."""
+    """The built-in model for path 'builtin', else the local HF model and its own tokenizer; with
+    `cfg.lora`, wrapped with LoRA adapters (initialised under `seed`)."""
     if cfg.path == "builtin":
-        return build_tiny_qwen2(cfg, seed)
-    path = check_model_path(cfg.path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[cfg.dtype])
-    return Policy(model=model, tokenizer=load_tokenizer(path))
+        policy = build_tiny_qwen2(cfg, seed)
+    else:
+        path = check_model_path(cfg.path)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[cfg.dtype])
+        policy = Policy(model=model, tokenizer=load_tokenizer(path))
+    if cfg.lora is not None:
+        policy = Policy(model=apply_lora(policy.model, cfg.lora, seed), tokenizer=policy.tokenizer)
+    return policy
 
 
-def save_policy(policy: Policy, directory: str | Path) -> None:
-    """Weights as safetensors plus config, generation config and tokenizer, loadable by `load_policy`."""
+def save_policy(policy: Policy, directory: str | Path, sampling: RolloutConfig | None = None) -> None:
+    """Weights as safetensors plus config, generation config and tokenizer: a plain Hugging Face
+    folder, loadable by `load_policy` and `from_pretrained` (LoRA adapters merged into the weights).
+
+    `sampling`: the run's rollout settings, written as the generation config's sampling defaults
+    (do_sample, temperature, top_p, top_k, max_new_tokens), so that `generate` samples as RL did.
+    Stop strings are left out: transformers needs the tokenizer passed to `generate` for them.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(directory), safe_serialization=True)
+    model = merged(policy.model)
+    model.save_pretrained(str(directory), safe_serialization=True)
     policy.tokenizer.save_pretrained(str(directory))
+    if sampling is not None:
+        generation = copy.deepcopy(model.generation_config)
+        eos = policy.eos_token_ids
+        generation.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.tokenizer.pad_token_id,
+                          eos_token_id=eos[0] if len(eos) == 1 else eos)
+        generation.save_pretrained(str(directory))

@@ -87,3 +87,15 @@ def ema_update_(reference: Iterable[Tensor], policy: Iterable[Tensor], ema: floa
     """
     for ref, theta in zip(reference, policy, strict=True):
         ref.lerp_(theta.to(ref.dtype), 1.0 - ema)
+
+
+def adaptive_kl_coef(kl_coef: float, observed_kl: float, target: float, horizon_gain: float = 0.1) -> float:
+    """The adaptive KL controller of Ziegler et al. (arXiv 1909.08593, sec. 2.2):
+
+        e = clip(KL / KL_target - 1, -0.2, 0.2),   beta' = beta (1 + K_beta e),   K_beta = 0.1
+
+    KL is the batch's mean per-sequence KL to the reference (sum_t k1). beta grows when the policy
+    drifts past the target and shrinks when it stays inside; the clip bounds each change to 2%.
+    """
+    error = min(max(observed_kl / target - 1.0, -0.2), 0.2)
+    return kl_coef * (1.0 + horizon_gain * error)

@@ -121,7 +121,9 @@ _RECIPES = [
            extras=("zero-variance filter with active refill",), requires=("zero_variance_filter", "active_refill"),
            settings={"curation": _ACTIVE_REFILL}),
     Recipe("vapo", _rl("gae", "ppo_clip", "token_mean", _CLIP_HIGHER, nll_coef=0.1,
-                       value=ValueSpec(lam_actor=0.95, lam_critic=1.0, length_adaptive_alpha=0.05)),
+                       # 20 pre-training steps: a choice sized for the built-in task (VC-PPO fits until
+                       # explained variance levels off; raise objective.value.pretrain_steps for real models).
+                       value=ValueSpec(lam_actor=0.95, lam_critic=1.0, length_adaptive_alpha=0.05, pretrain_steps=20)),
            "arXiv 2504.05118", "value-based: decoupled and length-adaptive GAE, clip-higher, NLL on correct samples",
            extras=("value pre-training", "positive NLL 0.1", "dynamic sampling"),
            requires=("critic", "value_pretraining", "dynamic_sampling"), settings={"curation": _DYNAMIC_SAMPLING}),

@@ -9,7 +9,8 @@ are long-tailed. This engine
 
 - runs the decoder's own modules (norms, projections, MLPs, rotary table), so
   it shares the training weights: an optimizer step is visible at the next
-  call with no weight sync, and numerics match the learner's forward;
+  call with no weight sync, and numerics match the learner's forward (a LoRA
+  projection runs as W + (alpha / r) B A, `models.lora.linear_weight`);
 - prefills each prompt once, however many samples it has (the G samples of a
   prompt copy its keys/values into their own cache slots);
 - keeps a key/value cache per layer (doubled as rows grow, its memory kept between calls) and
@@ -38,6 +39,7 @@ from transformers import PreTrainedModel
 
 from reinforge.config import ConfigError
 from reinforge.models import Policy
+from reinforge.models.lora import base_model, linear_weight
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import stop_string_end
@@ -69,6 +71,7 @@ def check_native_model_type(model_dir: Path, feature: str = "rollout.engine=nati
 
 def decoder_shape(model: PreTrainedModel) -> DecoderShape:
     """The attention shape of a supported decoder; NotImplementedError names what is not supported."""
+    model = base_model(model)
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise NotImplementedError(
@@ -141,55 +144,65 @@ class DecoderWeights:
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> DecoderWeights:
-        def plain(module: torch.nn.Module, name: str) -> torch.nn.Module:
-            # A wrapped projection (e.g. a LoRA layer) computes more than its .weight.
-            if type(module) is not torch.nn.Linear:
-                raise NotImplementedError(f"the native rollout engine needs plain Linear layers, found {type(module).__name__} "
-                                          f"at {name}; use rollout.engine=hf")
-            return module
+        """The weights of `model`, or of the decoder under a peft PeftModel: a LoRA projection
+        contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
+        disabled), differentiable in A and B, so the learner's shared-prompt forward trains them."""
+        def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
+            try:
+                return linear_weight(module)
+            except NotImplementedError as err:
+                raise NotImplementedError(f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf") from None
 
-        def bias(*modules: torch.nn.Module) -> torch.Tensor | None:
-            if all(m.bias is None for m in modules):
+        def bias(*projections: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor | None:
+            if all(b is None for _, b in projections):
                 return None
-            return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in projections])
 
+        model = base_model(model)
+        embedding = model.get_input_embeddings()
+        if type(embedding) is not torch.nn.Embedding:   # e.g. LoRA on the embedding: its .weight is not what it computes
+            raise NotImplementedError(f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
+                                      "use rollout.engine=hf")
         layers = []
         heads = model.config.num_attention_heads
         kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = [plain(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
-            gate, up, down = (plain(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj", "down_proj"))
-            if gate.bias is not None or up.bias is not None or down.bias is not None:
+            (q, _), (k, _), (v, _) = qkv
+            (gate, gate_b), (up, up_b), (down, down_b) = (plain(getattr(mlp, n), f"layer {i} {n}")
+                                                          for n in ("gate_proj", "up_proj", "down_proj"))
+            if gate_b is not None or up_b is not None or down_b is not None:
                 raise NotImplementedError("the native rollout engine does not support MLP biases; use rollout.engine=hf")
-            o = plain(attn.o_proj, f"layer {i} o_proj")
+            o, o_bias = plain(attn.o_proj, f"layer {i} o_proj")
             fused_bias = bias(*qkv)
             if fused_bias is not None:
-                q_out, k_out = qkv[0].out_features, qkv[1].out_features
+                q_out, k_out = q.shape[0], k.shape[0]
                 fused_bias = torch.cat([_interleave_heads(fused_bias[:q_out], heads),
                                         _interleave_heads(fused_bias[q_out : q_out + k_out], kv_heads),
                                         fused_bias[q_out + k_out :]])
             layers.append(LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=torch.cat([_interleave_heads(qkv[0].weight, heads), _interleave_heads(qkv[1].weight, kv_heads), qkv[2].weight]),
+                qkv=torch.cat([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v]),
                 qkv_bias=fused_bias,
                 q_norm=_interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
                 k_norm=_interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
-                o=o.weight,
-                o_bias=o.bias,
+                o=o,
+                o_bias=o_bias,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=torch.cat([gate.weight, up.weight]),
-                down=down.weight,
+                gate_up=torch.cat([gate, up]),
+                down=down,
                 act=mlp.act_fn,
             ))
-        head = model.get_output_embeddings()
-        if head.bias is not None:
+        head, head_bias = plain(model.get_output_embeddings(), "the LM head")
+        if head_bias is not None:
             raise NotImplementedError("the native rollout engine assumes an LM head without bias; use rollout.engine=hf")
         return cls(
-            embed=model.get_input_embeddings().weight,
+            embed=embedding.weight,
             layers=layers,
             final_norm=model.model.norm.weight,
-            head=head.weight.float(),
+            head=head.float(),
             eps=model.config.rms_norm_eps,
         )
 
@@ -250,6 +263,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:
     """Complex rotary factors of positions 0..length-1, [length, D/2], from the model's own rotary
     module (so rope scaling variants and attention scaling carry over)."""
+    model = base_model(model)
     probe = torch.zeros(1, dtype=model.dtype, device=model.device)
     cos, sin = (t[0].float() for t in model.model.rotary_emb(probe, torch.arange(length, device=model.device)[None]))
     half = shape.head_dim // 2
@@ -454,7 +468,7 @@ class NativeEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
-        model, tokenizer = self.policy.model, self.policy.tokenizer
+        model, tokenizer = base_model(self.policy.model), self.policy.tokenizer
         device, pad = model.device, tokenizer.pad_token_id or 0
         weights = DecoderWeights.of(model)
         prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)

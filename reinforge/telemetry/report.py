@@ -362,8 +362,11 @@ def run_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in runs:
         cells = [r.label, str(r.recipe or "?"), str(r.seed if r.seed is not None else "?"), str(r.rl_steps)]
+        stopped = next((x for x in r.records if x.get("stage") == "stopped"), None)
         if r.summary is None:
             status = "running" if r.rl_steps > 0 or not r.records else "running (SFT)"
+            if stopped is not None:     # a guard ended it (the reason is in metrics.jsonl)
+                status = f"stopped at step {stopped.get('step')}"
             cells += [status, *["running"] * (4 + len(ks))]
         else:
             ev = r.summary.get("eval", {})

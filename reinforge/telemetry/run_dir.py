@@ -4,7 +4,7 @@
     RUN_DIR/metrics.jsonl        one JSON line per SFT run, evaluation and RL step
     RUN_DIR/alerts.jsonl         health alerts (telemetry/alerts.py)
     RUN_DIR/checkpoints/step-N/  resumable checkpoints (telemetry/checkpoint.py)
-    RUN_DIR/model/               the final model and tokenizer, a Hugging Face folder
+    RUN_DIR/model/               the final model and tokenizer, a Hugging Face folder (LoRA merged)
     RUN_DIR/summary.json         evaluation of the start and final model
 
 A directory that already holds a run is never overwritten by accident: a new
@@ -35,6 +35,7 @@ def holds_run(path: Path) -> bool:
 class RunDir:
     def __init__(self, path: str | Path, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.path = Path(path)
+        self.sampling = cfg.rollout     # the exported model's generation defaults
         if resume:
             if not (self.path / "config.yaml").is_file():
                 raise ConfigError(f"--resume: '{self.path}' holds no run (no config.yaml)")
@@ -74,9 +75,10 @@ class RunDir:
         os.fsync(self._metrics.fileno())
 
     def export_model(self, policy: Policy) -> Path:
-        """The final model and tokenizer as a Hugging Face folder (load it with from_pretrained)."""
+        """The final model and tokenizer as a plain Hugging Face folder (load it with from_pretrained):
+        LoRA adapters merged into the weights, the run's sampling settings as generation defaults."""
         directory = self.path / "model"
-        save_policy(policy, directory)
+        save_policy(policy, directory, self.sampling)
         return directory
 
     def write_summary(self, summary: dict) -> None:

@@ -1,0 +1,144 @@
+"""Credit assignment: from a batch's rewards to advantages, where whole groups are available.
+
+Two kinds behind one interface; the objective decides which (`spec.needs_critic`):
+
+- `GroupCredit`: a group-relative estimator (GRPO, Dr.GRPO, RLOO, MaxRL, ...)
+  and its transforms, one advantage per sample;
+- `CriticCredit`: a learned critic and GAE (PPO, VC-PPO, VAPO), one advantage
+  per token. The outcome reward sits on the last token, the KL penalty (k1,
+  detached) on every token when it is placed in the reward (InstructGPT,
+  arXiv 2203.02155, eq. 2); decoupled lambdas for the actor and the critic
+  (VC-PPO arXiv 2503.01491), VAPO's length-adaptive actor lambda (arXiv
+  2504.05118). The critic trains on the batch after the policy update.
+
+A sample without a reward (its reward function failed or skipped it) gets no
+advantage and leaves the batch; it never moves a baseline or a value target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from reinforge.learner.critic import Critic
+from reinforge.learner.forward import ForwardPlan
+from reinforge.learner.sequences import SequenceBatch
+from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
+from reinforge.objectives.kl import adaptive_kl_coef
+from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards
+
+
+class RewardKL:
+    """The coefficient of a KL placed in the reward: fixed, or adapted toward a target KL
+    (`train.kl_target`, objectives.kl.adaptive_kl_coef). Reports it as `kl_coef` and the
+    batch's mean sequence KL as `kl_in_reward`."""
+
+    def __init__(self, spec: ObjectiveSpec, target: float | None):
+        self.active = spec.kl_placement == "in_reward" and spec.needs_reference
+        self.coef, self.target = spec.kl_coef, target
+
+    def observe(self, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
+                valid: torch.Tensor) -> dict[str, float]:
+        """After this batch's rewards are shaped with the current coefficient: adapt it for the next."""
+        if not self.active:
+            return {}
+        kl = float(((old_logprobs - ref_logprobs) * mask).sum(dim=1)[valid].mean()) if valid.any() else 0.0
+        used = self.coef
+        if self.target is not None:
+            self.coef = adaptive_kl_coef(self.coef, kl, self.target)
+        return {"kl_in_reward": kl, "kl_coef": used}
+
+
+class GroupCredit:
+    """Group-relative advantages [N] from the spec's estimator and transforms (state: EMA baselines)."""
+
+    def __init__(self, spec: ObjectiveSpec, kl_target: float | None = None):
+        self.spec = spec
+        self.pipeline = AdvantagePipeline(spec.advantage, spec.advantage_params,
+                                          [(t.name, t.params) for t in spec.advantage_transforms])
+        self.reward_kl = RewardKL(spec, kl_target)
+        self.metrics: dict[str, float] = {}        # of the last `assign`
+
+    def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
+               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
+               generator: torch.Generator) -> AdvantageResult:
+        spec = dataclasses.replace(self.spec, kl_coef=self.reward_kl.coef)
+        shaped = shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, sequences.completion_mask)
+        self.metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, sequences.completion_mask, valid)
+        if bool(valid.all()):
+            return self.pipeline(shaped, group_ids, generator=generator)
+        rows = valid.nonzero().squeeze(1)
+        part = self.pipeline(shaped[rows], group_ids[rows], generator=generator)
+        return AdvantageResult(shaped.new_zeros(len(shaped)).index_copy_(0, rows, part.advantages),
+                               torch.zeros_like(valid).index_copy_(0, rows, part.keep))
+
+    def after_update(self, keep: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def state_dict(self) -> dict:
+        return {"advantage": self.pipeline.state_dict(), "kl_coef": self.reward_kl.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pipeline.load_state_dict(state["advantage"])
+        self.reward_kl.coef = state["kl_coef"]
+
+
+class CriticCredit:
+    """Per-token GAE advantages [N, T] from a learned critic, which `after_update` trains."""
+
+    def __init__(self, spec: ObjectiveSpec, critic: Critic, plan: ForwardPlan, *, epochs: int, mini_batches: int,
+                 grad_clip: float, kl_target: float | None = None):
+        self.spec, self.critic, self.plan = spec, critic, plan
+        self.epochs, self.mini_batches, self.grad_clip = epochs, mini_batches, grad_clip
+        self.reward_kl = RewardKL(spec, kl_target)
+        self._pending: tuple[SequenceBatch, torch.Tensor, torch.Tensor, dict[str, float]] | None = None
+
+    def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
+               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
+               generator: torch.Generator) -> AdvantageResult:
+        mask = sequences.completion_mask
+        v = self.spec.value
+        kl = old_logprobs - ref_logprobs if self.reward_kl.active else None    # k1 per token (PPO), detached inside
+        token_rewards = outcome_token_rewards(torch.where(valid, rewards, 0.0), mask, kl, self.reward_kl.coef)
+        kl_metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, mask, valid)
+        values = self.critic.values(sequences, self.plan)      # [N, T] V of the critic that sees this rollout
+        out = decoupled_gae(token_rewards, values, mask, gamma=v.gamma, lam_actor=v.lam_actor, lam_critic=v.lam_critic,
+                            length_adaptive_alpha=v.length_adaptive_alpha)
+        self._pending = (sequences, values, out.returns, kl_metrics)
+        return AdvantageResult(out.advantages, valid.clone())
+
+    def pretrain(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor,
+                 generator: torch.Generator) -> dict[str, float]:
+        """One step of value pre-training (VC-PPO, arXiv 2503.01491 sec. 4; VAPO): fit V to the
+        Monte-Carlo returns (lambda = 1) of the initial policy's samples, before any policy update,
+        so that the first advantages do not come from an untrained critic."""
+        mask = sequences.completion_mask
+        rows = valid.nonzero().squeeze(1)
+        seq = sequences.rows(rows)
+        width = seq.completion_ids.shape[1]
+        token_rewards = outcome_token_rewards(rewards[rows], seq.completion_mask)
+        values = self.critic.values(seq, self.plan)
+        returns = gae(token_rewards, values, mask[rows, :width], gamma=self.spec.value.gamma, lam=1.0).returns
+        return self.critic.update(seq, values, returns, clip=None, epochs=self.epochs, mini_batches=self.mini_batches,
+                                  grad_clip=self.grad_clip, generator=generator, plan=self.plan)
+
+    def after_update(self, keep: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
+        """Train the critic on the rows the policy trained on; its metrics."""
+        sequences, values, returns, kl_metrics = self._pending
+        self._pending = None
+        rows = keep.nonzero().squeeze(1)
+        if len(rows) == 0:
+            return kl_metrics
+        seq = sequences.rows(rows)
+        width = seq.completion_ids.shape[1]
+        return {**kl_metrics, **self.critic.update(
+            seq, values[rows, :width], returns[rows, :width], clip=self.spec.value.value_clip, epochs=self.epochs,
+            mini_batches=self.mini_batches, grad_clip=self.grad_clip, generator=generator, plan=self.plan)}
+
+    def state_dict(self) -> dict:
+        return {"critic": self.critic.state_dict(), "kl_coef": self.reward_kl.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.reward_kl.coef = state["kl_coef"]
