@@ -112,7 +112,7 @@ def test_r1_runs_its_four_stages_end_to_end(tmp_path: Path, micro_overrides) -> 
     stages = json.loads((tmp_path / "out" / "pipeline.json").read_text())["stages"]
     assert [(s["name"], s["rl_steps"]) for s in stages] == [
         ("cold_start", 0), ("reasoning_rl", 2), ("rejection_sft", 0), ("all_scenario_rl", 2)]
-    for before, after in zip(stages, stages[1:]):         # each stage starts where the previous one ended
+    for before, after in zip(stages[:-1], stages[1:], strict=True):   # each stage starts where the previous one ended
         assert after["start"] == before["final"] or after["name"] == "rejection_sft"
     sft = json.loads((tmp_path / "out" / "3-rejection_sft" / "summary.json").read_text())["sft"]
     assert sft["source"] == "rejection" and sft["rejection/kept"] >= 1 and sft["steps"] == 5
