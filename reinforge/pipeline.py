@@ -20,11 +20,13 @@ from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.loops.dpo import preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
 from reinforge.models.factory import check_model_path
-from reinforge.objectives import ObjectiveSpec, resolve_spec
+from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
+from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import check_native_model_type
 from reinforge.systems import check_runnable
@@ -40,9 +42,16 @@ class RunResult:
     summary: dict
 
 
-def objective_spec(cfg: Config) -> ObjectiveSpec:
-    """The recipe's objective with the config's overrides applied."""
+def objective_spec(cfg: Config) -> ObjectiveSpec | PreferenceSpec:
+    """The recipe's objective with the config's overrides applied (objective.* for RL, dpo.* for DPO)."""
+    if isinstance(RECIPES[cfg.recipe].objective, PreferenceSpec):
+        return preference_spec(cfg)
     return resolve_spec(cfg.recipe, **cfg.objective.overrides())
+
+
+# The training stage after SFT, by the kind of objective: policy-gradient RL or preference pairs.
+# Both take (cfg, policy, engine, task, spec, on_step, saved) and checkpoint through on_step.
+TRAINERS = {ObjectiveSpec: train_rl, PreferenceSpec: train_dpo}
 
 
 def seed_everything(seed: int) -> None:
@@ -160,7 +169,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
                 checkpoint(state)
 
         try:
-            rl = train_rl(cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
+            rl = TRAINERS[type(spec)](cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
         except NonFiniteStop as err:
             path = checkpoint(err.state)   # skipped updates left the weights at the last good step
             recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it

@@ -21,6 +21,7 @@ BUILT: frozenset[str] = frozenset({
     "fp32_lm_head",                # learner/logprobs.py: the LM head runs in fp32 (ForwardPlan.fp32_head)
     "critic",                      # learner/critic.py, loops/credit.py: a value model and GAE
     "value_pretraining",           # loops/credit.py CriticCredit.pretrain (objective.value.pretrain_steps)
+    "preference_loop",             # loops/dpo.py: DPO / IPO on on-policy or dataset pairs
 })
 
 
@@ -31,7 +32,7 @@ def missing_systems(recipe: str, spec: ObjectiveSpec | None = None) -> list[str]
     advantage (gae) needs the critic whatever the recipe is called.
     """
     needed = list(RECIPES[recipe].requires)
-    if spec is not None and spec.needs_critic and "critic" not in needed:
+    if getattr(spec, "needs_critic", False) and "critic" not in needed:
         needed.append("critic")
     return [name for name in needed if name not in BUILT]
 
