@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
-from reinforge.loops.dpo import preference_spec, train_dpo
+from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
@@ -76,6 +76,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
+    if isinstance(spec, PreferenceSpec) and cfg.dpo.pairs == "dataset":
+        preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields)   # DatasetError (a ConfigError) names a bad row
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
         raise ConfigError(f"sft.data_path '{cfg.sft.data_path}' does not exist")
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher":

@@ -293,6 +293,11 @@ def test_reinforge_train_recipe_dpo_end_to_end(tmp_path, micro_overrides) -> Non
     assert all(r["dpo/pairs"] > 0 and r["dpo/loss"] > 0 for r in rl)
     assert rl[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)        # policy == reference at step 1
     assert (out / "checkpoints" / "step-000003").is_dir() and (out / "model" / "model.safetensors").is_file()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    refused = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "dpo.pairs=dataset", f"dpo.pairs_path={bad}",
+                                       f"output_dir={tmp_path / 'bad'}"])
+    assert refused.exit_code == 2 and "line 2: field 'chosen' is missing" in refused.output and not (tmp_path / "bad").exists()
     on_policy = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", f"output_dir={tmp_path / 'op'}"])
     assert on_policy.exit_code == 0, on_policy.output
     lines = [r for r in map(json.loads, (tmp_path / "op" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]

@@ -16,7 +16,13 @@ from typer.testing import CliRunner
 from reinforge.catalogue import generated_files, recipe_rows
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.objectives import RECIPE_OBJECTIVES, RECIPES, ObjectiveSpec, objective_loss, resolve_spec
+from reinforge.objectives import (
+    RECIPE_OBJECTIVES,
+    RECIPES,
+    ObjectiveSpec,
+    objective_loss,
+    resolve_spec,
+)
 from reinforge.pipeline import objective_spec
 from reinforge.systems import missing_systems
 
