@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -15,6 +17,20 @@ from reinforge.telemetry.errors import os_error_message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
 console = Console()
+
+
+@contextmanager
+def user_errors(*fixable: type[Exception]) -> Iterator[None]:
+    """Errors the user can fix end with one red line, no traceback: exit 2 for `fixable` ones (bad
+    config, missing systems), exit 1 for the operating system's (disk full, permission denied)."""
+    try:
+        yield
+    except fixable as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except OSError as err:
+        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.callback()
@@ -36,7 +52,7 @@ def train(
     """Cold-start SFT, RL with the chosen recipe, and held-out evaluation."""
     from reinforge.pipeline import RunStopped, resume_config, run
 
-    try:
+    with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
         if resume is not None:
             if overrides or config:
                 raise ConfigError("--resume continues a run with its own config.yaml; start a new run to change settings")
@@ -44,12 +60,6 @@ def train(
         else:
             cfg = build_config(overrides or [], config)
         result = run(cfg, resume=resume is not None, overwrite=overwrite)
-    except (ConfigError, FileExistsError, NotImplementedError, RunStopped) as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(code=2) from None
-    except OSError as err:   # disk full, permission denied, read-only file system: say so, no traceback
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
-        raise typer.Exit(code=1) from None
     _print_summary(result.output_dir, result.summary)
 
 
@@ -72,14 +82,8 @@ def pipeline(
         console.print(f"[bold]stage {k + 1}[/]: {escape(Path(cfg.output_dir).name)} (recipe {cfg.recipe}, "
                       f"sft {'on' if cfg.sft.enabled and cfg.sft.steps else 'off'}, {cfg.train.steps} RL steps)")
 
-    try:
+    with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
         result = run_pipeline(name, overrides or [], target, on_stage=announce)
-    except (ConfigError, FileExistsError, NotImplementedError, RunStopped) as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(code=2) from None
-    except OSError as err:
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
-        raise typer.Exit(code=1) from None
     table = Table(title=f"pipeline {result.name}: held-out evaluation after each stage")
     for column in ("stage", "recipe", "RL steps", "pass@1", "greedy accuracy"):
         table.add_column(column, justify="left" if column in ("stage", "recipe") else "right")
@@ -109,7 +113,7 @@ def filter_prompts(
     from reinforge.pipeline import prepare, seed_everything
     from reinforge.rollout import SamplingParams, build_engine
 
-    try:
+    with user_errors(ConfigError, ValueError, NotImplementedError):
         cfg = build_config(overrides or [], config)
         task, _ = prepare(cfg)
         torch.set_num_threads(cfg.threads)
@@ -119,9 +123,6 @@ def filter_prompts(
         examples = task.train_split(cfg.train.num_prompts)
         rates = pass_rates(engine, task, examples, k, SamplingParams.from_config(cfg.rollout))
         report = write_filtered(Path(out), examples, rates, lo, hi)
-    except (ConfigError, ValueError, NotImplementedError) as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(code=2) from None
     console.print(f"kept {report.kept} of {len(examples)} prompts (too easy: {report.too_easy}, "
                   f"too hard: {report.too_hard}) -> {out}")
 
@@ -145,11 +146,8 @@ def report(
             console.print(f"[bold red]error:[/] run directory '{escape(str(path))}' {problem}", soft_wrap=True)
             raise typer.Exit(code=2)
     target = Path(out) if out else paths[0] if len(paths) == 1 else Path("report")
-    try:
+    with user_errors():
         html_path = write_report(paths, target)
-    except OSError as err:
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
-        raise typer.Exit(code=1) from None
     console.print(f"report: {escape(str(html_path))}", soft_wrap=True, highlight=False)
 
 
@@ -167,15 +165,9 @@ def sweep(
     from reinforge.loops.sweep import run_sweep, table
 
     target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
-    try:
+    with user_errors(ConfigError):
         result = run_sweep(overrides or [], target, jobs=jobs, config_file=config,
                            on_event=lambda message: console.print(escape(message), soft_wrap=True, highlight=False))
-    except ConfigError as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(code=2) from None
-    except OSError as err:
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
-        raise typer.Exit(code=1) from None
     header, cells = table(result.rows, result.axes)
     grid = Table(title="held-out evaluation after RL: mean ± sample std over seeds")
     labels = max(1, len([axis for axis in result.axes if axis != "seed"]))   # the group's columns, then numbers
@@ -240,14 +232,8 @@ def export_run(
 
     from reinforge.export import export_model
 
-    try:
+    with user_errors(ConfigError):
         path = export_model(Path(run_dir), Path(out) if out else Path(run_dir) / "export", step)
-    except ConfigError as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(code=2) from None
-    except OSError as err:
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
-        raise typer.Exit(code=1) from None
     console.print(f"model: {escape(str(path))}", soft_wrap=True, highlight=False)
 
 
