@@ -142,6 +142,23 @@ def build_credit(cfg: Config, model: torch.nn.Module, spec: ObjectiveSpec) -> Gr
                         kl_target=cfg.train.kl_target)
 
 
+def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSpec, pad_id: int,
+                    on_step: Callable[[StepRecord, RLState], None]) -> None:
+    """Value pre-training before the first policy update (objective.value.pretrain_steps; VC-PPO,
+    VAPO): the critic fits the initial policy's Monte-Carlo returns. Nothing without a critic."""
+    if not isinstance(state.credit, CriticCredit):
+        return
+    for k in range(1, spec.value.pretrain_steps + 1):
+        curated = collector.collect(state.version)
+        if curated.rollout is None:
+            continue
+        rollout = curated.rollout
+        sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, pad_id,
+                                    group_ids=rollout.group_ids)
+        fitted = state.credit.pretrain(sequences, curated.scores.rewards, curated.scores.valid, state.generator)
+        on_step(StepRecord(step=k, metrics=fitted, stage="value_pretrain"), state)
+
+
 def train_rl(
     cfg: Config,
     policy: Policy,
@@ -167,17 +184,8 @@ def train_rl(
                                tc.group_size, sampling)
     old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
-    if state.step == 0 and isinstance(state.credit, CriticCredit):
-        # Value pre-training on the initial policy's samples (VC-PPO / VAPO); objective.value.pretrain_steps.
-        for k in range(1, spec.value.pretrain_steps + 1):
-            curated = collector.collect(state.version)
-            if curated.rollout is None:
-                continue
-            rollout = curated.rollout
-            sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
-                                        policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
-            fitted = state.credit.pretrain(sequences, curated.scores.rewards, curated.scores.valid, state.generator)
-            on_step(StepRecord(step=k, metrics=fitted, stage="value_pretrain"), state)
+    if state.step == 0:
+        pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, on_step)   # VC-PPO / VAPO only
     for step in range(state.step + 1, tc.steps + 1):
         t0 = time.perf_counter()
         state.step = step
