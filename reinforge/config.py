@@ -139,7 +139,7 @@ class CriticConfig(_Section):
 
     lr: float = Field(1e-3, gt=0, description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).")
     weight_decay: float = Field(0.0, ge=0, description="Critic AdamW weight decay.")
-    shared_body: bool = Field(False, description="A value head on the policy's own body instead of a separate value model (not built yet: true is refused).")
+    shared_body: bool = Field(False, description="A value head on the policy's own body instead of a separate value model: one body in memory; the value loss trains the head only (the policy's features are read, not changed).")
 
 
 class TransformConfig(_Section):

@@ -52,6 +52,24 @@ def test_value_model_reads_the_state_before_each_completion_token(policy) -> Non
     assert critic.body is not policy.model.get_decoder()
 
 
+def test_a_shared_body_value_head_trains_the_head_only(policy) -> None:
+    critic = Critic(policy.model, lr=1e-2, shared_body=True)
+    assert [name for name, _ in critic.model.named_parameters()] == ["head.weight", "head.bias"]
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    prompts, seq = _sequences(8, 4)
+    returns = torch.tensor([float(p[0] % 2 == 0) for p in prompts]).unsqueeze(1) * seq.completion_mask
+    old = critic.values(seq, ForwardPlan(micro_batch_size=8))
+    critic.update(seq, old, returns, clip=None, epochs=3, mini_batches=1, grad_clip=1.0,
+                  generator=torch.Generator().manual_seed(0), plan=ForwardPlan(micro_batch_size=8))
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())   # the policy is untouched
+    assert float(critic.model.head.weight.detach().abs().sum()) > 0                          # the head learned
+    with torch.no_grad():
+        hidden = policy.model.get_decoder()(input_ids=seq.input_ids, attention_mask=seq.attention_mask).last_hidden_state
+        v = critic.model(seq)
+    expected = critic.model.head(hidden[0, seq.starts[0] - 1]).squeeze()
+    assert float(v[0, 0]) == pytest.approx(float(expected), abs=1e-6)                    # V reads the policy's features
+
+
 def test_ppo_credit_is_gae_of_the_outcome_and_the_k1_penalty_by_hand(policy, monkeypatch) -> None:
     spec = resolve_spec("ppo")                      # k1 in the reward, beta 0.05, gamma 1, lambda 0.95 / 0.95
     credit = CriticCredit(spec, Critic(policy.model, lr=1e-3), ForwardPlan(micro_batch_size=8), epochs=1,

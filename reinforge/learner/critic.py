@@ -15,6 +15,7 @@ its updates.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -30,18 +31,31 @@ from reinforge.objectives.value import value_loss
 
 
 class ValueModel(nn.Module):
-    """V(s): the policy's decoder body (a copy, trained separately) and a zero-initialised scalar head."""
+    """V(s): a decoder body and a zero-initialised scalar head.
 
-    def __init__(self, policy: PreTrainedModel):
+    shared=False (default): the body is a copy of the policy's, trained by the value loss.
+    shared=True: a value head on the policy's own body, which the value loss does not train (its
+    hidden states are detached): one body in memory, the critic is a linear read-out of the
+    policy's features. (A jointly trained shared body, as in some PPO code, couples the two
+    losses; here the policy's update stays the policy objective alone.)
+    """
+
+    def __init__(self, policy: PreTrainedModel, shared: bool = False):
         super().__init__()
-        self.body = copy.deepcopy(policy.get_decoder()).requires_grad_(True)
-        self.head = nn.Linear(policy.config.hidden_size, 1, dtype=next(self.body.parameters()).dtype)
+        decoder = policy.get_decoder()
+        self.shared = shared
+        # A shared body sits in a list, so it is not a submodule: not in the critic's optimizer or state_dict.
+        self._shared_body = [decoder] if shared else []
+        self.body = None if shared else copy.deepcopy(decoder).requires_grad_(True)
+        self.head = nn.Linear(policy.config.hidden_size, 1, dtype=next(decoder.parameters()).dtype)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
         """V of every completion token's state, [N, T] fp32, 0 on padding."""
-        hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state   # [N, L, H]
+        body = self._shared_body[0] if self.shared else self.body
+        with torch.no_grad() if self.shared else contextlib.nullcontext():
+            hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state   # [N, L, H]
         n, t = batch.completion_ids.shape
         positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
         picked = hidden.gather(1, positions.unsqueeze(-1).expand(n, t, hidden.shape[-1]))                        # [N, T, H]
@@ -60,8 +74,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 class Critic:
     """The value model with its own optimizer."""
 
-    def __init__(self, policy: PreTrainedModel, lr: float, weight_decay: float = 0.0):
-        self.model = ValueModel(policy)
+    def __init__(self, policy: PreTrainedModel, lr: float, weight_decay: float = 0.0, shared_body: bool = False):
+        self.model = ValueModel(policy, shared=shared_body)
         self.optimizer = build_optimizer(self.model, lr, weight_decay)
 
     @torch.no_grad()

@@ -134,10 +134,8 @@ def build_credit(cfg: Config, model: torch.nn.Module, spec: ObjectiveSpec) -> Gr
     """The credit assignment `spec` asks for: a critic and GAE (advantage gae), else the group estimator."""
     if not spec.needs_critic:
         return GroupCredit(spec, cfg.train.kl_target)
-    if cfg.critic.shared_body:
-        raise NotImplementedError("critic.shared_body=true (a value head on the policy's body) is not built yet; "
-                                  "the critic is a separate value model (critic.shared_body=false)")
-    return CriticCredit(spec, Critic(model, cfg.critic.lr, cfg.critic.weight_decay), ForwardPlan.from_config(cfg.train),
+    critic = Critic(model, cfg.critic.lr, cfg.critic.weight_decay, shared_body=cfg.critic.shared_body)
+    return CriticCredit(spec, critic, ForwardPlan.from_config(cfg.train),
                         epochs=cfg.train.ppo_epochs, mini_batches=cfg.train.mini_batches, grad_clip=cfg.train.grad_clip,
                         kl_target=cfg.train.kl_target)
 
