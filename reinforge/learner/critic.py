@@ -4,7 +4,9 @@ for every completion token, trained alongside the policy on GAE returns.
 The value model is a copy of the policy's decoder body with a linear head to a
 scalar, so it starts from the policy's features (PPO / InstructGPT initialise
 the critic from the reward model or the policy; here there is no reward model).
-The head starts at zero: V = 0 everywhere before training.
+The head starts at zero: V = 0 everywhere before training. With `shared` the
+head reads the policy's own body instead (no copy; the value loss trains the
+head only).
 
 V(s_t) is read at the position that predicts completion token t (it has seen
 the prompt and y_<t), the same alignment as the learner's log-probs.
