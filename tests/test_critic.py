@@ -66,7 +66,7 @@ def test_a_shared_body_value_head_trains_the_head_only(policy) -> None:
     with torch.no_grad():
         hidden = policy.model.get_decoder()(input_ids=seq.input_ids, attention_mask=seq.attention_mask).last_hidden_state
         v = critic.model(seq)
-    expected = critic.model.head(hidden[0, seq.starts[0] - 1]).squeeze()
+        expected = critic.model.head(hidden[0, seq.starts[0] - 1]).squeeze()
     assert float(v[0, 0]) == pytest.approx(float(expected), abs=1e-6)                    # V reads the policy's features
 
 
