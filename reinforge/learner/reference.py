@@ -37,7 +37,12 @@ class Reference:
         for a LoRA policy an `AdapterReference` (no model is copied either)."""
         if not spec.needs_reference:
             return None
-        ema = spec.reference_ema if spec.reference == "ema" else None
+        return cls.of(model, ema=spec.reference_ema if spec.reference == "ema" else None)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, ema: float | None = None) -> Reference:
+        """A reference starting at `model` as it is now: a frozen copy, or for a LoRA policy an
+        `AdapterReference` (no copy of the model)."""
         return AdapterReference(model, ema) if is_peft(model) else cls(model, ema)
 
     def logprobs(self, seq: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:

@@ -308,7 +308,7 @@ class DPOState:
     version: int                                # optimizer steps taken
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    reference: Reference                        # frozen: the policy as DPO started
+    reference: Reference                        # frozen: the policy as DPO started (adapters only with LoRA)
     pool: PromptStream                          # prompts (on_policy) or pairs (dataset): order, epoch
     nonfinite_streak: int = 0                   # steps in a row with a skipped update
     skipped_total: int = 0                      # updates skipped over the stage
@@ -317,13 +317,13 @@ class DPOState:
     def start(cls, cfg: Config, model: torch.nn.Module, pool: PromptStream) -> DPOState:
         optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
         return cls(step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
-                   reference=Reference(model), pool=pool)
+                   reference=Reference.of(model), pool=pool)
 
     def state_dict(self) -> dict:
         return {
             "step": self.step, "version": self.version,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "reference": self.reference.model.state_dict(), "pool": self.pool.state_dict(),
+            "reference": self.reference.state_dict(), "pool": self.pool.state_dict(),
             "global_rng": global_rng_state(),
             "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
         }
@@ -332,7 +332,7 @@ class DPOState:
         self.step, self.version = state["step"], state["version"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.reference.model.load_state_dict(state["reference"])    # the start of DPO, not the resumed weights
+        self.reference.load_state_dict(state["reference"])          # the start of DPO, not the resumed weights
         self.pool.load_state_dict(state["pool"])
         self.nonfinite_streak, self.skipped_total = state["nonfinite_streak"], state["skipped_total"]
         set_global_rng_state(state["global_rng"])
