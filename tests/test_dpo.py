@@ -202,12 +202,6 @@ def test_dataset_pairs_read_and_bad_rows_named(tmp_path) -> None:
         {"prompt": "12+19=", "good": "031", "rejected": "021"},
     ]) + "\n")
     assert preference_pairs(str(good), {"chosen": "good"}) == [PreferencePair("05+34=", "039", "040"), PreferencePair("12+19=", "031", "021")]
-    # With LoRA the reference is the base model with the adapters off (no copy): the loss still starts at log 2.
-    lora = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "model.lora.r=4", "dpo.pairs=dataset",
-                                    f"dpo.pairs_path={pairs}", f"output_dir={tmp_path / 'lora'}"])
-    assert lora.exit_code == 0, lora.output
-    lora_rl = [r for r in map(json.loads, (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]
-    assert lora_rl[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5) and lora_rl[-1]["policy_version"] == 3
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "1", "rejected": "2"}\n\n{"prompt": "b", "chosen": 3, "rejected": "2"}\n')
     with pytest.raises(DatasetError, match=r"line 3: field 'chosen' must be str, got int"):
