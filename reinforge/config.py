@@ -140,6 +140,8 @@ class CriticConfig(_Section):
     lr: float = Field(1e-3, gt=0, description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).")
     weight_decay: float = Field(0.0, ge=0, description="Critic AdamW weight decay.")
     shared_body: bool = Field(False, description="A value head on the policy's own body instead of a separate value model: one body in memory; the value loss trains the head only (the policy's features are read, not changed).")
+    pretrain_patience: int = Field(5, gt=0, description="Value pre-training stops before objective.value.pretrain_steps once the explained variance (after each step) has not risen by pretrain_tolerance over this many steps: it has converged (VC-PPO pre-trains until it does).")
+    pretrain_tolerance: float = Field(0.01, ge=0, description="See pretrain_patience.")
 
 
 class TransformConfig(_Section):

@@ -125,6 +125,17 @@ def test_value_pretraining_raises_explained_variance(policy) -> None:
     assert history[-1] > 0.8 and history[-1] > history[10] > history[0]
 
 
+def test_pretraining_stops_when_explained_variance_has_converged() -> None:
+    from reinforge.loops.rl import explained_variance_converged
+
+    # patience 2, tolerance 0.01: the best of the last two steps must beat the best before by 0.01.
+    assert not explained_variance_converged([0.1, 0.3], 2, 0.01)                   # too few steps to tell
+    assert not explained_variance_converged([0.1, 0.3, 0.5, 0.55], 2, 0.01)        # still rising
+    assert explained_variance_converged([0.1, 0.5, 0.505, 0.49], 2, 0.01)          # +0.005 over two steps
+    assert explained_variance_converged([0.2, float("nan"), float("nan")], 2, 0.01)  # returns stopped varying
+    assert not explained_variance_converged([float("nan"), float("nan"), 0.1], 2, 0.01)
+
+
 def test_explained_variance_by_hand() -> None:
     returns, mask = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     # valid R = 1, 0, 1 (var 2/9); V = 0.5, 0.5, 0.5: R - V = 0.5, -0.5, 0.5 (var 2/9): EV = 0

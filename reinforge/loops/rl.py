@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import Config
+from reinforge.config import Config, CriticConfig
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -140,12 +140,15 @@ def build_credit(cfg: Config, model: torch.nn.Module, spec: ObjectiveSpec) -> Gr
                         kl_target=cfg.train.kl_target)
 
 
-def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSpec, pad_id: int,
+def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSpec, pad_id: int, cfg: CriticConfig,
                     on_step: Callable[[StepRecord, RLState], None]) -> None:
-    """Value pre-training before the first policy update (objective.value.pretrain_steps; VC-PPO,
-    VAPO): the critic fits the initial policy's Monte-Carlo returns. Nothing without a critic."""
+    """Value pre-training before the first policy update (VC-PPO, VAPO): the critic fits the initial
+    policy's Monte-Carlo returns for up to objective.value.pretrain_steps steps, and stops once its
+    explained variance has converged (critic.pretrain_patience / pretrain_tolerance). Nothing
+    without a critic."""
     if not isinstance(state.credit, CriticCredit):
         return
+    history: list[float] = []
     for k in range(1, spec.value.pretrain_steps + 1):
         curated = collector.collect(state.version)
         if curated.rollout is None:
@@ -155,6 +158,19 @@ def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSp
                                     group_ids=rollout.group_ids)
         fitted = state.credit.pretrain(sequences, curated.scores.rewards, curated.scores.valid, state.generator)
         on_step(StepRecord(step=k, metrics=fitted, stage="value_pretrain"), state)
+        history.append(fitted.get("critic/explained_variance_after", float("nan")))
+        if explained_variance_converged(history, cfg.pretrain_patience, cfg.pretrain_tolerance):
+            break
+
+
+def explained_variance_converged(history: list[float], patience: int, tolerance: float) -> bool:
+    """The last `patience` steps raised the best explained variance by less than `tolerance`
+    (NaN, a batch whose returns do not vary, counts as no rise)."""
+    if len(history) <= patience:
+        return False
+    before = max((v for v in history[:-patience] if v == v), default=float("-inf"))
+    recent = max((v for v in history[-patience:] if v == v), default=float("-inf"))
+    return recent < before + tolerance
 
 
 def train_rl(
@@ -183,7 +199,7 @@ def train_rl(
     old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
     model.train()
     if state.step == 0:
-        pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, on_step)   # VC-PPO / VAPO only
+        pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)   # VC-PPO / VAPO only
     for step in range(state.step + 1, tc.steps + 1):
         t0 = time.perf_counter()
         state.step = step
