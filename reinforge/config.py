@@ -117,6 +117,7 @@ class RolloutConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
+    seed: int | None = Field(None, description="Seed of the stage after SFT (RL or DPO): its sampling, prompt order and mini-batch order. None: the run's seed. With seed fixed and train.seed swept (seed=0 train.seed=0,1,2) every run starts RL from the same SFT model, so a comparison of methods measures RL's variance, not SFT's.")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
     num_prompts: int = Field(1000, gt=0, description="Train-split prompts that RL samples from, reshuffled every epoch.")
     group_size: int = Field(8, gt=1, description="Completions per prompt (G).")
@@ -300,6 +301,11 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     alerts: AlertConfig = Field(default_factory=AlertConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @property
+    def rl_seed(self) -> int:
+        """The seed of the training stage after SFT: train.seed, else seed."""
+        return self.seed if self.train.seed is None else self.train.seed
 
     @model_validator(mode="before")
     @classmethod

@@ -148,6 +148,8 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
         if saved is None:
             start = _evaluate(cfg, engine, task, held_out)
             recorder.log_eval(0, start)
+            if cfg.train.seed is not None:
+                seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
         else:
             start = EvalResult.from_summary(meta["start_eval"])
 

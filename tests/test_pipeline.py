@@ -163,3 +163,20 @@ def test_sft_on_teacher_traces_from_a_file(tmp_path: Path, micro_overrides) -> N
     missing = runner.invoke(app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={tmp_path / 'nope.jsonl'}",
                                   f"output_dir={tmp_path / 'other'}"])
     assert missing.exit_code == 2 and "does not exist" in missing.output and not (tmp_path / "other").exists()
+
+
+def test_train_seed_varies_rl_from_one_sft_model(tmp_path: Path, micro_overrides) -> None:
+    """seed fixes SFT; train.seed only the stage after it, so methods can be compared from one SFT model."""
+    def run_with(name: str, *extra: str) -> tuple[dict, list[dict]]:
+        result = run(build_config([*micro_overrides, "train.lr=1e-3", *extra, f"output_dir={tmp_path / name}"]))
+        lines = [json.loads(x) for x in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]
+        rl = [{k: v for k, v in r.items() if k not in {"tokens_per_s", "step_seconds", "generation_seconds"}}
+              for r in lines if r["stage"] == "rl"]
+        return result.summary, rl
+
+    a, rl_a = run_with("a", "train.seed=1")
+    b, rl_b = run_with("b", "train.seed=2")
+    c, rl_c = run_with("c", "train.seed=1")
+    assert a["sft"] == b["sft"] and a["eval"]["start"] == b["eval"]["start"]      # the same SFT model
+    assert rl_a != rl_b                                                            # different RL draws
+    assert rl_a == rl_c and a["eval"] == c["eval"]                                 # and reproducible

@@ -122,6 +122,17 @@ def test_groups_are_summarised_with_sample_std() -> None:
     assert "separated" in separation_note([grpo, dr]) and "within seed noise" not in separation_note([grpo, dr])
 
 
+def test_train_seed_is_a_seed_axis_too() -> None:
+    # seed=0 train.seed=0,1: one SFT model, two RL seeds per recipe; groups are the recipes.
+    runs = [SweepRun(name=f"{r}-{s}", path=Path("x"), overrides=[], axes={"recipe": r, "train.seed": str(s)},
+                     status="skipped", summary=_run(r, s, 0.4, final, 0.5, 0.7).summary)
+            for r, s, final in (("grpo", 0, 0.5), ("grpo", 1, 0.7), ("dapo", 0, 0.6), ("dapo", 1, 0.6))]
+    grpo, dapo = summarise(runs, ["recipe", "train.seed"])
+    assert (grpo.group, grpo.n, dapo.group, dapo.n) == ({"recipe": "grpo"}, 2, {"recipe": "dapo"}, 2)
+    assert grpo.final_pass1.mean == pytest.approx(0.6) and dapo.final_pass1.std == pytest.approx(0.0)
+    assert table([grpo, dapo], ["recipe", "train.seed"])[0][0] == "recipe"
+
+
 def test_the_separation_note_is_honest_about_noise_and_single_seeds() -> None:
     close = summarise([_run("a", 0, 0, 0.50, 0, 0), _run("a", 1, 0, 0.60, 0, 0),
                        _run("b", 0, 0, 0.45, 0, 0), _run("b", 1, 0, 0.55, 0, 0)], ["recipe", "seed"])

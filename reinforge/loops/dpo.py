@@ -161,7 +161,7 @@ class OnPolicyPairs:
 
     @classmethod
     def from_config(cls, cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> OnPolicyPairs:
-        return cls(PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.seed), engine, task,
+        return cls(PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.rl_seed), engine, task,
                    SamplingParams.from_config(cfg.rollout), cfg.train.prompts_per_step, cfg.train.group_size,
                    cfg.dpo.pairs_per_prompt, policy.tokenizer.pad_token_id)
 
@@ -192,7 +192,7 @@ class DatasetPairs:
 
     @classmethod
     def from_config(cls, cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> DatasetPairs:
-        pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.seed)   # type: ignore[arg-type]
+        pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)   # type: ignore[arg-type]
         return cls(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
 
     def draw(self, version: int) -> Pairs:

@@ -91,8 +91,8 @@ class RLState:
             step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
             reference=Reference.build(model, spec),
             credit=build_credit(cfg, model, spec),
-            pool=PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.seed),
-            generator=torch.Generator().manual_seed(cfg.seed),
+            pool=PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.rl_seed),
+            generator=torch.Generator().manual_seed(cfg.rl_seed),
         )
 
     def state_dict(self) -> dict:

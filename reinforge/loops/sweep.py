@@ -38,7 +38,9 @@ import yaml
 
 from reinforge.config import ConfigError, build_config, load_yaml
 
-SEED = "seed"   # the axis a group's runs differ in; every other swept axis defines a group
+# The axes a group's runs differ in (the run's seed, or the RL stage's own seed from one SFT model);
+# every other swept axis defines a group.
+SEEDS = frozenset({"seed", "train.seed"})
 _OPENERS, _CLOSERS = "[{(", "]})"
 
 
@@ -327,7 +329,7 @@ def summarise(runs: list[SweepRun], swept: list[str]) -> list[SweepRow]:
     """One row per group of runs that differ only in their seed, in grid order."""
     groups: dict[tuple, list[SweepRun]] = {}
     for run in runs:
-        groups.setdefault(tuple((k, v) for k, v in run.axes.items() if k != SEED), []).append(run)
+        groups.setdefault(tuple((k, v) for k, v in run.axes.items() if k not in SEEDS), []).append(run)
     rows = []
     for key, members in groups.items():
         evals = [r.summary["eval"] for r in members if r.summary is not None]
@@ -371,7 +373,7 @@ def separation_note(rows: list[SweepRow]) -> str:
 
 def table(result_rows: list[SweepRow], swept: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the sweep table, as sweep.md and the console print it."""
-    axes = [k for k in swept if k != SEED]
+    axes = [k for k in swept if k not in SEEDS]
     ks = sorted({k for r in result_rows for k in r.pass_at_k if k != "1"}, key=int)
     header = [*(axes or ["group"]), "n", "final pass@1", "Δ pass@1 (final − start)", "greedy accuracy",
               *(f"pass@{k}" for k in ks), "failed"]
@@ -412,7 +414,7 @@ def _write_results(out_dir: Path, swept: list[str], runs: list[SweepRun]) -> Swe
 
 
 def _csv(rows: list[SweepRow], swept: list[str]) -> str:
-    axes = [k for k in swept if k != SEED]
+    axes = [k for k in swept if k not in SEEDS]
     ks = sorted({k for r in rows for k in r.pass_at_k if k != "1"}, key=int)   # pass@1 has its own column
     stats = ["final_pass@1", "delta_pass@1", "greedy_accuracy", *(f"final_pass@{k}" for k in ks)]
     buffer = io.StringIO()
