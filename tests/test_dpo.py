@@ -88,12 +88,15 @@ def test_start_loss_is_log2_and_gradient_is_minus_beta_half_grad_margin(micro_ov
     assert sum(float(g.abs().sum()) for g in got) > 0
 
 
-def test_update_metrics_at_the_start(micro_overrides) -> None:
+def _fixed_pairs(micro_overrides, lr: float):
+    """The micro policy's model, PAIRS as sequences, their reference log-probs, and an optimizer of rate `lr`."""
     _, policy = _policy(micro_overrides)
-    model = policy.model
     seq = tokenized_pairs(policy, PAIRS, "auto")
-    ref = _ref_logprobs(model, seq)
-    optimizer = build_optimizer(model, 1e-3)
+    return policy.model, seq, _ref_logprobs(policy.model, seq), build_optimizer(policy.model, lr)
+
+
+def test_update_metrics_at_the_start(micro_overrides) -> None:
+    model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 1e-3)
     out = dpo_update(model, optimizer, warmup_constant(optimizer, 0), seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)
     assert out.stepped
     assert out.metrics["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
@@ -103,11 +106,8 @@ def test_update_metrics_at_the_start(micro_overrides) -> None:
 
 
 def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None:
-    _, policy = _policy(micro_overrides)
-    model, spec = policy.model, PreferenceSpec(beta=0.1)
-    seq = tokenized_pairs(policy, PAIRS, "auto")
-    ref = _ref_logprobs(model, seq)
-    optimizer = build_optimizer(model, 3e-3)
+    model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 3e-3)
+    spec = PreferenceSpec(beta=0.1)
     scheduler = warmup_constant(optimizer, 0)
     history = [dpo_update(model, optimizer, scheduler, seq, ref, spec, ForwardPlan(), grad_clip=1.0).metrics for _ in range(8)]
     after = dpo_update(model, optimizer, scheduler, seq, ref, spec, ForwardPlan(), grad_clip=1.0).metrics
@@ -120,11 +120,7 @@ def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None
 
 
 def test_nonfinite_update_moves_nothing(micro_overrides) -> None:
-    _, policy = _policy(micro_overrides)
-    model = policy.model
-    seq = tokenized_pairs(policy, PAIRS, "auto")
-    ref = _ref_logprobs(model, seq)
-    optimizer = build_optimizer(model, 1e-2)
+    model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 1e-2)
     scheduler = warmup_constant(optimizer, 2)
     dpo_update(model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)   # Adam has moments now
     weights, moments = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
