@@ -132,6 +132,9 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     kl_target: float | None = Field(None, gt=0, description="Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL (Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta.")
+    mode: Literal["sync", "async"] = Field("sync", description="sync: generate a batch, then train on it. async: rollout workers keep generating while the learner trains (AReaL, arXiv 2505.24298), at most train.max_staleness learner steps ahead; needs rollout.engine=native. Recipes areal and scalerl are async.")
+    max_staleness: int = Field(4, ge=0, description="async: eta, the most learner steps between the weights that sampled a token and the step that trains on it (0 is exactly the synchronous loop). A new prompt group starts only while floor(N / B) <= eta + v (N groups requested, B = prompts_per_step, v the learner's version).")
+    in_flight: Literal["interrupt", "finish"] = Field("interrupt", description="async: what samples in flight do when new weights arrive: interrupt (AReaL: their keys/values are recomputed and they continue with the new weights, each token recording its version) or finish (they complete with the weights they started with; new prompts wait).")
     max_nonfinite_steps: int = Field(3, gt=0, description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.")
 
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.loops.async_rl import train_rl_async
 from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
@@ -49,9 +50,11 @@ def objective_spec(cfg: Config) -> ObjectiveSpec | PreferenceSpec:
     return resolve_spec(cfg.recipe, **cfg.objective.overrides())
 
 
-# The training stage after SFT, by the kind of objective: policy-gradient RL or preference pairs.
-# Both take (cfg, policy, engine, task, spec, on_step, saved) and checkpoint through on_step.
-TRAINERS = {ObjectiveSpec: train_rl, PreferenceSpec: train_dpo}
+# The training stage after SFT, by the kind of objective: policy-gradient RL (synchronous or
+# asynchronous, train.mode) or preference pairs. All take (cfg, policy, engine, task, spec,
+# on_step, saved) and checkpoint through on_step.
+TRAINERS = {(ObjectiveSpec, "sync"): train_rl, (ObjectiveSpec, "async"): train_rl_async,
+            (PreferenceSpec, "sync"): train_dpo}
 
 
 def seed_everything(seed: int) -> None:
@@ -76,6 +79,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
+    check_mode(cfg, spec)
     if isinstance(spec, PreferenceSpec) and cfg.dpo.pairs == "dataset":
         preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields)   # DatasetError (a ConfigError) names a bad row
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
@@ -96,6 +100,19 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
                           "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
     return task, spec
+
+
+def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
+    """train.mode against what the recipe and engine can do."""
+    if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
+        raise ConfigError(f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
+                          f"{cfg.train.mode} it would not be {cfg.recipe}: compose its objective under another recipe name instead")
+    if cfg.train.mode != "async":
+        return
+    if isinstance(spec, PreferenceSpec):
+        raise ConfigError("train.mode=async is for RL recipes; DPO trains synchronously (train.mode=sync)")
+    if cfg.rollout.engine != "native":
+        raise ConfigError("train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native")
 
 
 class RunStopped(RuntimeError):
@@ -173,7 +190,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
                 checkpoint(state)
 
         try:
-            rl = TRAINERS[type(spec)](cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
+            rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
         except NonFiniteStop as err:
             path = checkpoint(err.state)   # skipped updates left the weights at the last good step
             recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it

@@ -158,7 +158,9 @@ def _stop_after_checkpoint(step: int, monkeypatch) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["ppo", "vapo"])
 def test_a_critic_run_resumes_exactly(tmp_path: Path, micro_overrides, monkeypatch, recipe: str) -> None:
-    args = [*micro_overrides, f"recipe={recipe}", "train.steps=4", "checkpoint.every=1", "objective.value={pretrain_steps: 2}",
+    # seed 1: the micro model's samples vary in length in both pre-training steps (vapo's dynamic
+    # sampling drops groups whose rewards are all equal, and a step with none left logs nothing).
+    args = [*micro_overrides, "seed=1", f"recipe={recipe}", "train.steps=4", "checkpoint.every=1", "objective.value={pretrain_steps: 2}",
             "train.lr=1e-3", "reward.functions=[{name: verifier}, {name: length_penalty, params: {target: 2}}]"]
     whole = run(build_config([*args, f"output_dir={tmp_path / 'whole'}"]))
     with monkeypatch.context() as patch:
@@ -177,4 +179,5 @@ def test_a_critic_run_resumes_exactly(tmp_path: Path, micro_overrides, monkeypat
     assert lines("cut") == lines("whole")
     rl = [r for r in lines("whole") if r["stage"] == "rl"]
     assert [r["stage"] for r in lines("whole")].count("value_pretrain") == 2
-    assert all(r["critic/value_loss"] > 0 for r in rl)                # the critic trains on real returns
+    trained = [r for r in rl if r["curation/prompts_kept"] > 0]      # dynamic sampling may leave a step nothing
+    assert trained and all(r["critic/value_loss"] > 0 for r in trained)   # the critic trains on real returns

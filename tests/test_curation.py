@@ -11,6 +11,7 @@ from reinforge.loops.curation import (
     BatchCollector,
     Groups,
     PromptStream,
+    SampleNow,
     Scores,
     concat_rollouts,
     zero_variance,
@@ -28,7 +29,7 @@ class ScriptedEngine:
     def __init__(self):
         self.calls: list[list[str]] = []
 
-    def generate(self, prompts, group_size, params, policy_version=0) -> Rollout:
+    def generate(self, prompts, group_size, params, policy_version=0, generator=None) -> Rollout:
         self.calls.append(list(prompts))
         n = len(prompts) * group_size
         width = 2 + len(self.calls) % 2          # rounds differ in width: concat must pad
@@ -57,9 +58,10 @@ def example(i: int, rewards, valid=None) -> Example:
     return Example(prompt=f"p{i}", answer="", meta=meta)
 
 
-def collector(examples, engine, **curation) -> BatchCollector:
-    return BatchCollector(CurationConfig(**curation), PromptStream(examples, seed=0), engine, scripted_scores,
-                          prompts_per_step=3, group_size=G, sampling=SamplingParams())
+def collector(examples, engine, prompts_per_step=3, pool=None, **curation) -> BatchCollector:
+    pool = pool or PromptStream(examples, seed=0)
+    return BatchCollector(CurationConfig(**curation), pool, SampleNow(pool, engine, G, SamplingParams()), scripted_scores,
+                          prompts_per_step=prompts_per_step, group_size=G)
 
 
 def kept_prompts(batch) -> list[str]:
@@ -140,8 +142,7 @@ def test_prompts_that_pass_leave_the_pool():
     # p0 passes 4/4 and p1 3/4 (0.75): with threshold 0.75 both leave; p2 (1/4) stays.
     pool = [example(0, [1, 1, 1, 1]), example(1, [1, 1, 1, 0]), example(2, [1, 0, 0, 0])]
     stream = PromptStream(pool, seed=0)
-    c = BatchCollector(CurationConfig(retire_pass_rate=0.75), stream, ScriptedEngine(), scripted_scores,
-                       prompts_per_step=3, group_size=G, sampling=SamplingParams())
+    c = collector(pool, ScriptedEngine(), pool=stream, retire_pass_rate=0.75)
     batch = c.collect(0)
     assert len(batch.examples) == 3                       # retiring does not drop this step's groups
     assert batch.metrics["curation/retired"] == 2 and batch.metrics["curation/pool_size"] == 1
@@ -152,14 +153,13 @@ def test_invalid_and_overlong_samples_are_masked_out_of_the_loss():
     pool = [example(0, [1, 0, 1, 0], valid=[True, False, True, True]), example(1, [0, 1, 0, 1])]
 
     class Truncating(ScriptedEngine):
-        def generate(self, prompts, group_size, params, policy_version=0):
+        def generate(self, prompts, group_size, params, policy_version=0, generator=None):
             rollout = super().generate(prompts, group_size, params, policy_version)
             rollout.truncated[0::3] = True          # rows 0, 3, 6
             return rollout
 
     for overlong in (False, True):
-        c = BatchCollector(CurationConfig(overlong_filter=overlong), PromptStream(pool, seed=0), Truncating(),
-                           scripted_scores, prompts_per_step=2, group_size=G, sampling=SamplingParams())
+        c = collector(pool, Truncating(), prompts_per_step=2, overlong_filter=overlong)
         batch = c.collect(0)
         invalid = {r for r in range(2 * G) if batch.examples[r // G].prompt == "p0" and r % G == 1}
         expected = invalid | ({0, 3, 6} if overlong else set())
@@ -181,7 +181,7 @@ def test_concat_rollouts_pads_to_the_widest_and_renumbers_groups():
 class AnsweringEngine:
     """Sample j of a prompt answers correctly when j < the number in its prompt ("q3": 3 of 4 right)."""
 
-    def generate(self, prompts, group_size, params, policy_version=0):
+    def generate(self, prompts, group_size, params, policy_version=0, generator=None):
         n = len(prompts) * group_size
         texts = [("right" if j < int(p[1:]) else "wrong") for p in prompts for j in range(group_size)]
         return Rollout(prompt_ids=[[1]] * n, completion_ids=torch.ones(n, 1, dtype=torch.long),

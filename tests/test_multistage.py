@@ -68,9 +68,11 @@ def test_unknown_pipeline_names_the_shipped_ones_and_unknown_stages_are_errors(t
 def test_two_stage_pipeline_chains_models_and_skips_finished_stages(tmp_path: Path, micro_overrides) -> None:
     path = _write(tmp_path / "p.yaml", {"name": "two", "stages": [
         {"name": "sft", "settings": {"train.steps": 0}},
-        # A length penalty gives the micro model's groups reward variance, so RL moves the weights.
+        # A reward for containing a "1" gives the micro model's groups reward variance (a quarter of
+        # its random samples have one), so RL moves the weights.
         {"name": "rl", "settings": {"recipe": "grpo", "sft.enabled": False, "train.lr": 1e-3,
-                                    "reward.functions": [{"name": "verifier"}, {"name": "length_penalty", "params": {"target": 2}}]}},
+                                    "reward.functions": [{"name": "verifier"},
+                                                         {"name": "format", "params": {"pattern": "1", "mode": "search"}}]}},
     ]})
     out = tmp_path / "out"
     result = run_pipeline(path, micro_overrides, out)

@@ -32,6 +32,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -132,6 +133,7 @@ class CuratedBatch:
     scores: Scores | None            # [N]
     row_keep: torch.Tensor | None    # [N] bool: rows the loss sees (valid, not overlong-filtered)
     metrics: dict[str, float]        # reward and rollout figures of every sampled row, and curation counts
+    dropped: int = 0                 # groups the filters dropped
 
 
 def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
@@ -199,14 +201,33 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     )
 
 
+class GroupSource(Protocol):
+    """Where a step's groups come from: `draw(n, version)` returns n prompts and their G samples each."""
+
+    def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]: ...
+
+
+class SampleNow:
+    """The synchronous source: the next prompts of the pool, sampled now by the engine with the
+    current weights, drawing from `generator`."""
+
+    def __init__(self, pool: PromptStream, engine: RolloutEngine, group_size: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None):
+        self.pool, self.engine, self.group_size, self.sampling, self.generator = pool, engine, group_size, sampling, generator
+
+    def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]:
+        examples = self.pool.next(n)
+        return examples, self.engine.generate([e.prompt for e in examples], self.group_size, self.sampling,
+                                              policy_version=policy_version, generator=self.generator)
+
+
 class BatchCollector:
     """Runs the generation rounds of one step and curates their groups (see the module docstring)."""
 
-    def __init__(self, cfg: CurationConfig, pool: PromptStream, engine: RolloutEngine,
-                 score: Callable[[list[Example], Rollout], Scores], prompts_per_step: int, group_size: int,
-                 sampling: SamplingParams):
-        self.cfg, self.pool, self.engine, self.score = cfg, pool, engine, score
-        self.prompts, self.group_size, self.sampling = prompts_per_step, group_size, sampling
+    def __init__(self, cfg: CurationConfig, pool: PromptStream, source: GroupSource,
+                 score: Callable[[list[Example], Rollout], Scores], prompts_per_step: int, group_size: int):
+        self.cfg, self.pool, self.source, self.score = cfg, pool, source, score
+        self.prompts, self.group_size = prompts_per_step, group_size
         self.filters = [(name, GROUP_FILTERS[name]) for name in cfg.filters]
 
     def collect(self, policy_version: int) -> CuratedBatch:
@@ -217,8 +238,7 @@ class BatchCollector:
         rounds = 0
         while True:
             want = target - counts["kept"] if self.cfg.refill == "active" else target
-            examples = self.pool.next(want)
-            rollout = self.engine.generate([e.prompt for e in examples], g, self.sampling, policy_version=policy_version)
+            examples, rollout = self.source.draw(want, policy_version)
             scores = self.score(examples, rollout)
             rounds += 1
             counts["sampled"] += len(examples)
@@ -258,7 +278,8 @@ class BatchCollector:
             "curation/pool_size": float(self.pool.size),
             "curation/retired": float(counts["retired"]),
         }
-        return CuratedBatch([e for ex, _, _ in kept for e in ex], rollout, scores, row_keep, metrics)
+        dropped = sum(v for k, v in counts.items() if k.startswith("dropped_"))
+        return CuratedBatch([e for ex, _, _ in kept for e in ex], rollout, scores, row_keep, metrics, dropped)
 
 
 def _weighted_mean(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,7 +25,7 @@ from reinforge.learner import (
 )
 from reinforge.learner.critic import Critic
 from reinforge.loops.credit import CriticCredit, GroupCredit
-from reinforge.loops.curation import BatchCollector, PromptStream, Scores
+from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, SampleNow, Scores
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.corrections import mismatch_metrics
@@ -80,7 +80,9 @@ class RLState:
     credit: GroupCredit | CriticCredit          # advantages: group estimator state (EMA baselines) or the critic
     pool: PromptStream                          # prompt order, epoch, retired prompts
     generator: torch.Generator                  # mini-batch order, noise transforms
+    sampler_rng: torch.Generator                # the rollout's sampling draws
     nonfinite_streak: int = 0                   # RL steps in a row with a skipped optimizer step
+    pending: list[int] = field(default_factory=list)   # train.mode=async: pool indices requested, not yet trained on
     skipped_total: int = 0                      # optimizer steps skipped over the run
 
     @classmethod
@@ -93,6 +95,9 @@ class RLState:
             credit=build_credit(cfg, model, spec),
             pool=PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.rl_seed),
             generator=torch.Generator().manual_seed(cfg.rl_seed),
+            # Its own stream, so that a sampler in another thread (train.mode=async) draws what the
+            # synchronous loop draws.
+            sampler_rng=torch.Generator().manual_seed(cfg.rl_seed + 1_000_003),
         )
 
     def state_dict(self) -> dict:
@@ -101,8 +106,10 @@ class RLState:
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "reference": self.reference.state_dict() if self.reference is not None else None,
             "credit": self.credit.state_dict(), "pool": self.pool.state_dict(),
-            "generator": self.generator.get_state(), "global_rng": global_rng_state(),
+            "generator": self.generator.get_state(), "sampler_rng": self.sampler_rng.get_state(),
+            "global_rng": global_rng_state(),
             "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
+            "pending": list(self.pending),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -114,7 +121,9 @@ class RLState:
         self.credit.load_state_dict(state["credit"])
         self.pool.load_state_dict(state["pool"])
         self.generator.set_state(state["generator"])
+        self.sampler_rng.set_state(state["sampler_rng"])
         self.nonfinite_streak, self.skipped_total = state["nonfinite_streak"], state["skipped_total"]
+        self.pending = list(state.get("pending", []))
         set_global_rng_state(state["global_rng"])
 
 
@@ -141,7 +150,7 @@ def build_credit(cfg: Config, model: torch.nn.Module, spec: ObjectiveSpec) -> Gr
 
 
 def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSpec, pad_id: int, cfg: CriticConfig,
-                    on_step: Callable[[StepRecord, RLState], None]) -> None:
+                    on_step: Callable[[StepRecord, RLState], None], after_collect: Callable[[], None] = lambda: None) -> None:
     """Value pre-training before the first policy update (VC-PPO, VAPO): the critic fits the initial
     policy's Monte-Carlo returns for up to objective.value.pretrain_steps steps, and stops once its
     explained variance has converged (critic.pretrain_patience / pretrain_tolerance). Nothing
@@ -151,6 +160,7 @@ def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSp
     history: list[float] = []
     for k in range(1, spec.value.pretrain_steps + 1):
         curated = collector.collect(state.version)
+        after_collect()
         if curated.rollout is None:
             continue
         rollout = curated.rollout
@@ -188,16 +198,15 @@ def train_rl(
     Raises NonFiniteStop after train.max_nonfinite_steps steps in a row with a skipped update,
     once `on_step` has seen the last of them.
     """
-    model, tc = policy.model, cfg.train
-    sampling = SamplingParams.from_config(cfg.rollout)
-    forward = ForwardPlan.from_config(tc)
-    state = RLState.start(cfg, model, task, spec)
+    tc = cfg.train
+    state = RLState.start(cfg, policy.model, task, spec)
     if saved is not None:
         state.load_state_dict(saved)
-    collector = BatchCollector(cfg.curation, state.pool, engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size), tc.prompts_per_step,
-                               tc.group_size, sampling)
-    old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
-    model.train()
+    learner = Learner(cfg, policy, spec)
+    source = SampleNow(state.pool, engine, tc.group_size, learner.sampling, generator=state.sampler_rng)
+    collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
+                               tc.prompts_per_step, tc.group_size)
+    policy.model.train()
     if state.step == 0:
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)   # VC-PPO / VAPO only
     for step in range(state.step + 1, tc.steps + 1):
@@ -206,18 +215,41 @@ def train_rl(
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
         curated = collector.collect(state.version)
         t_gen = time.perf_counter() - t0
+        # 3-5. pi_old, reference, advantages, update
+        metrics = learner.step(state, curated)
+        # 6. log
+        seconds = time.perf_counter() - t0
+        if curated.rollout is not None:
+            metrics["tokens_per_s"] = float(curated.rollout.completion_mask.sum()) / seconds
+        on_step(StepRecord(step=step, metrics={**metrics, "generation_seconds": t_gen, "step_seconds": seconds}), state)
+        learner.check_finite(state)
+    return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)
+
+
+class Learner:
+    """Steps 3-5 of an RL step, shared by the synchronous and asynchronous loops: from a curated
+    batch to an update of the policy (and critic, reference, KL coefficient)."""
+
+    def __init__(self, cfg: Config, policy: Policy, spec: ObjectiveSpec):
+        self.cfg, self.policy, self.spec = cfg, policy, spec
+        self.sampling = SamplingParams.from_config(cfg.rollout)
+        self.forward = ForwardPlan.from_config(cfg.train)
+        tc = cfg.train
+        self.old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
+
+    def step(self, state: RLState, curated: CuratedBatch) -> dict[str, float]:
+        """Update on `curated`; the step's metrics (without timings). No update when curation left nothing."""
         if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
-            on_step(StepRecord(step=step, metrics={**curated.metrics, "policy_version": state.version, "generation_seconds": t_gen,
-                                                   "step_seconds": time.perf_counter() - t0}), state)
-            continue
+            return {**curated.metrics, "policy_version": state.version}
+        model, tc, sampling, forward = self.policy.model, self.cfg.train, self.sampling, self.forward
         rollout, rewards = curated.rollout, curated.scores.rewards
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
-        #    with num_iterations=1).
+        #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
-                                    policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
-        old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if old_before_update else None
+                                    self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+        old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if self.old_before_update else None
         ref_logprobs = state.reference.logprobs(sequences, sampling.temperature, forward) if state.reference is not None else None
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
         #    critic's GAE (loops/credit.py); transforms may drop samples
@@ -230,10 +262,10 @@ def train_rl(
         ).select(credit.keep & curated.row_keep)    # advantage transforms and curation may drop rows
         # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py)
         update = policy_update(
-            model, state.optimizer, state.scheduler, batch, spec,
+            model, state.optimizer, state.scheduler, batch, self.spec,
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, grad_clip=tc.grad_clip,
             temperature=sampling.temperature, generator=state.generator, forward=forward,
-            max_length=cfg.rollout.max_new_tokens,
+            max_length=self.cfg.rollout.max_new_tokens,
         )
         if state.reference is not None:
             state.reference.after_update(model)
@@ -241,9 +273,7 @@ def train_rl(
         state.version += update.optimizer_steps
         state.skipped_total += update.skipped_steps
         state.nonfinite_streak = state.nonfinite_streak + 1 if update.skipped_steps else 0
-        # 6. log
-        seconds = time.perf_counter() - t0
-        metrics = {
+        return {
             **update.metrics,
             **credit_metrics,
             **curated.metrics,   # the sampled rows' reward and length figures, and curation's counts
@@ -255,14 +285,14 @@ def train_rl(
             "guard/skipped_total": float(state.skipped_total),
             "lr": state.scheduler.get_last_lr()[0],
             "policy_version": state.version,
-            "tokens_per_s": float(rollout.completion_mask.sum()) / seconds,
-            "generation_seconds": t_gen,
-            "step_seconds": seconds,
         }
-        on_step(StepRecord(step=step, metrics=metrics), state)
+
+    def check_finite(self, state: RLState) -> None:
+        """NonFiniteStop once train.max_nonfinite_steps steps in a row had a skipped update (after the
+        caller logged the last of them)."""
+        tc = self.cfg.train
         if state.nonfinite_streak >= tc.max_nonfinite_steps:
             raise NonFiniteStop(
-                f"RL step {step}: {state.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
+                f"RL step {state.step}: {state.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
                 f"updates were skipped (train.max_nonfinite_steps={tc.max_nonfinite_steps}); the weights are still "
                 "those of the last good step. Lower train.lr, or look for NaN in the rewards or the data.", state)
-    return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)

@@ -57,6 +57,7 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
-        """Sample `group_size` completions for each prompt."""
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
+                 generator: torch.Generator | None = None) -> Rollout:
+        """Sample `group_size` completions for each prompt, drawing from `generator` (None: torch's global one)."""
         ...

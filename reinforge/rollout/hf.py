@@ -23,7 +23,12 @@ class HFEngine:
         self.chat_template = chat_template
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
+                 generator: torch.Generator | None = None) -> Rollout:
+        """`group_size` samples of each prompt. `generate` draws from torch's global generator: with
+        `generator` given, it is seeded from it first, so the draws follow `generator`'s state."""
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
         model, tokenizer = self.policy.model, self.policy.tokenizer
         prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
         pad_id = tokenizer.pad_token_id

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -350,55 +351,6 @@ class KVCache:
         self.v[layer][slots, :, positions] = v
 
 
-class Slots:
-    """Which row each cache slot decodes: the live slots are always 0..live-1.
-
-    A row enters a free slot from the waiting queue with its prompt's prefilled
-    keys/values and its first token; when it ends, its slot is refilled from the
-    queue (continuous batching) or, with nobody waiting, the live slots are
-    packed to the front so that the decoded batch shrinks.
-    """
-
-    def __init__(self, cache: KVCache, count: int, waiting: list[int], group_size: int, prompt_len: torch.Tensor,
-                 prompt_k: list[torch.Tensor], prompt_v: list[torch.Tensor]):
-        device = prompt_len.device
-        self.cache, self.group_size, self.prompt_len = cache, group_size, prompt_len
-        self.prompt_k, self.prompt_v = prompt_k, prompt_v
-        self.waiting = deque(waiting)
-        self.row = torch.zeros(count, dtype=torch.long, device=device)        # the row a slot decodes
-        self.length = torch.zeros(count, dtype=torch.long, device=device)     # positions in its cache
-        self.generated = torch.zeros(count, dtype=torch.long, device=device)  # its tokens so far (the last not yet cached)
-        self.live = 0
-        self.admit(torch.arange(count, device=device))
-        self.live = count
-
-    def admit(self, into: torch.Tensor) -> None:
-        """Start waiting rows in the free slots `into`."""
-        rows = torch.tensor([self.waiting.popleft() for _ in range(len(into))], dtype=torch.long, device=into.device)
-        prompts = rows // self.group_size
-        self.cache.fill(into, self.prompt_k, self.prompt_v, prompts)
-        self.row[into], self.length[into], self.generated[into] = rows, self.prompt_len[prompts], 1
-
-    def retire(self, done: torch.Tensor) -> bool:
-        """Free the live slots `done`: refill what the queue allows, pack the rest away.
-        Returns whether rows were admitted (they may need checking before they decode)."""
-        refill, rest = done[: len(self.waiting)], done[len(self.waiting):]
-        if len(refill):
-            self.admit(refill)
-        if len(rest):
-            keep = torch.ones(self.live, dtype=torch.bool, device=done.device)
-            keep[rest] = False
-            live = int(keep.sum())
-            holes = (~keep[:live]).nonzero().squeeze(1)
-            movers = keep[live:].nonzero().squeeze(1) + live
-            if len(holes):
-                self.cache.move(holes, movers, int(self.length[: self.live].max()))
-                for state in (self.row, self.length, self.generated):
-                    state[holes] = state[movers]
-            self.live = live
-        return bool(len(refill))
-
-
 def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Top-k, then nucleus (top-p) filtering of [B, V] scores: removed tokens get -inf.
 
@@ -419,8 +371,9 @@ def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scores
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of fp32 logits [B, V].
+def sample_tokens(logits: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of fp32 logits [B, V] (uniforms from `generator`, default torch's global one).
 
     Returns (tokens [B] long, log-probs [B] of the tokens under the distribution
     they were drawn from: softmax(filter(logits / T)); greedy: the untempered softmax).
@@ -431,16 +384,16 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
     else:
         scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
         logprobs = torch.log_softmax(scores, dim=-1)
-        tokens = _draw(logprobs.exp())
+        tokens = _draw(logprobs.exp(), generator)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
-def _draw(probs: torch.Tensor) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of probs [B, V] by inverting the CDF at a uniform draw (torch.multinomial
     does the same job several times slower on CPU). The draw is scaled by each row's total, so
     rounding in the sum cannot step past the last token with mass."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
@@ -467,72 +420,34 @@ class NativeEngine:
         DecoderWeights.of(policy.model)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0) -> Rollout:
-        model, tokenizer = base_model(self.policy.model), self.policy.tokenizer
-        device, pad = model.device, tokenizer.pad_token_id or 0
-        weights = DecoderWeights.of(model)
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
+                 generator: torch.Generator | None = None) -> Rollout:
+        """`group_size` samples of each prompt, drawn with `generator` (default torch's global one)."""
+        tokenizer = self.policy.tokenizer
         prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
-        n_rows, max_new = len(prompts) * group_size, params.max_new_tokens
-        longest = max(len(p) for p in prompt_ids) + max_new
-        # One rotary table per call (the frequencies do not depend on the length: STATIC_ROPE_TYPES).
-        freqs = rotary_factors(model, self.shape, longest)
-        eos = torch.tensor(self.policy.eos_token_ids, device=device)
+        n_rows = len(prompts) * group_size
+        session = self.session(params, slots=min(n_rows, self.max_batch_rows or n_rows), generator=generator,
+                               version=policy_version)
+        session.add(prompt_ids, group_size, tags=range(n_rows))
+        rows: list[FinishedRow | None] = [None] * n_rows
+        while session.busy:
+            for row in session.step():
+                rows[row.tag] = row
+        if self.policy.model.device.type == "cpu":
+            self._spare = session.cache
+        return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
+                               tokenizer, policy_version)
 
-        # 1. prefill each prompt once; every row's first token comes from its prompt's distribution
-        prompt_k, prompt_v, prompt_logits = self._prefill(weights, prompt_ids, freqs)
-        tokens = torch.full((n_rows, max_new), pad, dtype=torch.long, device=device)
-        logprobs = torch.zeros(n_rows, max_new, dtype=torch.float32, device=device)
-        tokens[:, 0], logprobs[:, 0] = sample_tokens(prompt_logits.repeat_interleave(group_size, dim=0), params)
-        lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
-        truncated = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    def session(self, params: SamplingParams, slots: int, generator: torch.Generator | None = None,
+                version: int = 0) -> DecodeSession:
+        """A decoding session over this engine's model with `slots` cache slots: prompts join it any
+        time (`add`), each `step` decodes one token of every live row (the asynchronous loop's sampler)."""
+        return DecodeSession(self, params, slots, generator, version)
 
-        # 2. decode the live rows, retiring ended ones and admitting waiting ones
-        count = min(n_rows, self.max_batch_rows or n_rows)
-        cache = KVCache(len(weights.layers), count, self.shape, initial=max(len(p) for p in prompt_ids) + 64,
-                        limit=longest, dtype=model.dtype, device=device, reuse=self._spare)
-        slots = Slots(cache, count, list(range(n_rows)), group_size,
-                      torch.tensor([len(p) for p in prompt_ids], device=device), prompt_k, prompt_v)
-        while slots.live:
-            admitted = True
-            while admitted and slots.live:   # a newly admitted row may end on its first token
-                r, g = slots.row[: slots.live], slots.generated[: slots.live]
-                stopped = torch.isin(tokens[r, g - 1], eos)
-                if params.stop:
-                    stopped |= self._stop_strings(tokens, r, g, params.stop)
-                done = (stopped | (g >= max_new)).nonzero().squeeze(1)
-                if not len(done):
-                    break
-                lengths[r[done]], truncated[r[done]] = g[done], ~stopped[done]
-                admitted = slots.retire(done)
-            if not slots.live:
-                break
-            live = slots.live
-            r, g, pos = slots.row[:live], slots.generated[:live], slots.length[:live]
-            logits = self._decode(weights, slots.cache, tokens[r, g - 1], pos, freqs)
-            slots.length[:live] += 1
-            tokens[r, g], logprobs[r, g] = sample_tokens(logits, params)
-            slots.generated[:live] += 1
-
-        if device.type == "cpu":
-            self._spare = slots.cache
-        width = max(int(lengths.max()), 1)
-        mask = (torch.arange(width, device=device)[None, :] < lengths[:, None]).float()
-        completion_ids = tokens[:, :width].masked_fill(mask == 0, pad)
-        return Rollout(
-            prompt_ids=[ids for ids in prompt_ids for _ in range(group_size)],
-            completion_ids=completion_ids.cpu(),
-            completion_mask=mask.cpu(),
-            sampler_logprobs=(logprobs[:, :width] * mask).cpu(),
-            truncated=truncated.cpu(),
-            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
-            policy_version=policy_version,
-            texts=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
-        )
-
-    def _stop_strings(self, tokens: torch.Tensor, rows: torch.Tensor, generated: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
-        """[live] bool: which rows' text so far contains a stop string."""
-        hits = [stop_string_end(self.policy.tokenizer, tokens[int(r), : int(g)].tolist(), stop) is not None
-                for r, g in zip(rows, generated, strict=True)]
+    def _stop_strings(self, tokens: torch.Tensor, generated: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
+        """[live] bool: which rows' text so far (tokens [live, T], `generated` of them) contains a stop string."""
+        hits = [stop_string_end(self.policy.tokenizer, row[: int(g)].tolist(), stop) is not None
+                for row, g in zip(tokens, generated, strict=True)]
         return torch.tensor(hits, dtype=torch.bool, device=tokens.device)
 
     def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor):
@@ -597,3 +512,215 @@ class NativeEngine:
 
         hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend)
         return hidden[:, 0].float() @ w.head.t()
+
+
+@dataclass
+class FinishedRow:
+    """One completed sample of a `DecodeSession`."""
+
+    tag: Any                    # the caller's label, given to `add`
+    tokens: torch.Tensor        # [L] long, eos (or the token completing a stop string) included
+    logprobs: torch.Tensor      # [L] float, sampler log-prob of each token
+    versions: torch.Tensor      # [L] long, the weight version that sampled each token
+    truncated: bool             # no stop within max_new_tokens
+
+
+@dataclass
+class PromptBlock:
+    """Prompts prefilled together: their keys/values per layer [P, kv_heads, width, D]."""
+
+    prompt_ids: list[list[int]]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+@dataclass
+class WaitingRow:
+    """A sample whose first token is drawn (from its prompt's prefill) and that waits for a cache slot."""
+
+    tag: Any
+    block: PromptBlock
+    prompt: int                 # its prompt's index in the block
+    token: int
+    logprob: float
+    version: int
+
+
+class DecodeSession:
+    """Rows decoding in `slots` cache slots; the live slots are always 0..live-1.
+
+    `add` prefills prompts once each and draws every sample's first token; the
+    samples wait for a slot. Each `step` admits waiting rows into free slots,
+    retires rows that ended (their slots go to waiting rows: continuous
+    batching; with nobody waiting the live slots are packed to the front, so
+    the decoded batch shrinks) and decodes one token of every live row.
+    `NativeEngine.generate` is one `add` and steps until the session is empty;
+    the asynchronous loop keeps adding prompts while it steps.
+
+    `reload` takes new weights mid-generation (AReaL's interruptible rollout,
+    arXiv 2505.24298 sec. 4.1): the keys/values the old weights computed are
+    recomputed with the new ones, and later tokens are sampled by the new
+    weights; every token records the version that sampled it.
+    """
+
+    def __init__(self, engine: NativeEngine, params: SamplingParams, slots: int,
+                 generator: torch.Generator | None, version: int):
+        self.engine, self.params, self.count, self.generator, self.version = engine, params, slots, generator, version
+        self.model = base_model(engine.policy.model)
+        self.device = self.model.device
+        self.weights = DecoderWeights.of(self.model)
+        self.eos = torch.tensor(engine.policy.eos_token_ids, device=self.device)
+        self.waiting: deque[WaitingRow] = deque()
+        self.cache: KVCache | None = None
+        self.freqs: torch.Tensor | None = None
+        self.live = 0
+        max_new, d = params.max_new_tokens, self.device
+        self.tokens = torch.zeros(slots, max_new, dtype=torch.long, device=d)       # each slot's tokens so far
+        self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
+        self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
+        self.length = torch.zeros(slots, dtype=torch.long, device=d)     # positions in its cache
+        self.generated = torch.zeros(slots, dtype=torch.long, device=d)  # its tokens so far (the last not yet cached)
+        self.tags: list[Any] = [None] * slots
+        self.prompts: list[list[int]] = [[] for _ in range(slots)]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live or self.waiting)
+
+    @property
+    def rows(self) -> int:
+        """Samples in the session: decoding or waiting for a slot."""
+        return self.live + len(self.waiting)
+
+    def add(self, prompt_ids: list[list[int]], group_size: int, tags) -> None:
+        """`group_size` samples of each prompt; sample j of prompt i is labelled tags[i * group_size + j]."""
+        tags = list(tags)
+        self._make_room(max(len(p) for p in prompt_ids))
+        block, logits = self._prefill(prompt_ids)
+        first, first_lp = sample_tokens(logits.repeat_interleave(group_size, dim=0), self.params, self.generator)
+        for r, (token, logprob) in enumerate(zip(first.tolist(), first_lp.tolist(), strict=True)):
+            self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version))
+
+    def step(self) -> list[FinishedRow]:
+        """Admit, retire the rows that ended, decode one token of each live row; the rows that ended."""
+        finished: list[FinishedRow] = []
+        self._admit(torch.arange(self.live, min(self.count, self.live + len(self.waiting)), device=self.device))
+        admitted = True
+        while admitted and self.live:   # a newly admitted row may end on its first token
+            live = self.live
+            g = self.generated[:live]
+            stopped = torch.isin(self.tokens[:live].gather(1, (g - 1)[:, None]).squeeze(1), self.eos)
+            if self.params.stop:
+                stopped |= self.engine._stop_strings(self.tokens[:live], g, self.params.stop)
+            done = (stopped | (g >= self.params.max_new_tokens)).nonzero().squeeze(1)
+            if not len(done):
+                break
+            for slot, stop in zip(done.tolist(), stopped[done].tolist(), strict=True):
+                n = int(self.generated[slot])
+                # Copies (.cpu() of a CPU tensor is a view): the slot is about to be reused.
+                finished.append(FinishedRow(self.tags[slot], self.tokens[slot, :n].cpu().clone(),
+                                            self.logprobs[slot, :n].cpu().clone(), self.versions[slot, :n].cpu().clone(),
+                                            truncated=not stop))
+            admitted = self._retire(done)
+        if self.live:
+            live = self.live
+            g, pos = self.generated[:live], self.length[:live]
+            last = self.tokens[:live].gather(1, (g - 1)[:, None]).squeeze(1)
+            logits = self.engine._decode(self.weights, self.cache, last, pos, self.freqs)
+            self.length[:live] += 1
+            token, logprob = sample_tokens(logits, self.params, self.generator)
+            rows = torch.arange(live, device=self.device)
+            self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
+            self.generated[:live] += 1
+        return finished
+
+    def reload(self, version: int) -> None:
+        """Continue with the model's current weights, labelled `version` (interrupt and recompute)."""
+        self.weights, self.version = DecoderWeights.of(self.model), version
+        for block in {id(w.block): w.block for w in self.waiting}.values():
+            fresh, _ = self._prefill(block.prompt_ids)
+            block.keys, block.values = fresh.keys, fresh.values
+        if self.live:
+            live = self.live
+            # Each live row's prompt and tokens but the last (not yet cached), prefilled as one sequence.
+            sequences = [self.prompts[s] + self.tokens[s, : int(self.generated[s]) - 1].tolist() for s in range(live)]
+            self.cache.reserve(max(len(q) for q in sequences))
+            block, _ = self._prefill(sequences)
+            rows = torch.arange(live, device=self.device)
+            self.cache.fill(rows, block.keys, block.values, rows)
+
+    def _make_room(self, prompt_len: int) -> None:
+        """The cache and rotary table for prompts of `prompt_len` tokens: made afresh when the session is
+        empty (sized as for one `generate` call), raised otherwise."""
+        longest = prompt_len + self.params.max_new_tokens
+        if self.cache is None or not self.busy:
+            spare = self.cache or self.engine._spare
+            self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=prompt_len + 64,
+                                 limit=longest, dtype=self.model.dtype, device=self.device, reuse=spare)
+            self.freqs = rotary_factors(self.model, self.engine.shape, longest)
+        elif longest > self.cache.limit:
+            self.cache.limit = longest
+            self.freqs = rotary_factors(self.model, self.engine.shape, longest)
+
+    def _prefill(self, prompt_ids: list[list[int]]) -> tuple[PromptBlock, torch.Tensor]:
+        keys, values, logits = self.engine._prefill(self.weights, prompt_ids, self.freqs)
+        return PromptBlock(prompt_ids, keys, values), logits
+
+    def _admit(self, into: torch.Tensor) -> None:
+        """Start waiting rows in the free slots `into`."""
+        if not len(into):
+            return
+        rows = [self.waiting.popleft() for _ in range(len(into))]
+        for block in {id(w.block): w.block for w in rows}.values():
+            mine = [i for i, w in enumerate(rows) if w.block is block]
+            prompts = torch.tensor([rows[i].prompt for i in mine], dtype=torch.long, device=self.device)
+            self.cache.fill(into[mine], block.keys, block.values, prompts)
+        for slot, w in zip(into.tolist(), rows, strict=True):
+            self.tokens[slot, 0], self.logprobs[slot, 0], self.versions[slot, 0] = w.token, w.logprob, w.version
+            self.tags[slot], self.prompts[slot] = w.tag, w.block.prompt_ids[w.prompt]
+            self.length[slot], self.generated[slot] = len(self.prompts[slot]), 1
+        self.live = max(self.live, int(into.max()) + 1)
+
+    def _retire(self, done: torch.Tensor) -> bool:
+        """Free the live slots `done`: refill what the queue allows, pack the rest away.
+        Returns whether rows were admitted (they may need checking before they decode)."""
+        refill, rest = done[: len(self.waiting)], done[len(self.waiting):]
+        if len(refill):
+            self._admit(refill)
+        if len(rest):
+            keep = torch.ones(self.live, dtype=torch.bool, device=done.device)
+            keep[rest] = False
+            live = int(keep.sum())
+            holes = (~keep[:live]).nonzero().squeeze(1)
+            movers = keep[live:].nonzero().squeeze(1) + live
+            if len(holes):
+                self.cache.move(holes, movers, int(self.length[: self.live].max()))
+                for state in (self.tokens, self.logprobs, self.versions, self.length, self.generated):
+                    state[holes] = state[movers]
+                for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
+                    self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
+            self.live = live
+        return bool(len(refill))
+
+
+def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_size: int, tokenizer,
+                    policy_version: int) -> Rollout:
+    """Finished rows, in order (row r is sample r % G of prompt r // G), as a right-padded Rollout."""
+    pad = tokenizer.pad_token_id or 0
+    width = max(max(len(r.tokens) for r in rows), 1)
+    completion_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    sampler_logprobs = torch.zeros(len(rows), width)
+    mask = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        n = len(row.tokens)
+        completion_ids[i, :n], sampler_logprobs[i, :n], mask[i, :n] = row.tokens, row.logprobs, 1.0
+    return Rollout(
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        sampler_logprobs=sampler_logprobs,
+        truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
+        group_ids=torch.arange(len(rows) // group_size).repeat_interleave(group_size),
+        policy_version=policy_version,
+        texts=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+    )

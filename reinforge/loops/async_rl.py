@@ -1,0 +1,256 @@
+"""The asynchronous RL loop (`train.mode=async`): rollout workers keep generating while the
+learner trains, with bounded staleness (AReaL, arXiv 2505.24298; ALGORITHMS.md,
+"Asynchronous training").
+
+Synchronous RL waits for the slowest completion of every batch, and the
+sampler waits for the learner. Here requests for prompt groups go to rollout
+workers (`rollout.stream`) as the staleness gate allows, finished groups come
+back in any order, and each learner step takes the next B groups in request
+order. Everything after that is the synchronous loop's own code: the same
+curation (`BatchCollector` over a different `GroupSource`), the same
+`Learner` step.
+
+Staleness. The version v is the number of learner steps taken; the workers
+hold the weights of some version, and every token records the version that
+sampled it. A request may be made only while floor(N / B) <= eta + v, N the
+groups requested and not dropped (AReaL's accepted + running), v the version
+the request will start with (workers start new requests with the latest
+published weights). Since groups are taken in request order, a group's
+place among the taken ones is at most its N, so it is trained by version at
+most floor(N / B) <= eta + v: staleness (training version minus the oldest
+version among its tokens) never exceeds eta. The taking step checks it
+anyway and drops (and regenerates) a group that would exceed it
+(`async/too_stale`, which stays 0). With eta = 0 nothing is requested before
+the previous update, and the loop computes exactly what the synchronous loop
+computes (tests/test_async.py).
+
+The objective that corrects for stale samples is decoupled PPO
+(recipe areal): its proximal policy is the learner's own log-probs before
+the update, the behaviour policy the sampler's log-probs (objectives/policy.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.config import Config
+from reinforge.loops.curation import BatchCollector, PromptStream, concat_rollouts
+from reinforge.loops.rl import (
+    Learner,
+    RLResult,
+    RLState,
+    StepRecord,
+    composed_scores,
+    pretrain_critic,
+)
+from reinforge.models import Policy
+from reinforge.objectives import ObjectiveSpec
+from reinforge.rewards.compose import RewardComposer
+from reinforge.rollout import Rollout, RolloutEngine
+from reinforge.rollout.stream import (
+    FinishedGroup,
+    GroupRequest,
+    LocalSampler,
+    RolloutWorkers,
+    WorkerTimes,
+)
+from reinforge.tasks import Example, Task
+
+
+@dataclass
+class StalenessGate:
+    """AReaL's admission rule: a new group may start only while floor(N / B) <= eta + v."""
+
+    batch_size: int          # B: groups per learner step
+    max_staleness: int       # eta
+    first_version: int = 0   # the version the count starts from (a resumed run's step)
+    counted: int = 0         # N: groups requested since then, less those dropped and replaced
+
+    def may_start(self, version: int) -> bool:
+        return self.counted // self.batch_size <= self.max_staleness + version - self.first_version
+
+    def start(self) -> None:
+        self.counted += 1
+
+    def release(self, n: int) -> None:
+        """`n` groups left without changing the policy (dropped, or consumed by a step with no update)."""
+        self.counted -= n
+
+
+class StreamSource:
+    """The asynchronous `GroupSource`: the next groups in request order, from the workers.
+
+    It makes requests as the gate allows (`top_up`), takes finished groups in
+    request order (`draw`), and measures each sample's staleness.
+    """
+
+    def __init__(self, pool: PromptStream, workers: RolloutWorkers, gate: StalenessGate, version: int,
+                 pending: list[int] | None = None):
+        self.pool, self.workers, self.gate, self.version = pool, workers, gate, version
+        self.next_seq = 0                                 # the next request's number
+        self.next_take = 0                                # the request the learner takes next
+        self.examples: dict[int, Example] = {}            # requested and not yet taken
+        self.done: dict[int, FinishedGroup] = {}          # finished and not yet taken
+        self.replay = [pool.examples[i] for i in pending or []]   # a resumed run's requests, made again first
+        self.taken: list[FinishedGroup] = []              # since the last `step_metrics`
+        self.too_stale = self.duplicates = self.consumed = 0
+        self.idle = 0.0
+
+    def top_up(self) -> None:
+        """Request every group the gate allows now."""
+        requests = []
+        while self.gate.may_start(self.version):
+            example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
+            self.examples[self.next_seq] = example
+            requests.append(GroupRequest(self.next_seq, example.prompt))
+            self.next_seq += 1
+            self.gate.start()
+        if requests:
+            self.workers.submit(requests)
+
+    def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]:
+        taken: list[tuple[Example, FinishedGroup]] = []
+        while len(taken) < n:
+            self.top_up()
+            while self.next_take not in self.done:
+                t0 = time.perf_counter()
+                group = self.workers.get(timeout=1.0)
+                self.idle += time.perf_counter() - t0
+                if group is None:
+                    continue
+                if group.seq < self.next_take or group.seq in self.done:   # a re-queued request that came back twice
+                    self.duplicates += 1
+                    continue
+                self.done[group.seq] = group
+            group, example = self.done.pop(self.next_take), self.examples.pop(self.next_take)
+            self.next_take += 1
+            self.consumed += 1
+            if self.version - group.oldest_version > self.gate.max_staleness:   # never expected: see the module docstring
+                self.too_stale += 1
+                self.gate.release(1)
+                continue
+            taken.append((example, group))
+        self.taken.extend(group for _, group in taken)
+        rollout = concat_rollouts([group.rollout for _, group in taken])
+        return [example for example, _ in taken], rollout
+
+    def publish(self, model: torch.nn.Module) -> float:
+        """The learner took a step: new weights to the workers, and the requests they allow. Seconds spent."""
+        t0 = time.perf_counter()
+        self.version += 1
+        self.workers.publish(model, self.version)
+        self.top_up()
+        return time.perf_counter() - t0
+
+    def release_consumed(self) -> None:
+        """The groups taken since the last call trained no policy (critic pre-training): they do not
+        count towards staleness."""
+        self.gate.release(self.consumed)
+        self.consumed = 0
+
+    def pending(self) -> list[int]:
+        """Pool indices of the prompts requested and not yet trained on, in request order: what a resumed
+        run requests again first."""
+        index = {id(e): i for i, e in enumerate(self.pool.examples)}
+        return [index[id(self.examples[s])] for s in sorted(self.examples)] + [index[id(e)] for e in self.replay]
+
+    def step_metrics(self) -> dict[str, float]:
+        """The staleness of the samples taken since the last call: per-sample histogram, mean, max."""
+        if not self.taken:
+            return {}
+        stale = torch.cat([staleness(self.version, group) for group in self.taken])
+        self.taken = []
+        metrics = {"async/staleness_mean": float(stale.float().mean()), "async/staleness_max": float(stale.max())}
+        for k in range(self.gate.max_staleness + 1):
+            metrics[f"async/staleness_{k}"] = float((stale == k).float().mean())
+        metrics.update({"async/too_stale_total": float(self.too_stale), "async/duplicates_total": float(self.duplicates),
+                        "async/requested_untrained": float(len(self.examples))})
+        return metrics
+
+
+def staleness(version: int, group: FinishedGroup) -> torch.Tensor:
+    """[G] per sample: the training version minus the oldest version that sampled one of its tokens."""
+    mask = group.rollout.completion_mask.bool()
+    oldest = group.versions.masked_fill(~mask, torch.iinfo(torch.long).max).min(dim=1).values
+    oldest = torch.where(mask.any(dim=1), oldest, torch.full_like(oldest, group.rollout.policy_version))
+    return version - oldest
+
+
+def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> LocalSampler:
+    """The default worker: a sampler thread of this process, `rollout.max_batch_rows` (else one
+    batch's rows) decoded at once, drawing from the run's sampler stream."""
+    tc = cfg.train
+    return LocalSampler(policy, learner.sampling, tc.group_size,
+                        slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
+                        generator=state.sampler_rng, in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
+
+
+def train_rl_async(
+    cfg: Config,
+    policy: Policy,
+    engine: RolloutEngine,
+    task: Task,
+    spec: ObjectiveSpec,
+    on_step: Callable[[StepRecord, RLState], None],
+    saved: dict | None = None,
+    workers: Callable[[Config, Policy, RLState, Learner], RolloutWorkers] = local_workers,
+) -> RLResult:
+    """`train_rl` with generation running ahead of the learner by at most train.max_staleness
+    steps. `engine` (the pipeline's, for evaluation) is not used to sample: `workers` builds the
+    rollout workers."""
+    tc = cfg.train
+    state = RLState.start(cfg, policy.model, task, spec)
+    if saved is not None:
+        state.load_state_dict(saved)
+    learner = Learner(cfg, policy, spec)
+    pool = workers(cfg, policy, state, learner)
+    try:
+        # The version counts learner steps (one weight publication each) and is what staleness counts.
+        pool.publish(policy.model, state.step)
+        source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step), version=state.step,
+                              pending=state.pending)
+        collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
+                                   tc.prompts_per_step, tc.group_size)
+        policy.model.train()
+        if state.step == 0:
+            pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
+                            after_collect=source.release_consumed)
+        times = pool.times()
+        t_end = time.perf_counter()
+        for step in range(state.step + 1, tc.steps + 1):
+            t0, idle0 = t_end, source.idle
+            state.step = step
+            source.top_up()
+            curated = collector.collect(state.version)
+            if cfg.curation.refill != "none":     # dropped groups are replaced: they leave the gate's count
+                source.release(curated.dropped)
+            metrics = {**learner.step(state, curated), **source.step_metrics()}
+            sync_seconds = source.publish(policy.model)
+            state.pending = source.pending()
+            t_end = time.perf_counter()
+            now, seconds = pool.times(), t_end - t0
+            learner_idle = source.idle - idle0
+            rows = curated.rollout.num_rows if curated.rollout is not None else 0
+            metrics.update({
+                "samples_per_s": rows / seconds,
+                "async/learner_idle_s": learner_idle,
+                "async/learner_busy_s": seconds - learner_idle,
+                "async/generation_busy_s": now.busy - times.busy,
+                "async/generation_idle_s": now.idle - times.idle,
+                "async/weight_sync_s": sync_seconds + now.weight_sync,
+                "generation_seconds": learner_idle,
+                "step_seconds": seconds,
+            })
+            times = now
+            on_step(StepRecord(step=step, metrics=metrics), state)
+            learner.check_finite(state)
+    finally:
+        pool.close()
+    return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)
+
+
+__all__ = ["StalenessGate", "StreamSource", "WorkerTimes", "train_rl_async"]

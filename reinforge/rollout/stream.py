@@ -1,0 +1,233 @@
+"""Rollout workers of the asynchronous loop: prompts go in, finished groups come out, while the
+learner trains (AReaL, arXiv 2505.24298).
+
+The driver (loops/async_rl.py) decides *what* to generate and when (the
+staleness gate); workers only generate. Two kinds implement `RolloutWorkers`:
+`LocalSampler` below (a thread of this process, the default) and
+`distributed.ray_workers.RayRolloutWorkers` (Ray actors). Both take new
+weights between decoding steps, either interrupting in-flight samples and
+continuing them with the new weights (AReaL's interruptible rollout) or
+letting them finish first (`train.in_flight`).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+from reinforge.models import Policy
+from reinforge.rollout.base import Rollout, SamplingParams
+from reinforge.rollout.native import DecoderWeights, FinishedRow, NativeEngine, rows_to_rollout
+from reinforge.rollout.prompts import encode_prompts
+
+InFlight = Literal["interrupt", "finish"]
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """Sample `group_size` completions of one prompt; `seq` numbers requests in the order they were made."""
+
+    seq: int
+    prompt: str
+
+
+@dataclass
+class FinishedGroup:
+    """The G samples of one request."""
+
+    seq: int
+    rollout: Rollout                 # G rows, group id 0
+    versions: torch.Tensor           # [G, T] long: the weight version that sampled each token (0 on padding)
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the oldest weights that sampled any of its tokens: what its staleness counts from."""
+        mask = self.rollout.completion_mask.bool()
+        return int(self.versions[mask].min()) if mask.any() else int(self.rollout.policy_version)
+
+
+@dataclass
+class WorkerTimes:
+    """Seconds the workers spent generating and waiting for work, and applying new weights, so far."""
+
+    busy: float = 0.0
+    idle: float = 0.0
+    weight_sync: float = 0.0         # applying the last published weights (the worker's side)
+
+
+class RolloutWorkers(Protocol):
+    def submit(self, requests: list[GroupRequest]) -> None:
+        """Queue requests; they start with the latest published weights (or newer)."""
+        ...
+
+    def get(self, timeout: float) -> FinishedGroup | None:
+        """A finished group, or None when none finished within `timeout` seconds."""
+        ...
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """New weights, labelled `version`, for every sample started from now on."""
+        ...
+
+    def times(self) -> WorkerTimes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Inbox:
+    """What the driver hands the sampler thread, guarded by one condition."""
+
+    requests: list[GroupRequest] = field(default_factory=list)
+    weights: dict[str, torch.Tensor] | None = None
+    version: int = 0
+    closed: bool = False
+
+
+class LocalSampler:
+    """The in-process rollout worker: a thread decoding one `DecodeSession` over its own copy of
+    the policy (the learner changes its weights in place while the sampler decodes).
+
+    Torch releases the GIL inside its kernels, so decoding and the learner's
+    forward/backward overlap on separate cores. Sampling draws come from
+    `generator`, which nothing else uses, so they do not depend on thread timing.
+    """
+
+    def __init__(self, policy: Policy, params: SamplingParams, group_size: int, slots: int,
+                 generator: torch.Generator, in_flight: InFlight = "interrupt", chat_template: str = "auto"):
+        self.model = copy.deepcopy(policy.model).eval()
+        self.tokenizer, self.group_size, self.in_flight, self.chat_template = policy.tokenizer, group_size, in_flight, chat_template
+        engine = NativeEngine(Policy(self.model, policy.tokenizer), chat_template=chat_template)
+        self.session = engine.session(params, slots=slots, generator=generator, version=0)
+        self.cond = threading.Condition()
+        self.inbox = _Inbox()
+        self.outbox: deque[FinishedGroup] = deque()
+        self.partial: dict[int, dict[int, FinishedRow]] = {}
+        self.prompts: dict[int, list[int]] = {}
+        self.error: BaseException | None = None
+        self._times = WorkerTimes()
+        self._sync_seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name="reinforge-sampler", daemon=True)
+        self.thread.start()
+
+    # ---- the driver's side
+    def submit(self, requests: list[GroupRequest]) -> None:
+        with self.cond:
+            self.inbox.requests.extend(requests)
+            self.cond.notify_all()
+
+    def get(self, timeout: float) -> FinishedGroup | None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.outbox and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            if self.error is not None:
+                raise RuntimeError("the rollout sampler thread failed") from self.error
+            return self.outbox.popleft()
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        # A snapshot: the learner's next update must not change weights under a running decode step.
+        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with self.cond:
+            self.inbox.weights, self.inbox.version = snapshot, version
+            self.cond.notify_all()
+
+    def times(self) -> WorkerTimes:
+        with self.cond:
+            return copy.copy(self._times)
+
+    def close(self) -> None:
+        with self.cond:
+            self.inbox.closed = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    # ---- the sampler thread
+    def _run(self) -> None:
+        try:
+            while True:
+                t0 = time.perf_counter()
+                with self.cond:
+                    while not self._has_work():
+                        if self.inbox.closed:
+                            return
+                        self.cond.wait()
+                    weights, version = self.inbox.weights, self.inbox.version
+                    # New weights apply between steps: at once (interrupt), or once the samples in
+                    # flight have finished (finish), new requests waiting until then.
+                    apply = weights is not None and (self.in_flight == "interrupt" or not self.session.busy)
+                    if apply:
+                        self.inbox.weights = None
+                    requests = [] if weights is not None and not apply else self.inbox.requests
+                    if requests:
+                        self.inbox.requests = []
+                    self._times.idle += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                if apply:
+                    self._load(weights, version)
+                if requests:
+                    self._add(requests)
+                finished = self._finish(self.session.step()) if self.session.busy else []
+                with self.cond:
+                    self._times.busy += time.perf_counter() - t1
+                    if apply:
+                        self._times.weight_sync = self._sync_seconds
+                    self.outbox.extend(finished)
+                    if finished:
+                        self.cond.notify_all()
+        except BaseException as err:   # surfaced to the driver by get()
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _has_work(self) -> bool:
+        inbox = self.inbox
+        return self.session.busy or bool(inbox.requests) or inbox.weights is not None
+
+    @torch.no_grad()
+    def _load(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        t0 = time.perf_counter()
+        self.model.load_state_dict(weights)
+        if self.session.busy:
+            self.session.reload(version)      # AReaL: recompute the in-flight keys/values with the new weights
+        else:
+            self.session.version = version
+            self.session.weights = DecoderWeights.of(self.model)
+        self._sync_seconds = time.perf_counter() - t0
+
+    def _add(self, requests: list[GroupRequest]) -> None:
+        ids = encode_prompts(self.tokenizer, [r.prompt for r in requests], self.chat_template)
+        g = self.group_size
+        for r, prompt in zip(requests, ids, strict=True):
+            self.partial[r.seq], self.prompts[r.seq] = {}, prompt
+        self.session.add(ids, g, tags=[(r.seq, j) for r in requests for j in range(g)])
+
+    def _finish(self, rows: list[FinishedRow]) -> list[FinishedGroup]:
+        """Groups whose last sample just ended."""
+        out = []
+        for row in rows:
+            seq, j = row.tag
+            self.partial[seq][j] = row
+            if len(self.partial[seq]) == self.group_size:
+                samples = self.partial.pop(seq)
+                out.append(finished_group(seq, [samples[k] for k in range(self.group_size)], self.prompts.pop(seq),
+                                          self.tokenizer))
+        return out
+
+
+def finished_group(seq: int, rows: list[FinishedRow], prompt_ids: list[int], tokenizer) -> FinishedGroup:
+    """One request's rows (in sample order) as a FinishedGroup."""
+    rollout = rows_to_rollout(rows, [prompt_ids] * len(rows), len(rows), tokenizer,
+                              policy_version=min(int(r.versions.min()) for r in rows))
+    versions = torch.zeros_like(rollout.completion_ids)
+    for i, row in enumerate(rows):
+        versions[i, : len(row.versions)] = row.versions
+    return FinishedGroup(seq, rollout, versions)
