@@ -11,6 +11,18 @@ Guard: a mini-batch whose loss or gradient norm is NaN/inf takes no step:
 its gradient is dropped and neither the weights, the optimizer's moments nor
 the scheduler move (one bad batch must not poison Adam's state for good).
 The caller counts these and decides when to stop.
+
+Data-parallel ranks (reinforge.distributed.fsdp): each rank passes its own
+rows of the rollout batch and `reduce`, the all-reduce form of the
+aggregation's counts, so its loss is its share of the global-batch loss
+(pass `max_length` then: without it the Dr. GRPO normaliser is each rank's
+own padded width). An optimizer step's batch is the union of the ranks'
+mini-batches. Each rank runs as many forward/backward passes per step as the
+busiest rank, its extra passes adding exactly zero loss: FSDP all-gathers
+each layer's weights inside every forward, so a rank that ran fewer would
+leave the others waiting. The ranks agree to skip a step when any of them
+saw a non-finite loss; the gradient norm is already global (the norm of the
+sharded gradients).
 """
 
 from __future__ import annotations
@@ -20,10 +32,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.learner.sequences import SequenceBatch
-from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
+from reinforge.objectives import LOCAL, BatchReduce, ObjectiveSpec, loss_weights, objective_loss
 
 
 @dataclass
@@ -72,6 +85,15 @@ def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int) -> torc
     return x[:, :width] if x.dim() == 2 else x
 
 
+def _idle_row(device: torch.device) -> SequenceBatch:
+    """The input of a rank's extra passes: one completion token after a one-token prompt, all token 0
+    (in every vocabulary). Its loss is multiplied by 0: the pass is there for FSDP's collectives."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    return SequenceBatch(input_ids=ids, attention_mask=torch.ones_like(ids), starts=torch.ones(1, dtype=torch.long, device=device),
+                         completion_ids=ids[:, 1:], completion_mask=torch.ones(1, 1, device=device),
+                         group_ids=torch.zeros(1, dtype=torch.long, device=device))
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -86,7 +108,11 @@ def policy_update(
     generator: torch.Generator,
     forward: ForwardPlan,
     max_length: int | None = None,
+    reduce: BatchReduce = LOCAL,
 ) -> UpdateStats:
+    if forward.shared_prefix and isinstance(model, FSDPModule):
+        raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
+                                  "per-layer all-gathers; set train.shared_prefix=false")
     n = batch.sequences.input_ids.shape[0]
     in_place = batch.old_logprobs is None
     if in_place and ppo_epochs * mini_batches != 1:
@@ -99,12 +125,15 @@ def policy_update(
     for _ in range(ppo_epochs):
         order = torch.randperm(n, generator=generator)
         for mb in torch.tensor_split(order, mini_batches):
-            if len(mb) == 0:
+            if int(reduce.sum(torch.tensor(len(mb)))) == 0:   # no rank has rows here
                 continue
-            weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length)  # [M, T]
+            weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length,
+                                   reduce=reduce)  # [M, T]
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for local in forward.micro_batches(batch.sequences, mb):
+            micro = forward.micro_batches(batch.sequences, mb)
+            idle_passes = int(reduce.cat(torch.tensor([len(micro)])).max()) - len(micro)
+            for local in micro:
                 rows = mb[local]
                 seq = batch.sequences.rows(rows)
                 width = seq.completion_ids.shape[1]
@@ -128,6 +157,10 @@ def policy_update(
                 for key, value in out.metrics.items():
                     sums[key] += value
                     counts[key] += 1
+            for _ in range(idle_passes):
+                idle = token_stats(model, _idle_row(mask_all.device), temperature, forward)
+                (0.0 * idle.logprobs.sum()).backward()
+            finite = int(reduce.sum(torch.tensor(int(not finite)))) == 0
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
             if not (finite and math.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
