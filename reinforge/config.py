@@ -284,6 +284,16 @@ class RewardConfig(_Section):
         return self
 
 
+class RayConfig(_Section):
+    """backend=ray: where the rollout workers of train.mode=async run."""
+
+    address: str | None = Field(None, description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster (ray.init(address=...)).")
+    num_workers: int = Field(2, gt=0, description="Rollout worker actors; the groups of a step are spread over them.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout worker reserves.")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (placed by a placement group); 0: CPU workers.")
+    max_restarts: int = Field(3, ge=0, description="Times a rollout worker that dies is restarted; its requests in flight are sent again.")
+
+
 class Config(_Section):
     seed: int = Field(0, description="Seed of everything random in the run.")
     recipe: str = Field("grpo", description="Named method: its preset and objective (see `reinforge recipes`).")
@@ -304,6 +314,8 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     alerts: AlertConfig = Field(default_factory=AlertConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    backend: Literal["local", "ray"] = Field("local", description="Where train.mode=async generates: local (a sampler thread of this process, no Ray needed) or ray (rollout worker actors on a Ray cluster, section ray).")
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @property
     def rl_seed(self) -> int:

@@ -88,6 +88,18 @@ def test_staleness_never_exceeds_eta_with_random_lengths(micro_overrides, in_fli
         assert sum(r.metrics[f"async/staleness_{k}"] for k in range(eta + 1)) == pytest.approx(1.0)
 
 
+def test_filtered_groups_are_replaced_under_active_refill(micro_overrides):
+    """olmo3 asynchronously: zero-variance groups are dropped, leave the gate's count, and new
+    requests fill the batch; the staleness bound still holds."""
+    _, records = _run([*micro_overrides, "recipe=olmo3", "train.mode=async", "train.max_staleness=1", "sft.steps=0",
+                       "rollout.max_new_tokens=6",
+                       "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]"], "async")
+    assert len(records) == 3
+    assert sum(r.metrics["curation/dropped_zero_variance"] for r in records) > 0    # some groups were filtered
+    assert all(r.metrics["async/staleness_max"] <= 1 for r in records if "async/staleness_max" in r.metrics)
+    assert records[-1].metrics["async/too_stale_total"] == 0
+
+
 def test_gate_admits_exactly_the_areal_bound():
     """floor(N / B) <= eta + v: with B = 4, eta = 1 at v = 0, requests 0..7 may start, the 9th not."""
     gate = StalenessGate(batch_size=4, max_staleness=1)

@@ -146,6 +146,11 @@ class StreamSource:
         self.top_up()
         return time.perf_counter() - t0
 
+    def release(self, n: int) -> None:
+        """Curation drops `n` taken groups and draws others: they leave the gate's count, so the others
+        can be requested (the staleness bound still holds: see the module docstring)."""
+        self.gate.release(n)
+
     def release_consumed(self) -> None:
         """The groups taken since the last call trained no policy (critic pre-training): they do not
         count towards staleness."""
@@ -197,12 +202,20 @@ def train_rl_async(
     spec: ObjectiveSpec,
     on_step: Callable[[StepRecord, RLState], None],
     saved: dict | None = None,
-    workers: Callable[[Config, Policy, RLState, Learner], RolloutWorkers] = local_workers,
+    workers: Callable[[Config, Policy, RLState, Learner], RolloutWorkers] | None = None,
 ) -> RLResult:
     """`train_rl` with generation running ahead of the learner by at most train.max_staleness
     steps. `engine` (the pipeline's, for evaluation) is not used to sample: `workers` builds the
-    rollout workers."""
+    rollout workers (default by `backend`: a local sampler thread, or Ray actors)."""
     tc = cfg.train
+    if workers is None:
+        if cfg.backend == "ray":
+            from reinforge.distributed.ray_workers import (
+                ray_workers,  # Ray is imported only when asked for
+            )
+            workers = ray_workers
+        else:
+            workers = local_workers
     state = RLState.start(cfg, policy.model, task, spec)
     if saved is not None:
         state.load_state_dict(saved)
@@ -226,8 +239,6 @@ def train_rl_async(
             state.step = step
             source.top_up()
             curated = collector.collect(state.version)
-            if cfg.curation.refill != "none":     # dropped groups are replaced: they leave the gate's count
-                source.release(curated.dropped)
             metrics = {**learner.step(state, curated), **source.step_metrics()}
             sync_seconds = source.publish(policy.model)
             state.pending = source.pending()

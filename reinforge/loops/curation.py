@@ -133,7 +133,6 @@ class CuratedBatch:
     scores: Scores | None            # [N]
     row_keep: torch.Tensor | None    # [N] bool: rows the loss sees (valid, not overlong-filtered)
     metrics: dict[str, float]        # reward and rollout figures of every sampled row, and curation counts
-    dropped: int = 0                 # groups the filters dropped
 
 
 def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
@@ -206,6 +205,10 @@ class GroupSource(Protocol):
 
     def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]: ...
 
+    def release(self, n: int) -> None:
+        """`n` of the drawn groups will not be trained on and curation draws others in their place."""
+        ...
+
 
 class SampleNow:
     """The synchronous source: the next prompts of the pool, sampled now by the engine with the
@@ -219,6 +222,9 @@ class SampleNow:
         examples = self.pool.next(n)
         return examples, self.engine.generate([e.prompt for e in examples], self.group_size, self.sampling,
                                               policy_version=policy_version, generator=self.generator)
+
+    def release(self, n: int) -> None:
+        """Nothing to do: the synchronous source samples on demand."""
 
 
 class BatchCollector:
@@ -255,6 +261,8 @@ class BatchCollector:
                     self.pool.retire(examples[p])
                     counts["retired"] += 1
             take = keep.nonzero().flatten()[: target - counts["kept"]]     # a full batch, and no more
+            if self.cfg.refill != "none":    # the rest are replaced by the next round's (async: the gate lets them be requested)
+                self.source.release(len(examples) - len(take))
             if len(take):
                 rows = (take[:, None] * g + torch.arange(g)).flatten()
                 kept.append(([examples[p] for p in take.tolist()], select_rows(rollout, rows),
@@ -278,8 +286,7 @@ class BatchCollector:
             "curation/pool_size": float(self.pool.size),
             "curation/retired": float(counts["retired"]),
         }
-        dropped = sum(v for k, v in counts.items() if k.startswith("dropped_"))
-        return CuratedBatch([e for ex, _, _ in kept for e in ex], rollout, scores, row_keep, metrics, dropped)
+        return CuratedBatch([e for ex, _, _ in kept for e in ex], rollout, scores, row_keep, metrics)
 
 
 def _weighted_mean(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:

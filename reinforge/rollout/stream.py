@@ -166,9 +166,9 @@ class LocalSampler:
                     apply = weights is not None and (self.in_flight == "interrupt" or not self.session.busy)
                     if apply:
                         self.inbox.weights = None
-                    requests = [] if weights is not None and not apply else self.inbox.requests
-                    if requests:
-                        self.inbox.requests = []
+                    requests: list[GroupRequest] = []
+                    if weights is None or apply:      # taken, and the inbox emptied, under the lock
+                        requests, self.inbox.requests = self.inbox.requests, []
                     self._times.idle += time.perf_counter() - t0
                 t1 = time.perf_counter()
                 if apply:
