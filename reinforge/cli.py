@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,7 +61,8 @@ def train(
         else:
             cfg = build_config(overrides or [], config)
         result = run(cfg, resume=resume is not None, overwrite=overwrite)
-    _print_summary(result.output_dir, result.summary)
+    if os.environ.get("RANK", "0") == "0":      # under torchrun, every rank ran the job: rank 0 reports it
+        _print_summary(result.output_dir, result.summary)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -3,6 +3,10 @@ evaluation of the model at the start and at the end of RL.
 
 All input is validated before the run directory is created, so bad input
 changes nothing on disk.
+
+Under torchrun (WORLD_SIZE > 1) every rank runs this same job with the same
+seeds, and the RL learner is split over them (distributed/data_parallel.py:
+what is duplicated, what is sharded, what is refused); only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import yaml
 from pydantic import ValidationError
 from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
+from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
+from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.loops.async_rl import train_rl_async
 from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
@@ -80,6 +87,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
     check_mode(cfg, spec)
+    if torchrun_world_size() > 1:
+        check_data_parallel(cfg, spec, torchrun_world_size())
     if isinstance(spec, PreferenceSpec) and cfg.dpo.pairs == "dataset":
         preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields)   # DatasetError (a ConfigError) names a bad row
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
@@ -96,6 +105,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
             check_native_model_type(path)
         if cfg.train.shared_prefix:
             check_native_model_type(path, "train.shared_prefix=true", "train.shared_prefix=false")
+        if torchrun_world_size() > 1:     # shard_model shards the same Llama-family decoders
+            check_native_model_type(path, "torchrun (FSDP learner ranks)", "one process")
     if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
         raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
                           "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
@@ -131,15 +142,39 @@ def resume_config(run_dir: str | Path) -> Config:
     return cfg.model_copy(update={"output_dir": str(run_dir)})
 
 
+class _Muted:
+    """The run directory and the recorder of a learner rank other than 0 (only rank 0 writes): every
+    call does nothing."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunResult:
     """The default job, or with `resume` its continuation from the newest checkpoint in cfg.output_dir.
 
     A resumed run ends with the weights and metrics.jsonl of an uninterrupted run (timing
     figures aside, `telemetry.recorder.TIMING_KEYS`). Checkpoints start with RL: a run stopped
-    before its first one starts over.
+    before its first one starts over. Under torchrun, every rank calls it (learner ranks).
     """
     t_start = time.perf_counter()
     task, spec = prepare(cfg)
+    group = init_learner_group()      # a world of one, nothing initialised, without torchrun
+    try:
+        return _run(cfg, task, spec, group, t_start, resume=resume, overwrite=overwrite)
+    finally:
+        if group.world_size > 1:
+            dist.destroy_process_group()
+
+
+def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: LearnerGroup, t_start: float, *,
+         resume: bool, overwrite: bool) -> RunResult:
+    lead = group.rank == 0            # the rank that writes
+    if not lead:                      # rank 0 shows the progress bars
+        cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"progress": False})})
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     policy = load_policy(cfg.model, cfg.seed)
@@ -148,9 +183,18 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
     saved = store.latest() if resume else None
     # Nothing to continue from: start over in place (SFT is deterministic under the seed).
-    run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
     meta = saved.meta() if saved is not None else None
-    recorder = Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
+    if meta is not None and (meta.get("learner_ranks", 1) > 1) != (group.world_size > 1):
+        # A sharded optimizer's state is saved gathered, by parameter name: not what one process loads.
+        raise ConfigError(f"--resume: the checkpoint was written by {meta.get('learner_ranks', 1)} learner rank(s) and "
+                          f"this run has {group.world_size}: resume {'under torchrun' if group.world_size == 1 else 'in one process'}")
+
+    def writers() -> tuple[RunDir, Recorder]:
+        run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
+        return run_dir, Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
+
+    # Only rank 0 writes; when it cannot (a run already there), every rank stops.
+    run_dir, recorder = on_rank_0(group, writers) or (_Muted(cfg.output_dir),) * 2
     try:
         # The engine reads the policy's weights at every call, so it can be built before SFT
         # (rejection-sampling SFT samples from the model it then trains).
@@ -171,10 +215,14 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             start = EvalResult.from_summary(meta["start_eval"])
 
         def checkpoint(state: RLState) -> Path:
+            rl_state = state.state_dict()     # on every rank: learner ranks gather the optimizer's state
+            if not lead:
+                return store.root
             recorder.sync()
             record = {"step": state.step, "sft": sft_summary, "start_eval": start.to_summary(),
-                      "telemetry": {"step": state.step, **recorder.state_dict()}}
-            return store.save(state.step, {"model": policy.model.state_dict(), "rl": state.state_dict()}, record).path
+                      "telemetry": {"step": state.step, **recorder.state_dict()}, "learner_ranks": group.world_size}
+            # policy.model is the plain model; learner ranks copy the trained shards into it after every update
+            return store.save(state.step, {"model": policy.model.state_dict(), "rl": rl_state}, record).path
 
         def on_step(record: StepRecord, state: RLState) -> None:
             if record.stage != "rl":       # before RL (value pre-training): a line of its own, no checkpoint
@@ -189,8 +237,10 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
                 checkpoint(state)
 
+        ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
         try:
-            rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step, saved=tensors["rl"] if tensors else None)
+            rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step,
+                                                      saved=tensors["rl"] if tensors else None, **ranks)
         except NonFiniteStop as err:
             path = checkpoint(err.state)   # skipped updates left the weights at the last good step
             recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it

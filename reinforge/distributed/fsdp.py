@@ -24,9 +24,12 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    get_optimizer_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from reinforge.distributed.reduce import DistributedReduce
@@ -43,11 +46,16 @@ class LearnerGroup:
     reduce: BatchReduce    # the aggregation's batch-wide counts over all ranks (LOCAL when world_size == 1)
 
 
+def torchrun_world_size() -> int:
+    """How many learner ranks torchrun started (WORLD_SIZE), 1 without torchrun; nothing is initialised."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_learner_group() -> LearnerGroup:
     """The learner group that torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT)
     describes: the default process group joined through env:// (nccl on CUDA, gloo on CPU), or,
     without torchrun (WORLD_SIZE unset or 1), a world of one, with nothing initialised."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = torchrun_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if world == 1:
@@ -122,6 +130,30 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, Tensor]) -> No
     # set_model_state_dict replaces the values of the dict it is given: load from a copy.
     set_model_state_dict(model, dict(state),
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.is_initialized()))
+
+
+def copy_full_weights(sharded: torch.nn.Module, plain: torch.nn.Module) -> None:
+    """Copy the weights of a sharded model into `plain`, an unsharded model of the same architecture
+    (parameter names as FSDP2 keeps them), on every rank: each parameter all-gathered in turn, so
+    the peak memory is one full parameter beyond `plain`. Every rank must call it."""
+    _reshard(sharded)
+    target = dict(plain.named_parameters())
+    with torch.no_grad():
+        for name, param in sharded.named_parameters():
+            target[name].copy_(param.full_tensor() if isinstance(param, DTensor) else param)
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state of a sharded model gathered into a full one on CPU (parameters named by their
+    fully qualified names), for checkpoints; rank 0 gets it, the others {}. Every rank must call it."""
+    _reshard(model)
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a state `full_optimizer_state` returned; every rank passes the full state (each keeps its shards)."""
+    _reshard(model)
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def rank_rows(group_ids: Tensor, rank: int, world: int) -> Tensor:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from reinforge.config import Config, CriticConfig
+from reinforge.distributed import LearnerGroup, full_optimizer_state, load_full_optimizer_state
+from reinforge.distributed.data_parallel import DataParallel
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -84,11 +86,16 @@ class RLState:
     nonfinite_streak: int = 0                   # RL steps in a row with a skipped optimizer step
     pending: list[int] = field(default_factory=list)   # train.mode=async: pool indices requested, not yet trained on
     skipped_total: int = 0                      # optimizer steps skipped over the run
+    # Data-parallel learner ranks: the FSDP-sharded model the optimizer steps (its state is gathered
+    # into a full one in a checkpoint, so every rank must call state_dict); None in one process.
+    sharded: torch.nn.Module | None = None
 
     @classmethod
-    def start(cls, cfg: Config, model: torch.nn.Module, task: Task, spec: ObjectiveSpec) -> RLState:
-        """The state as RL starts; the reference (fixed or EMA) begins as the policy (after SFT)."""
-        optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+    def start(cls, cfg: Config, model: torch.nn.Module, task: Task, spec: ObjectiveSpec,
+              sharded: torch.nn.Module | None = None) -> RLState:
+        """The state as RL starts; the reference (fixed or EMA) begins as the policy (after SFT).
+        `model` is the plain policy model; `sharded`, under learner ranks, its sharded copy that trains."""
+        optimizer = build_optimizer(model if sharded is None else sharded, cfg.train.lr, cfg.train.weight_decay)
         return cls(
             step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
             reference=Reference.build(model, spec),
@@ -98,12 +105,14 @@ class RLState:
             # Its own stream, so that a sampler in another thread (train.mode=async) draws what the
             # synchronous loop draws.
             sampler_rng=torch.Generator().manual_seed(cfg.rl_seed + 1_000_003),
+            sharded=sharded,
         )
 
     def state_dict(self) -> dict:
         return {
             "step": self.step, "version": self.version,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.sharded is None else full_optimizer_state(self.sharded, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
             "reference": self.reference.state_dict() if self.reference is not None else None,
             "credit": self.credit.state_dict(), "pool": self.pool.state_dict(),
             "generator": self.generator.get_state(), "sampler_rng": self.sampler_rng.get_state(),
@@ -114,7 +123,10 @@ class RLState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.version = state["step"], state["version"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded is None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            load_full_optimizer_state(self.sharded, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.reference is not None:
             self.reference.load_state_dict(state["reference"])
@@ -191,18 +203,22 @@ def train_rl(
     spec: ObjectiveSpec,
     on_step: Callable[[StepRecord, RLState], None],
     saved: dict | None = None,
+    group: LearnerGroup | None = None,
 ) -> RLResult:
     """RL from step 1, or from the step after `saved` (an `RLState.state_dict()`; the weights are the caller's).
 
     `on_step` gets every step's record and the state after it (to log, evaluate and checkpoint).
     Raises NonFiniteStop after train.max_nonfinite_steps steps in a row with a skipped update,
     once `on_step` has seen the last of them.
+
+    `group`: data-parallel learner ranks (distributed/data_parallel.py): `policy` stays plain (the
+    engine samples from it) and a sharded copy of it trains; every rank runs this same loop.
     """
     tc = cfg.train
-    state = RLState.start(cfg, policy.model, task, spec)
+    learner = Learner(cfg, policy, spec, group)
+    state = RLState.start(cfg, policy.model, task, spec, sharded=learner.dp.sharded)
     if saved is not None:
         state.load_state_dict(saved)
-    learner = Learner(cfg, policy, spec)
     source = SampleNow(state.pool, engine, tc.group_size, learner.sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
                                tc.prompts_per_step, tc.group_size)
@@ -228,10 +244,16 @@ def train_rl(
 
 class Learner:
     """Steps 3-5 of an RL step, shared by the synchronous and asynchronous loops: from a curated
-    batch to an update of the policy (and critic, reference, KL coefficient)."""
+    batch to an update of the policy (and critic, reference, KL coefficient).
 
-    def __init__(self, cfg: Config, policy: Policy, spec: ObjectiveSpec):
+    Under data-parallel learner ranks (`group`), each rank updates on its own rows of the batch and
+    `self.dp.model`, a sharded copy of `policy.model`, trains; `policy.model` takes its weights after
+    every update. In one process `self.dp` changes nothing.
+    """
+
+    def __init__(self, cfg: Config, policy: Policy, spec: ObjectiveSpec, group: LearnerGroup | None = None):
         self.cfg, self.policy, self.spec = cfg, policy, spec
+        self.dp = DataParallel(group, policy.model)
         self.sampling = SamplingParams.from_config(cfg.rollout)
         self.forward = ForwardPlan.from_config(cfg.train)
         tc = cfg.train
@@ -241,45 +263,55 @@ class Learner:
         """Update on `curated`; the step's metrics (without timings). No update when curation left nothing."""
         if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
             return {**curated.metrics, "policy_version": state.version}
-        model, tc, sampling, forward = self.policy.model, self.cfg.train, self.sampling, self.forward
+        tc, sampling, forward, dp = self.cfg.train, self.sampling, self.forward, self.dp
         rollout, rewards = curated.rollout, curated.scores.rewards
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
         #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL).
+        #    Learner ranks compute both for their own rows on plain models (no collective), then
+        #    every rank has the whole batch's (dp.whole), for credit assignment.
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
-        old_logprobs = token_logprobs(model, sequences, sampling.temperature, forward) if self.old_before_update else None
-        ref_logprobs = state.reference.logprobs(sequences, sampling.temperature, forward) if state.reference is not None else None
+        mine = dp.rows(rollout.group_ids)      # [N] bool: this rank's rows (whole groups); all of them in one process
+        own, like = dp.own(sequences, mine), sequences.completion_mask
+        old_logprobs = (dp.whole(token_logprobs(self.policy.model, own, sampling.temperature, forward), mine, like)
+                        if self.old_before_update else None)
+        ref_logprobs = (dp.whole(state.reference.logprobs(own, sampling.temperature, forward), mine, like)
+                        if state.reference is not None else None)
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
         #    critic's GAE (loops/credit.py); transforms may drop samples
         credit = state.credit.assign(sequences, rewards, curated.scores.valid, rollout.group_ids, old_logprobs,
                                      ref_logprobs, state.generator)
+        keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
         batch = LearnerBatch(
             sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
             correct=curated.scores.correct,
-        ).select(credit.keep & curated.row_keep)    # advantage transforms and curation may drop rows
-        # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py)
+        ).select(keep & mine)
+        # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py);
+        #    learner ranks: each its share of the global-batch loss, then the engine's weights follow
         update = policy_update(
-            model, state.optimizer, state.scheduler, batch, self.spec,
+            dp.model, state.optimizer, state.scheduler, batch, self.spec,
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, grad_clip=tc.grad_clip,
             temperature=sampling.temperature, generator=state.generator, forward=forward,
-            max_length=self.cfg.rollout.max_new_tokens,
+            max_length=self.cfg.rollout.max_new_tokens, reduce=dp.reduce,
         )
+        dp.sync()
         if state.reference is not None:
-            state.reference.after_update(model)
-        credit_metrics = state.credit.after_update(credit.keep & curated.row_keep, state.generator)   # critic training, KL coefficient
+            state.reference.after_update(self.policy.model)
+        credit_metrics = state.credit.after_update(keep, state.generator)   # critic training, KL coefficient
         state.version += update.optimizer_steps
         state.skipped_total += update.skipped_steps
         state.nonfinite_streak = state.nonfinite_streak + 1 if update.skipped_steps else 0
+        rows = batch.sequences.input_ids.shape[0]     # learner ranks: per-rank figures combined over ranks
         return {
-            **update.metrics,
+            **dp.combine(update.metrics, rows),
             **credit_metrics,
-            **curated.metrics,   # the sampled rows' reward and length figures, and curation's counts
+            **curated.metrics,   # the sampled rows' reward and length figures (the whole batch), and curation's counts
             # |p_sampler - p_learner| per token at the same weights, over the rows trained on
             # (ALGORITHMS.md, sampler-learner mismatch), and the IS weights pi_old / mu.
-            **mismatch_metrics(update.old_logprobs, batch.sampler_logprobs, batch.sequences.completion_mask),
+            **dp.combine(mismatch_metrics(update.old_logprobs, batch.sampler_logprobs, batch.sequences.completion_mask), rows),
             "kept_frac": float(credit.keep.float().mean()),
             "guard/skipped_steps": float(update.skipped_steps),
             "guard/skipped_total": float(state.skipped_total),

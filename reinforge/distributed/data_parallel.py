@@ -1,0 +1,147 @@
+"""Data-parallel RL learner ranks under torchrun (`torchrun --nproc_per_node=N -m reinforge.cli train ...`).
+
+This module owns what the synchronous RL loop needs beyond one process: which configurations it
+refuses, the sharded model each rank trains next to the plain one the rollout engine reads, the
+exchange of the per-row learner tensors, and the combination of per-rank metrics.
+
+First version, and how it departs from a one-process run:
+
+- Every rank runs the whole pipeline with the same seeds: SFT, sampling, rewards, curation,
+  advantages and evaluations are DUPLICATED on every rank (deterministic CPU math makes them
+  identical), not split. Only the learner is split: each rank holds the `rank_rows` of every
+  rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
+  trained model is FSDP2-sharded (`shard_model`), the optimizer stepping the shards.
+- The rollout engine cannot run on DTensors (the native engine reads the weights directly), so
+  every rank keeps a plain, full copy of the policy, refreshed from the shards after every update
+  (`copy_full_weights`). pi_old and the reference (a frozen plain copy) are computed on the plain
+  models, each rank on its own rows, with no collective; the rows are then summed over the ranks
+  so that credit assignment sees the whole batch, as in one process.
+- Only rank 0 writes (the run directory, logs, progress bars, checkpoints, the exported model);
+  the checkpointed weights are the plain copy's, i.e. the gathered shards.
+
+With one process (no torchrun) every method here is the identity and the loop runs as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from reinforge.config import Config, ConfigError
+from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_rows, shard_model
+from reinforge.learner.sequences import SequenceBatch
+from reinforge.objectives import LOCAL, ObjectiveSpec
+from reinforge.objectives.spec import PreferenceSpec
+
+T = TypeVar("T")
+
+
+def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world_size: int) -> None:
+    """Refuse, before anything is written, what data-parallel learner ranks do not support yet."""
+    where = f"under torchrun (WORLD_SIZE={world_size}: data-parallel FSDP learner ranks)"
+    if cfg.train.shared_prefix:
+        raise ConfigError(f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
+                          "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false")
+    if cfg.model.lora is not None:
+        raise ConfigError(f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process")
+    if isinstance(spec, PreferenceSpec):
+        raise ConfigError(f"recipe {cfg.recipe!r} (preference pairs) is not supported {where} yet: run one process")
+    if spec.needs_critic:
+        raise ConfigError(f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
+                          "or use a critic-free recipe (grpo, dr_grpo, ...)")
+    if cfg.train.mode != "sync":
+        raise ConfigError(f"train.mode={cfg.train.mode} is not supported {where} yet: set train.mode=sync")
+    if cfg.backend != "local":
+        raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
+    if torch.cuda.is_available():
+        raise NotImplementedError(f"learner ranks {where} run on CPU (gloo) in this version, and reinforge keeps its "
+                                  "models on CPU: run without CUDA devices visible (CUDA_VISIBLE_DEVICES=)")
+
+
+def on_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T | None:
+    """`make()` on rank 0 alone (None on the others); an error it raises, every rank raises (the same
+    type and message), so that no rank goes on to wait for rank 0 at a collective. Every rank must call it."""
+    if group.world_size == 1:
+        return make()
+    result, error = None, None
+    if group.rank == 0:
+        try:
+            result = make()
+        except Exception as err:   # handed to the other ranks, then raised here too
+            error = err
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise box[0] if error is None else error
+    return result
+
+
+class DataParallel:
+    """One learner rank's share of the work, around the plain policy model the rollout engine reads.
+
+    `model` is what the optimizer steps: `plain` itself in a world of one, else `sharded`, an
+    FSDP-sharded copy of it (in training mode), whose weights `sync` copies back into `plain` after
+    every update.
+    """
+
+    def __init__(self, group: LearnerGroup | None, plain: torch.nn.Module):
+        self.group, self.plain = group, plain
+        self.sharded = shard_model(copy.deepcopy(plain).train()) if group is not None and group.world_size > 1 else None
+        self.model = plain if self.sharded is None else self.sharded
+        self.reduce = group.reduce if group is not None else LOCAL    # the aggregation's counts over all ranks
+
+    def rows(self, group_ids: Tensor) -> Tensor:
+        """[N] bool: the rows of a rollout batch this rank trains on (whole prompt groups); all of them in one process."""
+        if self.sharded is None:
+            return torch.ones_like(group_ids, dtype=torch.bool)
+        return rank_rows(group_ids, self.group.rank, self.group.world_size)
+
+    def own(self, sequences: SequenceBatch, mine: Tensor) -> SequenceBatch:
+        """This rank's rows of `sequences` (the batch itself in one process)."""
+        return sequences.rows(mine.nonzero().squeeze(1)) if self.sharded is not None else sequences
+
+    def whole(self, part: Tensor | None, mine: Tensor, like: Tensor) -> Tensor | None:
+        """[N, T] (`like`'s shape) from this rank's rows [n, t] of it (t <= T): every rank holds the
+        whole batch's after the exchange (a sum over ranks: each row belongs to one rank)."""
+        if part is None or self.sharded is None:
+            return part
+        out = torch.zeros(like.shape, dtype=part.dtype)
+        out[mine.nonzero().squeeze(1), : part.shape[1]] = part
+        dist.all_reduce(out)
+        return out
+
+    def sync(self) -> None:
+        """The plain copy (the engine's weights, the reference's EMA target, the checkpoint) takes the
+        sharded model's weights; every rank must call it."""
+        if self.sharded is not None:
+            copy_full_weights(self.sharded, self.plain)
+
+    def combine(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+        """Per-rank metrics as one figure for the whole batch, the same on every rank: keys ending in
+        _max (_min) the maximum (minimum) over the ranks with rows, the others the mean of the ranks'
+        values weighted by their rows (a rank without rows counts only where no rank has any).
+        A NaN on any rank stays NaN. One process: `metrics`, unchanged."""
+        if self.sharded is None:
+            return metrics
+        gathered: list[tuple[dict[str, float], int] | None] = [None] * self.group.world_size
+        dist.all_gather_object(gathered, (metrics, rows))
+        keys = dict.fromkeys(k for m, _ in gathered for k in m)     # in order of appearance
+        out = {}
+        for key in keys:
+            pairs = [(m[key], n) for m, n in gathered if key in m]
+            pairs = [(v, n) for v, n in pairs if n > 0] or pairs
+            values = [v for v, _ in pairs]
+            if any(math.isnan(v) for v in values):
+                out[key] = math.nan
+            elif key.endswith(("_max", "_min")):
+                out[key] = max(values) if key.endswith("_max") else min(values)
+            else:
+                total = sum(n for _, n in pairs)
+                out[key] = sum(v * n for v, n in pairs) / total if total else sum(values) / len(values)
+        return out
