@@ -283,3 +283,21 @@ def test_unknown_task_message() -> None:
 def test_invalid_options(make, options) -> None:
     with pytest.raises(ValueError):
         make(**options)
+
+
+def test_trailing_spaces_follow_the_capped_discrete_pareto() -> None:
+    """trailing_max: P(k >= x) = (x + 1)^-alpha up to the cap; the verifier ignores the spaces."""
+    task = ArithmeticTask(trailing_max=40, trailing_alpha=1.0)
+    example = task.train_split(1)[0]
+    rng = random.Random(0)
+    completions = [task.teacher_completion(example, rng) for _ in range(40000)]
+    k = [len(c) - len(c.rstrip(" ")) for c in completions]
+    for x in (1, 3, 9):
+        assert sum(v >= x for v in k) / len(k) == pytest.approx((x + 1) ** -1.0, abs=0.01)
+    assert max(k) == 40 and sum(v == 40 for v in k) / len(k) == pytest.approx(1 / 41, abs=0.004)
+    assert all(task.reward(example, c) == 1.0 for c in completions[:50])
+    wrong = task.corrupt_completion(example, rng)
+    assert task.reward(example, wrong) == 0.0
+    assert ArithmeticTask().teacher_completion(example, rng) == completions[0].rstrip(" ")    # off by default
+    with pytest.raises(ValueError, match="trailing_max"):
+        ArithmeticTask(trailing_max=-1)

@@ -37,6 +37,12 @@ class ArithmeticTask(Task):
     position in every example, which helps the tiny built-in character model
     find the digit alignment (and carrying) within a few hundred SFT steps. Without padding
     (`zero_pad=False`): "5+34=" -> "39".
+
+    With `trailing_max` > 0 the teacher ends its answers with k spaces, k long-tailed:
+    P(k >= x) = (x + 1)^-trailing_alpha (a discrete Pareto), capped at trailing_max. The
+    verifier strips them, so they change no reward; a model trained on these traces writes
+    completions whose lengths have the long tail of reasoning traces (most short, a few
+    near the cap), which is what asynchronous training is for (benchmarks/async_throughput.py).
     """
 
     name = "arithmetic"
@@ -48,6 +54,8 @@ class ArithmeticTask(Task):
         operators: str = "+",
         eval_fraction: float = 0.2,
         zero_pad: bool = True,
+        trailing_max: int = 0,
+        trailing_alpha: float = 1.0,
     ) -> None:
         if not isinstance(digits, int) or not 1 <= digits <= _MAX_DIGITS:
             raise ValueError(f"digits must be an int in [1, {_MAX_DIGITS}], got {digits!r}")
@@ -55,7 +63,12 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"operators must be a non-empty subset of {_VALID_OPERATORS!r}, got {operators!r}"
             )
+        if not isinstance(trailing_max, int) or trailing_max < 0:
+            raise ValueError(f"trailing_max must be an int >= 0, got {trailing_max!r}")
+        if not trailing_alpha > 0:
+            raise ValueError(f"trailing_alpha must be > 0, got {trailing_alpha!r}")
         super().__init__(seed=seed, eval_fraction=eval_fraction)
+        self.trailing_max, self.trailing_alpha = trailing_max, trailing_alpha
         self.digits = digits
         self.zero_pad = zero_pad
         # Deduplicated in a fixed order so "++" samples like "+" and the stream is stable.
@@ -95,7 +108,14 @@ class ArithmeticTask(Task):
         return ("-" if value < 0 else "") + f"{abs(value):0{width}d}"
 
     def teacher_completion(self, example: Example, rng: random.Random) -> str:
-        return self._format_answer(int(example.answer), example.meta["op"])
+        return self._format_answer(int(example.answer), example.meta["op"]) + self._trailing(rng)
+
+    def _trailing(self, rng: random.Random) -> str:
+        """k spaces, P(k >= x) = (x + 1)^-alpha up to the cap (none without trailing_max)."""
+        if not self.trailing_max:
+            return ""
+        u = 1.0 - rng.random()                       # in (0, 1]
+        return " " * min(self.trailing_max, int(u ** (-1.0 / self.trailing_alpha)) - 1)
 
     def corrupt_completion(self, example: Example, rng: random.Random) -> str:
         """A near miss: one digit changed, or a small nonzero offset."""
@@ -106,7 +126,7 @@ class ArithmeticTask(Task):
             else:
                 wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 10)
             if wrong != answer:
-                return self._format_answer(wrong, example.meta["op"])
+                return self._format_answer(wrong, example.meta["op"]) + self._trailing(rng)
 
 
 def _change_one_digit(value: int, rng: random.Random) -> int:
