@@ -180,3 +180,41 @@ def test_finished_group_versions_and_staleness_per_sample():
     assert group.oldest_version == 2
     assert group.versions.tolist() == [[2, 3, 3], [4, 0, 0]]
     assert staleness(5, group).tolist() == [3, 1]     # from each sample's oldest token
+
+
+def test_a_resumed_async_run_trains_the_same_prompts_in_the_same_order(tmp_path, micro_overrides, monkeypatch):
+    """The checkpoint holds the prompts requested and not yet trained on (RLState.pending): a resumed
+    run requests them again first, so no prompt is lost or trained twice across the restart."""
+    from reinforge.pipeline import run
+    from reinforge.telemetry.checkpoint import CheckpointStore
+
+    trained: list[list[str]] = []
+    real_draw = StreamSource.draw
+
+    def draw(self, n, version):
+        examples, rollout = real_draw(self, n, version)
+        trained.append([e.prompt for e in examples])
+        return examples, rollout
+
+    monkeypatch.setattr(StreamSource, "draw", draw)
+    args = [*micro_overrides, "recipe=areal", "train.max_staleness=1", "train.steps=4", "checkpoint.every=1"]
+    run(build_config([*args, f"output_dir={tmp_path / 'whole'}"]))
+    whole, trained[:] = list(trained), []
+    real_save = CheckpointStore.save
+
+    def save(self, at, tensors, meta):
+        out = real_save(self, at, tensors, meta)
+        if at == 2:
+            assert len(tensors["rl"]["pending"]) > 0      # requests in flight at the checkpoint
+            raise KeyboardInterrupt
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CheckpointStore, "save", save)
+        with pytest.raises(KeyboardInterrupt):
+            run(build_config([*args, f"output_dir={tmp_path / 'cut'}"]))
+    assert trained == whole[:2]
+    trained[:] = []
+    resumed = run(build_config([*args, f"output_dir={tmp_path / 'cut'}"]), resume=True)
+    assert resumed.summary["resumed_from_step"] == 2
+    assert trained == whole[2:]
