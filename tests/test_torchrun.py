@@ -2,9 +2,9 @@
 CPU, loopback only) train as one process does (distributed/data_parallel.py).
 
 The ranks sample the same batches (same seeds, duplicated generation) and each updates on its own
-prompt groups; with one mini-batch per optimizer step (train.mini_batches=1) the union of the ranks'
-rows is the one-process mini-batch, so the runs differ only by the order of the gradient sums
-(measured 3e-7 max abs on the weights after 2 RL steps x 2 optimizer steps at lr 1e-3). Two epochs
+prompt groups; mini-batches are cut from one shuffle of the whole batch (learner/update.py), so the
+union of the ranks' rows is the one-process mini-batch and the runs differ only by the order of
+the gradient sums (2 RL steps x 2 epochs x 2 mini-batches at lr 1e-3). Two epochs
 (train.ppo_epochs=2) make pi_old a forward before the update, which each rank computes for its own
 rows and the ranks exchange; grpo's k3 KL runs a plain reference copy on each rank.
 """
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 # so both RL steps move the weights (the verifier alone never rewards the micro model).
 OVERRIDES = [
     *(o for o in MICRO if not o.startswith("train.steps=")),
-    "train.steps=2", "train.shared_prefix=false", "train.mini_batches=1", "train.ppo_epochs=2", "train.lr=1e-3",
+    "train.steps=2", "train.shared_prefix=false", "train.mini_batches=2", "train.ppo_epochs=2", "train.lr=1e-3",
     "reward.functions=[{name: verifier}, {name: format, params: {pattern: '[0-4]', mode: search}}]",
     "checkpoint.every=1", "checkpoint.keep_last=2",
 ]
@@ -80,10 +80,12 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     assert [x["step"] for x in two] == [1, 2]
     assert [x["reward_mean"] for x in two] == [x["reward_mean"] for x in single]
     assert all(x["reward_std"] > 0 for x in two)
-    assert [x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [2, 4]
-    for a, b in zip(two, single, strict=True):     # global figures of the update: the same up to rounding
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-        assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-9)
+    assert [x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8]    # 2 epochs x 2 mini-batches per step
+    for a, b in zip(two, single, strict=True):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)     # global: the same up to rounding
+        # A loss-part figure is a row-weighted mean of the ranks' means over their micro-batches: close
+        # to the one-process mean, not equal, when the ranks' shares of a mini-batch differ.
+        assert a["kl"] == pytest.approx(b["kl"], rel=0.25)
 
     # Resume under torchrun. An interrupted run: the last checkpoint, the final model and summary are not there yet.
     out = tmp_path / "resumed"

@@ -109,7 +109,13 @@ def policy_update(
     forward: ForwardPlan,
     max_length: int | None = None,
     reduce: BatchReduce = LOCAL,
+    batch_rows: torch.Tensor | None = None,
+    total_rows: int | None = None,
 ) -> UpdateStats:
+    """`batch_rows` [n]: under data-parallel ranks, each of this rank's rows' place in the whole batch of
+    `total_rows` (the same on every rank): mini-batches are cut from one shuffle of the whole batch,
+    each rank taking its own rows of each, so the optimizer steps see the mini-batches one process
+    would. None: this process holds the whole batch."""
     if forward.shared_prefix and isinstance(model, FSDPModule):
         raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
                                   "per-layer all-gathers; set train.shared_prefix=false")
@@ -122,9 +128,14 @@ def policy_update(
     counts: dict[str, int] = defaultdict(int)
     steps = skipped = 0
     mask_all = batch.sequences.completion_mask
+    total = n if batch_rows is None else total_rows
+    # own[i]: the row of this rank's batch that is row i of the whole batch (-1: another rank's)
+    own = torch.arange(n) if batch_rows is None else torch.full((total,), -1, dtype=torch.long).index_copy_(0, batch_rows, torch.arange(n))
     for _ in range(ppo_epochs):
-        order = torch.randperm(n, generator=generator)
-        for mb in torch.tensor_split(order, mini_batches):
+        order = torch.randperm(total, generator=generator)
+        for chunk in torch.tensor_split(order, mini_batches):
+            mb = own[chunk]
+            mb = mb[mb >= 0]                              # this rank's rows of the mini-batch
             if int(reduce.sum(torch.tensor(len(mb)))) == 0:   # no rank has rows here
                 continue
             weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length,

@@ -289,6 +289,7 @@ class Learner:
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
             correct=curated.scores.correct,
         ).select(keep & mine)
+        kept = keep.nonzero().squeeze(1)                  # the rows trained on, by all ranks together
         # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py);
         #    learner ranks: each its share of the global-batch loss, then the engine's weights follow
         update = policy_update(
@@ -296,6 +297,7 @@ class Learner:
             ppo_epochs=tc.ppo_epochs, mini_batches=tc.mini_batches, grad_clip=tc.grad_clip,
             temperature=sampling.temperature, generator=state.generator, forward=forward,
             max_length=self.cfg.rollout.max_new_tokens, reduce=dp.reduce,
+            batch_rows=mine[kept].nonzero().squeeze(1), total_rows=len(kept),
         )
         dp.sync()
         if state.reference is not None:
