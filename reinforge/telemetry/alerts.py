@@ -178,7 +178,8 @@ class AlertMonitor:
             return None
         return Alert(step, "is_weight_explosion",
                      f"step {step}: largest IS weight pi_learner/pi_sampler {weight:.4g} is above {limit:g} "
-                     "(exploding importance weights: sampler and learner disagree; check the weight sync and dtypes, "
+                     "(exploding importance weights: sampler and learner disagree; with train.mode=async stale samples do this "
+                     "(see async/staleness_*; decoupled PPO masks w > w_max); else check the weight sync and dtypes, "
                      "or truncate the IS weights)",
                      {"is_weight_max": weight, "threshold": limit})
 
