@@ -292,6 +292,7 @@ class RayConfig(_Section):
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout worker reserves.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (placed by a placement group); 0: CPU workers.")
     max_restarts: int = Field(3, ge=0, description="Times a rollout worker that dies is restarted; its requests in flight are sent again.")
+    learner_ranks: int = Field(1, gt=0, description="train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and rank 0 writes the run.")
 
 
 class Config(_Section):

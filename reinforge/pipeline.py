@@ -118,6 +118,11 @@ def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
     if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
         raise ConfigError(f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
                           f"{cfg.train.mode} it would not be {cfg.recipe}: compose its objective under another recipe name instead")
+    if cfg.backend == "ray" and cfg.train.mode == "sync":
+        if cfg.ray.learner_ranks < 2:
+            raise ConfigError("backend=ray runs rollout workers for train.mode=async, or data-parallel learner ranks for "
+                              "train.mode=sync (ray.learner_ranks >= 2): set one of them, or backend=local")
+        check_data_parallel(cfg.model_copy(update={"backend": "local"}), spec, cfg.ray.learner_ranks)
     if cfg.train.mode != "async":
         return
     if isinstance(spec, PreferenceSpec):
@@ -162,6 +167,12 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     """
     t_start = time.perf_counter()
     task, spec = prepare(cfg)
+    if cfg.backend == "ray" and cfg.train.mode == "sync":     # Ray launches the learner ranks, which run this job
+        from reinforge.distributed.ray_learners import (
+            run_learner_group,  # Ray is imported only when asked for
+        )
+
+        return RunResult(**run_learner_group(cfg, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
     try:
         return _run(cfg, task, spec, group, t_start, resume=resume, overwrite=overwrite)

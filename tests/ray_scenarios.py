@@ -1,7 +1,7 @@
 """Runs of the Ray backend (distributed/ray_workers.py) for tests/test_ray.py, which starts this
 script inside a network namespace with only loopback, so Ray binds nothing anyone else can reach.
 
-usage: ray_scenarios.py SCENARIO (train or kill). The last line of stdout is the scenario's
+usage: ray_scenarios.py SCENARIO (train, kill or learners). The last line of stdout is the scenario's
 results as a JSON object.
 """
 
@@ -105,7 +105,28 @@ def kill() -> dict:
             "placement_groups_after": [g["state"] for g in placement_group_table().values()]}
 
 
-SCENARIOS = {"train": train, "kill": kill}
+def learners() -> dict:
+    """Synchronous RL with two FSDP learner ranks launched as Ray actors (ray.learner_ranks=2), and
+    the same run in one process: the largest weight difference and both runs' RL lines."""
+    from safetensors.torch import load_file
+
+    args = [*MICRO, "train.steps=2", "train.shared_prefix=false", "train.lr=1e-3",
+            "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]"]
+    with tempfile.TemporaryDirectory() as out:
+        two = run(build_config([*args, "backend=ray", "ray.learner_ranks=2", "ray.num_cpus_per_worker=0.5",
+                                f"output_dir={out}/two"]))
+        one = run(build_config([*args, f"output_dir={out}/one"]))
+        a, b = (load_file(Path(r.output_dir, "model", "model.safetensors")) for r in (two, one))
+
+        def rl(r):
+            return [json.loads(x) for x in Path(r.output_dir, "metrics.jsonl").read_text().splitlines()
+                    if json.loads(x).get("stage") == "rl"]
+
+        return {"max_diff": max(float((a[k] - b[k]).abs().max()) for k in a), "rl_two": rl(two), "rl_one": rl(one),
+                "ray_up_after": ray.is_initialized()}
+
+
+SCENARIOS = {"train": train, "kill": kill, "learners": learners}
 
 if __name__ == "__main__":
     try:

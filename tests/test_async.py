@@ -218,3 +218,14 @@ def test_a_resumed_async_run_trains_the_same_prompts_in_the_same_order(tmp_path,
     resumed = run(build_config([*args, f"output_dir={tmp_path / 'cut'}"]), resume=True)
     assert resumed.summary["resumed_from_step"] == 2
     assert trained == whole[2:]
+
+
+def test_backend_ray_needs_async_or_learner_ranks(micro_overrides):
+    from reinforge.config import ConfigError
+    from reinforge.pipeline import prepare
+
+    with pytest.raises(ConfigError, match="ray.learner_ranks >= 2"):
+        prepare(build_config([*micro_overrides, "backend=ray"]))
+    with pytest.raises(ConfigError, match="shared_prefix"):     # learner ranks' own refusals, before Ray starts
+        prepare(build_config([*micro_overrides, "backend=ray", "ray.learner_ranks=2"]))
+    prepare(build_config([*micro_overrides, "backend=ray", "ray.learner_ranks=2", "train.shared_prefix=false"]))

@@ -89,3 +89,14 @@ def test_default_mode_never_imports_ray():
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_ray_launched_learner_ranks_train_as_one_process():
+    """ray.learner_ranks=2: two FSDP learner ranks as Ray actors (torch.distributed over gloo inside)
+    end where one process ends, on the same batches."""
+    out = run_scenario("learners")
+    assert [x["step"] for x in out["rl_two"]] == [1, 2]
+    assert [x["reward_mean"] for x in out["rl_two"]] == [x["reward_mean"] for x in out["rl_one"]]
+    assert out["max_diff"] <= 1e-5
+    assert not out["ray_up_after"]          # the launcher started Ray, and shut it down

@@ -1,0 +1,75 @@
+"""The learner group as Ray actors (`backend=ray ray.learner_ranks=N`, synchronous RL): Ray
+launches the data-parallel FSDP2 ranks that torchrun would.
+
+Each actor gets the environment torchrun gives a rank (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, rank 0's node address and a free port
+there) and runs the same job, `pipeline.run`, with `backend=local`: from there
+on everything is distributed/data_parallel.py (what is duplicated, what is
+sharded, what is refused); torch.distributed does the communication, Ray only
+places the processes (one placement-group bundle per rank, PACK) and starts
+them. Only rank 0 writes the run directory, so on a cluster `output_dir`
+must be on rank 0's node or on shared storage.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from reinforge.config import Config
+
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+@ray.remote
+class LearnerRank:
+    """One learner rank: a process of its own, running the pipeline under torch.distributed."""
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a port free on it (for rank 0's rendezvous)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def run(self, cfg: Config, rank: int, world: int, master: tuple[str, int], resume: bool, overwrite: bool) -> dict:
+        # LOCAL_RANK 0: Ray gives each actor its own devices (CUDA_VISIBLE_DEVICES), so each sees one.
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+                           "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
+        from reinforge.pipeline import (
+            run,  # in the actor: the learner's imports stay out of the driver's Ray
+        )
+
+        result = run(cfg, resume=resume, overwrite=overwrite)
+        return {"output_dir": result.output_dir, "summary": result.summary}
+
+
+def run_learner_group(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """`pipeline.run` on `cfg.ray.learner_ranks` Ray actors; rank 0's result ({output_dir, summary})."""
+    started = not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=cfg.ray.address)
+    world = cfg.ray.learner_ranks
+    bundle = {"CPU": cfg.ray.num_cpus_per_worker, **({"GPU": cfg.ray.num_gpus_per_worker} if cfg.ray.num_gpus_per_worker else {})}
+    group = placement_group([bundle] * world, strategy="PACK")
+    try:
+        if not group.wait(PLACEMENT_TIMEOUT_S):
+            raise RuntimeError(f"the Ray cluster found no room for {world} learner ranks of {bundle} in "
+                               f"{PLACEMENT_TIMEOUT_S:.0f} s (cluster resources: {ray.cluster_resources()})")
+        ranks = [LearnerRank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                                     num_cpus=cfg.ray.num_cpus_per_worker, num_gpus=cfg.ray.num_gpus_per_worker).remote()
+                 for i in range(world)]
+        master = ray.get(ranks[0].address.remote())
+        local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
+        results = ray.get([r.run.remote(local, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])
+        for r in ranks:
+            ray.kill(r)
+        return results[0]
+    finally:
+        remove_placement_group(group)
+        if started:
+            ray.shutdown()
