@@ -257,8 +257,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
             raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                              f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+        if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
+            recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
         final = start if cfg.train.steps == 0 else _evaluate(cfg, engine, task, held_out)   # an SFT-only run
-        recorder.log_eval(cfg.train.steps, final)
+        recorder.log_eval(rl.steps, final)
         run_dir.export_model(policy)
         summary = {
             "recipe": cfg.recipe,
@@ -266,6 +268,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             "seed": cfg.seed,
             "sft": sft_summary,
             "rl_steps": rl.steps,
+            "rl_stopped": rl.stopped,
             "resumed_from_step": saved.step if saved is not None else None,
             "wall_seconds": time.perf_counter() - t_start,
             "eval": {"start": start.to_summary(), "final": final.to_summary()},

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.config import Config
-from reinforge.loops.curation import BatchCollector, PromptStream, concat_rollouts
+from reinforge.loops.curation import BatchCollector, PoolExhausted, PromptStream, concat_rollouts
 from reinforge.loops.rl import (
     Learner,
     RLResult,
@@ -99,12 +99,17 @@ class StreamSource:
         self.taken: list[FinishedGroup] = []              # since the last `step_metrics`
         self.too_stale = self.duplicates = self.consumed = 0
         self.idle = 0.0
+        self.exhausted = False                            # every prompt has left the pool
 
     def top_up(self) -> None:
         """Request every group the gate allows now."""
         requests = []
-        while self.gate.may_start(self.version):
-            example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
+        while self.gate.may_start(self.version) and not self.exhausted:
+            try:
+                example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
+            except PoolExhausted:       # the learner raises it when it needs a group never requested
+                self.exhausted = True
+                break
             self.examples[self.next_seq] = example
             requests.append(GroupRequest(self.next_seq, example.prompt))
             self.next_seq += 1
@@ -116,6 +121,9 @@ class StreamSource:
         taken: list[tuple[Example, FinishedGroup]] = []
         while len(taken) < n:
             self.top_up()
+            if self.exhausted and self.next_take >= self.next_seq:
+                raise PoolExhausted(f"every one of the {len(self.pool.examples)} train prompts has left the pool "
+                                    "(curation.retire_pass_rate): raise the threshold or train.num_prompts")
             while self.next_take not in self.done:
                 t0 = time.perf_counter()
                 group = self.workers.get(timeout=1.0)
@@ -237,8 +245,12 @@ def train_rl_async(
         for step in range(state.step + 1, tc.steps + 1):
             t0, idle0 = t_end, source.idle
             state.step = step
-            source.top_up()
-            curated = collector.collect(state.version)
+            try:
+                source.top_up()
+                curated = collector.collect(state.version)
+            except PoolExhausted as err:    # no-positive-resampling retired every prompt: RL ends here
+                state.step = step - 1
+                return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
             metrics = {**learner.step(state, curated), **source.step_metrics()}
             sync_seconds = source.publish(policy.model)
             state.pending = source.pending()

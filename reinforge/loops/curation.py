@@ -42,6 +42,10 @@ from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example
 
 
+class PoolExhausted(RuntimeError):
+    """Every train prompt has left the pool (curation.retire_pass_rate): RL cannot draw another batch."""
+
+
 class PromptStream:
     """The prompt pool: train examples in a seeded random order, reshuffled every epoch.
 
@@ -67,8 +71,8 @@ class PromptStream:
             if not self.order:
                 self.order = [i for i in range(len(self.examples)) if i not in self.retired]
                 if not self.order:
-                    raise RuntimeError(f"every one of the {len(self.examples)} train prompts has left the pool "
-                                       "(curation.retire_pass_rate): raise the threshold or train.num_prompts")
+                    raise PoolExhausted(f"every one of the {len(self.examples)} train prompts has left the pool "
+                                        "(curation.retire_pass_rate): raise the threshold or train.num_prompts")
                 self.rng.shuffle(self.order)
                 self.epoch += 1
             out.append(self.examples[self.order.pop()])

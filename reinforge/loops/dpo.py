@@ -294,6 +294,7 @@ class DPOResult:
     steps: int
     policy_version: int
     optimizer: torch.optim.Optimizer
+    stopped: str | None = None       # as RLResult's; DPO always runs its train.steps
 
 
 @dataclass

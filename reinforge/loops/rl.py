@@ -27,7 +27,14 @@ from reinforge.learner import (
 )
 from reinforge.learner.critic import Critic
 from reinforge.loops.credit import CriticCredit, GroupCredit
-from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, SampleNow, Scores
+from reinforge.loops.curation import (
+    BatchCollector,
+    CuratedBatch,
+    PoolExhausted,
+    PromptStream,
+    SampleNow,
+    Scores,
+)
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.corrections import mismatch_metrics
@@ -39,9 +46,10 @@ from reinforge.telemetry.checkpoint import global_rng_state, set_global_rng_stat
 
 @dataclass
 class RLResult:
-    steps: int
+    steps: int                                  # RL steps completed
     policy_version: int
     optimizer: torch.optim.Optimizer
+    stopped: str | None = None                  # why RL ended before train.steps (every prompt retired)
 
 
 @dataclass
@@ -229,7 +237,11 @@ def train_rl(
         t0 = time.perf_counter()
         state.step = step
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
-        curated = collector.collect(state.version)
+        try:
+            curated = collector.collect(state.version)
+        except PoolExhausted as err:    # no-positive-resampling retired every prompt: RL ends here
+            state.step = step - 1
+            return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
         t_gen = time.perf_counter() - t0
         # 3-5. pi_old, reference, advantages, update
         metrics = learner.step(state, curated)
