@@ -235,7 +235,8 @@ def test_backend_ray_needs_async_or_learner_ranks(micro_overrides):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_rl_ends_cleanly_when_every_prompt_has_retired(tmp_path, micro_overrides, mode):
     """No positive resampling with an easy reward: each prompt leaves the pool after its first
-    group, so 8 prompts last two steps of 4; RL then ends, and the run still evaluates and exports."""
+    group, so 8 prompts last two steps of 4; RL then ends (fewer prompts left than a step needs),
+    and the run still evaluates and exports."""
     from reinforge.pipeline import run
 
     out = tmp_path / "run"
@@ -243,7 +244,7 @@ def test_rl_ends_cleanly_when_every_prompt_has_retired(tmp_path, micro_overrides
                                "curation.retire_pass_rate=0.5", "train.max_staleness=0",
                                "reward.functions=[{name: format, params: {pattern: '.', mode: search}}]",
                                f"output_dir={out}"]))
-    assert result.summary["rl_steps"] == 2 and "left the pool" in result.summary["rl_stopped"]
+    assert result.summary["rl_steps"] == 2 and "only 0 of the 8 train prompts are left" in result.summary["rl_stopped"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["stage"] == "rl"] == [1, 2]
     assert any(x["stage"] == "stopped" for x in lines) and (out / "model" / "model.safetensors").is_file()

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.config import Config
-from reinforge.loops.curation import BatchCollector, PoolExhausted, PromptStream, concat_rollouts
+from reinforge.loops.curation import (
+    BatchCollector,
+    PoolExhausted,
+    PromptStream,
+    concat_rollouts,
+    pool_exhausted,
+)
 from reinforge.loops.rl import (
     Learner,
     RLResult,
@@ -105,11 +111,10 @@ class StreamSource:
         """Request every group the gate allows now."""
         requests = []
         while self.gate.may_start(self.version) and not self.exhausted:
-            try:
-                example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
-            except PoolExhausted:       # the learner raises it when it needs a group never requested
+            if not self.replay and self.pool.size < self.gate.batch_size:   # the learner raises it when it needs a group never requested
                 self.exhausted = True
                 break
+            example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
             self.examples[self.next_seq] = example
             requests.append(GroupRequest(self.next_seq, example.prompt))
             self.next_seq += 1
@@ -122,8 +127,7 @@ class StreamSource:
         while len(taken) < n:
             self.top_up()
             if self.exhausted and self.next_take >= self.next_seq:
-                raise PoolExhausted(f"every one of the {len(self.pool.examples)} train prompts has left the pool "
-                                    "(curation.retire_pass_rate): raise the threshold or train.num_prompts")
+                raise PoolExhausted(pool_exhausted(self.pool, self.gate.batch_size))
             while self.next_take not in self.done:
                 t0 = time.perf_counter()
                 group = self.workers.get(timeout=1.0)
@@ -248,7 +252,7 @@ def train_rl_async(
             try:
                 source.top_up()
                 curated = collector.collect(state.version)
-            except PoolExhausted as err:    # no-positive-resampling retired every prompt: RL ends here
+            except PoolExhausted as err:    # no-positive-resampling left fewer prompts than a batch: RL ends here
                 state.step = step - 1
                 return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
             metrics = {**learner.step(state, curated), **source.step_metrics()}

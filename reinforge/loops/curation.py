@@ -46,6 +46,13 @@ class PoolExhausted(RuntimeError):
     """Every train prompt has left the pool (curation.retire_pass_rate): RL cannot draw another batch."""
 
 
+def pool_exhausted(pool: PromptStream, prompts_per_step: int) -> str:
+    """Why RL cannot go on: fewer prompts left than a step needs, so a batch would repeat them (and
+    training on a handful of hard prompts over and over undoes what RL learned)."""
+    return (f"only {pool.size} of the {len(pool.examples)} train prompts are left in the pool (curation.retire_pass_rate), "
+            f"fewer than train.prompts_per_step={prompts_per_step}: raise the threshold or train.num_prompts")
+
+
 class PromptStream:
     """The prompt pool: train examples in a seeded random order, reshuffled every epoch.
 
@@ -241,6 +248,8 @@ class BatchCollector:
         self.filters = [(name, GROUP_FILTERS[name]) for name in cfg.filters]
 
     def collect(self, policy_version: int) -> CuratedBatch:
+        if self.pool.size < self.prompts:
+            raise PoolExhausted(pool_exhausted(self.pool, self.prompts))
         g, target = self.group_size, self.prompts
         kept: list[tuple[list[Example], Rollout, Scores]] = []
         counts = {"sampled": 0, "kept": 0, "retired": 0, **{f"dropped_{name}": 0 for name, _ in self.filters}}

@@ -239,7 +239,7 @@ def train_rl(
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
         try:
             curated = collector.collect(state.version)
-        except PoolExhausted as err:    # no-positive-resampling retired every prompt: RL ends here
+        except PoolExhausted as err:    # no-positive-resampling left fewer prompts than a batch: RL ends here
             state.step = step - 1
             return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
         t_gen = time.perf_counter() - t0
