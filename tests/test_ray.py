@@ -34,7 +34,7 @@ def _loopback_namespace_problem() -> str | None:
 def run_scenario(name: str) -> dict:
     pytest.importorskip("ray")
     problem = _loopback_namespace_problem()
-    if problem:
+    if problem:   # Ray must never bind an outside interface in tests (DEVELOPERS.md); CI's machines allow unshare -rn
         pytest.skip(f"Ray runs only inside a loopback-only network namespace, and {problem}")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',

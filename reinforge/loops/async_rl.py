@@ -191,10 +191,7 @@ class StreamSource:
 
 def staleness(version: int, group: FinishedGroup) -> torch.Tensor:
     """[G] per sample: the training version minus the oldest version that sampled one of its tokens."""
-    mask = group.rollout.completion_mask.bool()
-    oldest = group.versions.masked_fill(~mask, torch.iinfo(torch.long).max).min(dim=1).values
-    oldest = torch.where(mask.any(dim=1), oldest, torch.full_like(oldest, group.rollout.policy_version))
-    return version - oldest
+    return version - group.oldest_versions()
 
 
 def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> LocalSampler:

@@ -45,11 +45,17 @@ class FinishedGroup:
     rollout: Rollout                 # G rows, group id 0
     versions: torch.Tensor           # [G, T] long: the weight version that sampled each token (0 on padding)
 
+    def oldest_versions(self) -> torch.Tensor:
+        """[G] per sample, the version of the oldest weights that sampled one of its tokens: what its
+        staleness counts from (the group's policy_version for a sample without tokens)."""
+        mask = self.rollout.completion_mask.bool()
+        oldest = self.versions.masked_fill(~mask, torch.iinfo(torch.long).max).min(dim=1).values
+        return torch.where(mask.any(dim=1), oldest, torch.full_like(oldest, self.rollout.policy_version))
+
     @property
     def oldest_version(self) -> int:
-        """The version of the oldest weights that sampled any of its tokens: what its staleness counts from."""
-        mask = self.rollout.completion_mask.bool()
-        return int(self.versions[mask].min()) if mask.any() else int(self.rollout.policy_version)
+        """The oldest version among all its samples' tokens."""
+        return int(self.oldest_versions().min())
 
 
 @dataclass
