@@ -49,6 +49,7 @@ The last line of stdout is one JSON object: reinforge_s_per_step, trl_s_per_step
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import re
 import statistics
@@ -59,10 +60,6 @@ import time
 
 import torch
 import transformers
-import trl
-from datasets import Dataset
-from transformers import PrinterCallback, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
 
 from reinforge.config import Config, build_config
 from reinforge.loops.rl import StepRecord, train_rl
@@ -109,16 +106,6 @@ class StepClock:
         return [b - a for a, b in zip(self.ends[1:], self.ends[2:], strict=False)]
 
 
-class TRLStepClock(TrainerCallback):
-    """One tick per optimizer step (= one generation here)."""
-
-    def __init__(self, clock: StepClock):
-        self.clock = clock
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.clock.tick()
-
-
 def reinforge_config(args: argparse.Namespace) -> Config:
     overrides = [
         f"recipe={RECIPE}", f"seed={args.seed}", f"threads={args.threads}", "log.progress=false",
@@ -139,7 +126,18 @@ def reinforge_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def trl_trainer(cfg: Config, model, dataset: Dataset, clock: StepClock, rewards: list[dict], output_dir: str) -> GRPOTrainer:
+def trl_trainer(cfg: Config, model, dataset, clock: StepClock, rewards: list[dict], output_dir: str):
+    """TRL's GRPOTrainer on the same problem. TRL is imported here, not at the top: the reinforge
+    side runs (and is tested, tests/test_benchmarks.py) in the project's venv, which has no TRL."""
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class TRLStepClock(TrainerCallback):
+        """One tick per optimizer step (= one generation here)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.tick()
+
     def reward_fn(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
         values = [shaped_reward(a, c) for a, c in zip(answer, completions, strict=True)]
         rewards.append(batch_stats(values, [len(ids) for ids in completion_ids]))
@@ -157,7 +155,7 @@ def trl_trainer(cfg: Config, model, dataset: Dataset, clock: StepClock, rewards:
         **TRL_LOSS,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
-                          processing_class=build_char_tokenizer(), callbacks=[TRLStepClock(clock)])
+                          processing_class=build_char_tokenizer(), callbacks=[TRLStepClock()])
     trainer.remove_callback(PrinterCallback)   # it would print the end-of-training log line to stdout
     return trainer
 
@@ -184,7 +182,7 @@ def run_side(args: argparse.Namespace) -> dict:
     policy = build_tiny_qwen2(cfg.model, cfg.seed)       # the same initial weights on both sides
     clock, records = StepClock(), []
     if args.side == "reinforge":
-        def on_step(record: StepRecord) -> None:
+        def on_step(record: StepRecord, _state) -> None:
             clock.tick()
             records.append(record.metrics)
 
@@ -192,6 +190,8 @@ def run_side(args: argparse.Namespace) -> dict:
         train_rl(cfg, policy, engine, task, spec, on_step)
         extra = {key: statistics.median(r[key] for r in records[1:]) for key in ("generation_seconds", "step_seconds")}
     else:
+        from datasets import Dataset
+
         dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer}
                                      for e in task.train_split(cfg.train.num_prompts)])
         with tempfile.TemporaryDirectory() as output_dir:
@@ -243,7 +243,7 @@ def main() -> None:
            for key in ("step_seconds", "generation_seconds")},
         **{f"{side}_{key}": round(statistics.fmean(run[key] for run in runs[side]), 4)
            for side in SIDES for key in ("reward_mean", "zero_variance_groups", "response_length_mean")},
-        "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+        "torch": torch.__version__, "transformers": transformers.__version__, "trl": importlib.metadata.version("trl"),
     }
     print(json.dumps(result))
 

@@ -1,0 +1,68 @@
+"""The benchmark scripts still run against the current code: each in a small configuration, in a
+subprocess as its README command runs it, with the figures of its JSON line checked.
+
+The numbers in BENCHMARKS.md come from these scripts; a script that an API change broke would
+otherwise go unnoticed until the next time someone measures (the RL loop's `on_step` gained its
+state argument and vs_trl.py failed for a whole session). TRL is not installed here, so vs_trl.py
+runs its reinforge side alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run_script(name: str, *args: str) -> dict:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_vs_trl_reinforge_side_runs_the_benchmarked_problem():
+    out = run_script("vs_trl.py", "--side", "reinforge", "--steps", "2", "--threads", "1")
+    assert len(out["times"]) == 2 and all(t > 0 for t in out["times"])
+    assert out["engine"] == "native" and out["threads"] == 1
+    # The built-in Qwen2: embedding 89 x 128 (tied head), per layer q/k/v 128 x 384 + 384 biases,
+    # o 128 x 128, gate/up/down 3 x 128 x 512, two norms of 128; a final norm of 128.
+    assert out["model_params"] == 89 * 128 + 4 * (128 * 384 + 384 + 128 * 128 + 3 * 128 * 512 + 2 * 128) + 128
+    # 16 new tokens at most; the shaped reward lies in [0, 1].
+    assert 0 < out["response_length_mean"] <= 16
+    assert 0.0 <= out["reward_mean"] <= 1.0
+    assert 0 < out["generation_seconds"] < out["step_seconds"]
+
+
+def test_rollout_throughput_compares_like_with_like():
+    out = run_script("rollout_throughput.py", "--rounds", "1", "--threads", "1")
+    for name in ("fixed_length", "long_tail"):
+        scenario = out[name]
+        assert scenario["ratio"] == round(scenario["native_tokens_per_s"] / scenario["hf_tokens_per_s"], 3)
+        # Both engines sample the same distribution: 256 samples' mean lengths agree to a few tokens.
+        lengths = scenario["mean_length"]
+        assert abs(lengths["hf"] - lengths["native"]) < 0.15 * lengths["hf"]
+        assert max(scenario["max_length"].values()) <= scenario["max_new_tokens"]
+    assert out["long_tail"]["mean_length"]["native"] < 0.9 * out["long_tail"]["max_new_tokens"]
+
+
+def test_async_throughput_trains_both_modes_on_the_same_samples():
+    out = run_script("async_throughput.py", "sft.steps=0", "train.steps=2", "train.prompts_per_step=4",
+                     "eval.num_prompts=8", "eval.num_samples=2", "threads=1")
+    assert out["samples"] == 2 * 4 * 8 and out["max_staleness"] == 2
+    assert abs(out["ratio"] - out["async_samples_per_s"] / out["sync_samples_per_s"]) < 2e-3
+    assert all(0.0 <= out[k] <= 1.0 for k in ("start_pass@1", "sync_pass@1", "async_pass@1"))
+
+
+def test_dpo_heldout_runs():
+    out = run_script("dpo_heldout.py", "sft.steps=0", "train.steps=2", "eval.num_prompts=8", "eval.num_samples=2", "threads=1")
+    assert out["dpo_seconds"] > 0
+    assert all(0.0 <= out[when]["pass@1"] <= 1.0 for when in ("start", "final"))
+
+
+def test_logprob_memory_agrees_with_the_plain_computation():
+    out = run_script("logprob_memory.py", "--tokens", "64", "--vocab", "1000", "--hidden", "32")
+    assert out["max_abs_diff"] < 1e-5
+    assert out["chunked_peak_mb"] > 0 and out["naive_peak_mb"] > 0
