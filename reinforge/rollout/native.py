@@ -391,9 +391,10 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
 def _draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of probs [B, V] by inverting the CDF at a uniform draw (torch.multinomial
     does the same job several times slower on CPU). The draw is scaled by each row's total, so
-    rounding in the sum cannot step past the last token with mass."""
+    rounding in the sum cannot step past the last token with mass. The uniforms are drawn on the CPU
+    (`generator` is a CPU generator), so a seed gives the same draws on any device."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, dtype=cdf.dtype, generator=generator).to(probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
@@ -615,12 +616,10 @@ class DecodeSession:
             done = (stopped | (g >= self.params.max_new_tokens)).nonzero().squeeze(1)
             if not len(done):
                 break
-            for slot, stop in zip(done.tolist(), stopped[done].tolist(), strict=True):
-                n = int(self.generated[slot])
-                # Copies (.cpu() of a CPU tensor is a view): the slot is about to be reused.
-                finished.append(FinishedRow(self.tags[slot], self.tokens[slot, :n].cpu().clone(),
-                                            self.logprobs[slot, :n].cpu().clone(), self.versions[slot, :n].cpu().clone(),
-                                            truncated=not stop))
+            # One gather per field (a copy: the slots are about to be reused), then views of its rows.
+            tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
+            for i, (slot, n, stop) in enumerate(zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)):
+                finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n], truncated=not stop))
             admitted = self._retire(done)
         if self.live:
             live = self.live
@@ -676,9 +675,13 @@ class DecodeSession:
             prompts = torch.tensor([rows[i].prompt for i in mine], dtype=torch.long, device=self.device)
             self.cache.fill(into[mine], block.keys, block.values, prompts)
         for slot, w in zip(into.tolist(), rows, strict=True):
-            self.tokens[slot, 0], self.logprobs[slot, 0], self.versions[slot, 0] = w.token, w.logprob, w.version
             self.tags[slot], self.prompts[slot] = w.tag, w.block.prompt_ids[w.prompt]
-            self.length[slot], self.generated[slot] = len(self.prompts[slot]), 1
+        d = self.device
+        self.tokens[into, 0] = torch.tensor([w.token for w in rows], device=d)
+        self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
+        self.versions[into, 0] = torch.tensor([w.version for w in rows], device=d)
+        self.length[into] = torch.tensor([len(w.block.prompt_ids[w.prompt]) for w in rows], device=d)
+        self.generated[into] = 1
         self.live = max(self.live, int(into.max()) + 1)
 
     def _retire(self, done: torch.Tensor) -> bool:
