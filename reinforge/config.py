@@ -52,6 +52,7 @@ class ModelConfig(_Section):
     intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
     max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward moves its batch to the model.")
     lora: LoraConfig | None = Field(None, description="LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning.")
 
 

@@ -31,7 +31,7 @@ from reinforge.loops.async_rl import train_rl_async
 from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
-from reinforge.models import load_policy
+from reinforge.models import load_policy, resolve_device
 from reinforge.models.factory import check_model_path
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
@@ -86,6 +86,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     except (ValueError, TypeError) as err:  # bad option values of the task or objective
         raise ConfigError(str(err)) from None
     check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
+    resolve_device(cfg.model.device)       # a CUDA device this machine lacks
     check_mode(cfg, spec)
     if torchrun_world_size() > 1:
         check_data_parallel(cfg, spec, torchrun_world_size())

@@ -36,6 +36,7 @@ from torch import Tensor
 from reinforge.config import Config, ConfigError
 from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_rows, shard_model
 from reinforge.learner.sequences import SequenceBatch
+from reinforge.models.factory import resolve_device
 from reinforge.objectives import LOCAL, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 
@@ -59,9 +60,9 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
         raise ConfigError(f"train.mode={cfg.train.mode} is not supported {where} yet: set train.mode=sync")
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
-    if torch.cuda.is_available():
-        raise NotImplementedError(f"learner ranks {where} run on CPU (gloo) in this version, and reinforge keeps its "
-                                  "models on CPU: run without CUDA devices visible (CUDA_VISIBLE_DEVICES=)")
+    if resolve_device(cfg.model.device).type != "cpu":
+        raise NotImplementedError(f"learner ranks {where} run on the CPU (gloo) in this version, not on "
+                                  f"{cfg.model.device}: set model.device=cpu, or run one process on the GPU")
 
 
 def on_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T | None:

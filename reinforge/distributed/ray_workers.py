@@ -65,11 +65,13 @@ class RolloutActor:
     def __init__(self, cfg: Config, index: int, sampling: SamplingParams):
         ray_cfg, tc = cfg.ray, cfg.train
         torch.set_num_threads(max(1, int(ray_cfg.num_cpus_per_worker)))
+        # The worker's device is its Ray resources' (Ray shows an actor only the GPUs it was given),
+        # whatever model.device the learner runs on.
         device = "cuda" if ray_cfg.num_gpus_per_worker > 0 else "cpu"
-        policy = load_policy(cfg.model, cfg.seed)       # as the pipeline builds it; the driver's weights follow
-        policy.model.to(device)
-        # Async over several workers is not bit-reproducible; each worker's draws are its own stream.
-        generator = torch.Generator(device).manual_seed(hash((cfg.rl_seed, index)) % 2**63)
+        policy = load_policy(cfg.model.model_copy(update={"device": device}), cfg.seed)   # the driver's weights follow
+        # Async over several workers is not bit-reproducible; each worker's draws are its own stream
+        # (a CPU generator, as the engines take: rollout/native.py draws its uniforms on the CPU).
+        generator = torch.Generator().manual_seed(hash((cfg.rl_seed, index)) % 2**63)
         self.sampler = LocalSampler(policy, sampling, tc.group_size,
                                     slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
                                     generator=generator, in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)

@@ -49,17 +49,19 @@ class ValueModel(nn.Module):
         # A shared body sits in a list, so it is not a submodule: not in the critic's optimizer or state_dict.
         self._shared_body = [decoder] if shared else []
         self.body = None if shared else copy.deepcopy(decoder).requires_grad_(True)
-        self.head = nn.Linear(policy.config.hidden_size, 1, dtype=next(decoder.parameters()).dtype)
+        weight = next(decoder.parameters())
+        self.head = nn.Linear(policy.config.hidden_size, 1, dtype=weight.dtype, device=weight.device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
-        """V of every completion token's state, [N, T] fp32, 0 on padding."""
+        """V of every completion token's state, [N, T] fp32, 0 on padding, on the model's device."""
         body = self._shared_body[0] if self.shared else self.body
+        batch = batch.to(self.head.weight.device)
         with torch.no_grad() if self.shared else contextlib.nullcontext():
             hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state   # [N, L, H]
         n, t = batch.completion_ids.shape
-        positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
+        positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=hidden.device).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
         picked = hidden.gather(1, positions.unsqueeze(-1).expand(n, t, hidden.shape[-1]))                        # [N, T, H]
         return self.head(picked).squeeze(-1).float() * batch.completion_mask
 
@@ -82,11 +84,11 @@ class Critic:
 
     @torch.no_grad()
     def values(self, batch: SequenceBatch, plan: ForwardPlan) -> torch.Tensor:
-        """V of the batch's completion tokens, [N, T], computed in micro-batches."""
+        """V of the batch's completion tokens, [N, T], computed in micro-batches; on the batch's device."""
         out = torch.zeros_like(batch.completion_mask)
         for rows in plan.micro_batches(batch):
             seq = batch.rows(rows)
-            out[rows, : seq.completion_ids.shape[1]] = self.model(seq)
+            out[rows, : seq.completion_ids.shape[1]] = self.model(seq).to(out.device)
         return out
 
     def update(self, batch: SequenceBatch, old_values: torch.Tensor, returns: torch.Tensor, *, clip: float | None,
@@ -96,6 +98,7 @@ class Critic:
         policy's update: `epochs` passes of `mini_batches` optimizer steps. Returns critic metrics."""
         n = batch.completion_mask.shape[0]
         mask = batch.completion_mask
+        device = self.model.head.weight.device     # the batch stays put; each micro-batch goes to the model
         losses, clipped, norms = [], [], []
         for _ in range(epochs):
             for mb in torch.tensor_split(torch.randperm(n, generator=generator), mini_batches):
@@ -105,11 +108,11 @@ class Critic:
                 self.optimizer.zero_grad(set_to_none=True)
                 for local in plan.micro_batches(batch, mb):
                     rows = mb[local]
-                    seq = batch.rows(rows)
+                    seq = batch.rows(rows).to(device)
                     width = seq.completion_ids.shape[1]
-                    terms = value_loss(self.model(seq), old_values[rows, :width], returns[rows, :width],
+                    terms = value_loss(self.model(seq), old_values[rows, :width].to(device), returns[rows, :width].to(device),
                                        seq.completion_mask, clip=clip)
-                    w = weights[local][:, :width]
+                    w = weights[local][:, :width].to(device)
                     loss = (w * terms.loss).sum()
                     loss.backward()
                     losses.append(loss.item())

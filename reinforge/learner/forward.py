@@ -17,6 +17,7 @@ from reinforge.learner.batching import plan_micro_batches
 from reinforge.learner.logprobs import completion_token_stats_chunked
 from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
 from reinforge.learner.shared_prefix import completion_token_stats_shared
+from reinforge.models.factory import model_device
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class ForwardPlan:
 
 
 def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
-    """Log-probs and entropies [N, T] of the completion tokens at `temperature`, with gradients."""
+    """Log-probs and entropies [N, T] of the completion tokens at `temperature`, with gradients, on
+    the model's device (the batch is moved there)."""
+    batch = batch.to(model_device(model))
     if plan.shared_prefix:
         if batch.group_ids is None:
             raise ValueError("the shared-prefix forward needs the batch's group ids (build_sequences(..., group_ids=...))")
@@ -55,9 +58,10 @@ def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float
 
 @torch.no_grad()
 def token_logprobs(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:
-    """Log-probs [N, T] of the completion tokens under `model`, without gradient, in micro-batches."""
+    """Log-probs [N, T] of the completion tokens under `model`, without gradient, in micro-batches;
+    on the batch's device (micro-batches run on the model's)."""
     out = torch.zeros_like(batch.completion_mask)
     for rows in plan.micro_batches(batch):
         part = batch.rows(rows)
-        out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, plan).logprobs
+        out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, plan).logprobs.to(out.device)
     return out

@@ -125,4 +125,7 @@ class AdapterReference(Reference):
         return {"adapters": self.adapters}
 
     def load_state_dict(self, state: dict) -> None:
-        self.adapters = state["adapters"]
+        # A checkpoint loads on the CPU; the adapters live where the model's do.
+        params = dict(self.model.named_parameters())
+        self.adapters = None if state["adapters"] is None else {
+            name: t.to(params[name].device) for name, t in state["adapters"].items()}

@@ -3,7 +3,7 @@ of the completion tokens aligned to the rollout's [N, T] layout."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from transformers import PreTrainedModel
@@ -19,6 +19,13 @@ class SequenceBatch:
     completion_ids: torch.Tensor  # [N, T] long
     completion_mask: torch.Tensor  # [N, T] float
     group_ids: torch.Tensor | None = None  # [N] long, rows with one id share their prompt (None: unknown)
+
+    def to(self, device: torch.device) -> SequenceBatch:
+        """The same rows on `device` (this batch itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return SequenceBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                                for f in fields(self)})
 
     def rows(self, index: torch.Tensor) -> SequenceBatch:
         """The sub-batch of the given rows, trimmed to its own longest sequence."""
@@ -73,7 +80,7 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, L, V]
     n, t = batch.completion_ids.shape
     # Position starts[i] - 1 + j predicts completion token j.
-    positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
     picked = logits.gather(1, positions.unsqueeze(-1).expand(n, t, logits.shape[-1])).float() / temperature  # [N, T, V]
     logsumexp = torch.logsumexp(picked, dim=-1)
     token_logits = picked.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)

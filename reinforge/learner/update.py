@@ -36,6 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.learner.sequences import SequenceBatch
+from reinforge.models.factory import model_device
 from reinforge.objectives import LOCAL, BatchReduce, ObjectiveSpec, loss_weights, objective_loss
 
 
@@ -78,11 +79,13 @@ class UpdateStats:
     old_logprobs: torch.Tensor  # [N, T] the pi_old log-probs the update used
 
 
-def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int) -> torch.Tensor | None:
+def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int, device: torch.device | None = None) -> torch.Tensor | None:
+    """Rows `index` of x ([N] or [N, T], trimmed to `width` columns), on `device` (default x's)."""
     if x is None:
         return None
     x = x[index]
-    return x[:, :width] if x.dim() == 2 else x
+    x = x[:, :width] if x.dim() == 2 else x
+    return x if device is None else x.to(device)
 
 
 def _idle_row(device: torch.device) -> SequenceBatch:
@@ -120,6 +123,7 @@ def policy_update(
         raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
                                   "per-layer all-gathers; set train.shared_prefix=false")
     n = batch.sequences.input_ids.shape[0]
+    device = model_device(model)
     in_place = batch.old_logprobs is None
     if in_place and ppo_epochs * mini_batches != 1:
         raise ValueError("old_logprobs=None (pi_old from the update's own forward) needs ppo_epochs = mini_batches = 1")
@@ -146,22 +150,23 @@ def policy_update(
             idle_passes = int(reduce.cat(torch.tensor([len(micro)])).max()) - len(micro)
             for local in micro:
                 rows = mb[local]
-                seq = batch.sequences.rows(rows)
+                # The batch stays where the rollout put it (the CPU); each micro-batch goes to the model.
+                seq = batch.sequences.rows(rows).to(device)
                 width = seq.completion_ids.shape[1]
                 stats = token_stats(model, seq, temperature, forward)
                 if in_place:   # no step has been taken yet: these weights are pi_old
-                    old_all[rows, :width] = stats.logprobs.detach()
+                    old_all[rows, :width] = stats.logprobs.detach().to(old_all.device)
                 out = objective_loss(
                     spec,
                     logprobs=stats.logprobs,
-                    old_logprobs=_slice_rows(old_all, rows, width),
-                    advantages=_slice_rows(batch.advantages, rows, width),
+                    old_logprobs=_slice_rows(old_all, rows, width, device),
+                    advantages=_slice_rows(batch.advantages, rows, width, device),
                     mask=seq.completion_mask,
-                    weights=weights[local][:, :width],
-                    ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width),
-                    sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width),
+                    weights=weights[local][:, :width].to(device),
+                    ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width, device),
+                    sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width, device),
                     entropy=stats.entropy,
-                    correct=_slice_rows(batch.correct, rows, width),
+                    correct=_slice_rows(batch.correct, rows, width, device),
                 )
                 finite &= bool(torch.isfinite(out.loss.detach()))
                 out.loss.backward()

@@ -232,15 +232,16 @@ def preference_backward(model: torch.nn.Module, seq: SequenceBatch, ref_logprobs
     logprobs, entropy, finite = torch.zeros(2 * num_pairs), torch.zeros(2 * num_pairs), True
     lengths = seq.attention_mask.sum(dim=1)
     for rows in plan_micro_batches(lengths, max(forward.micro_batch_size, 2), forward.micro_batch_tokens, groups=seq.group_ids):
-        stats = token_stats(model, seq.rows(rows), TEMPERATURE, forward)
+        stats = token_stats(model, seq.rows(rows), TEMPERATURE, forward)   # on the model's device
         row_logprobs = stats.logprobs.sum(dim=1)                    # [M] log pi(y | x), summed over the completion
-        logprobs[rows], entropy[rows] = row_logprobs.detach(), stats.entropy.detach().sum(dim=1)
+        logprobs[rows], entropy[rows] = row_logprobs.detach().cpu(), stats.entropy.detach().sum(dim=1).cpu()
+        ref = ref_logprobs.to(row_logprobs.device)
         local = {int(r): i for i, r in enumerate(rows)}
         pairs = torch.tensor(sorted(r for r in local if r < num_pairs), dtype=torch.long)   # [M/2] pairs of this micro-batch
         chosen = torch.tensor([local[int(p)] for p in pairs], dtype=torch.long)
         rejected = torch.tensor([local[int(p) + num_pairs] for p in pairs], dtype=torch.long)
         out = preference_loss(chosen_logprobs=row_logprobs[chosen], rejected_logprobs=row_logprobs[rejected],
-                              ref_chosen_logprobs=ref_logprobs[pairs], ref_rejected_logprobs=ref_logprobs[pairs + num_pairs],
+                              ref_chosen_logprobs=ref[pairs], ref_rejected_logprobs=ref[pairs + num_pairs],
                               beta=spec.beta, loss_type=spec.loss_type, label_smoothing=spec.label_smoothing)
         loss = out.losses.sum() / num_pairs                         # the mean over the step's pairs (the dpo recipe's aggregation)
         finite &= bool(torch.isfinite(loss.detach()))

@@ -18,7 +18,7 @@ from reinforge.learner import (
     completion_token_stats,
     warmup_cosine,
 )
-from reinforge.models import Policy
+from reinforge.models import Policy, model_device
 from reinforge.objectives import loss_weights
 from reinforge.rollout import encode_prompts
 from reinforge.tasks import SFTExample
@@ -58,6 +58,7 @@ def run_sft(
     data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id)
 
     model = policy.model
+    device = model_device(model)
     model.train()
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps)
@@ -65,7 +66,7 @@ def run_sft(
     losses: list[float] = []
     for step in range(cfg.steps):
         rows = torch.randint(len(examples), (cfg.batch_size,), generator=generator)
-        batch = data.rows(rows)
+        batch = data.rows(rows).to(device)   # the data stays on the CPU; each batch goes to the model
         stats = completion_token_stats(model, batch)
         weights = loss_weights("token_mean", batch.completion_mask)
         loss = -(weights * stats.logprobs).sum()

@@ -82,9 +82,32 @@ def check_model_path(path: str) -> Path:
     return p
 
 
+def resolve_device(name: str) -> torch.device:
+    """`model.device` as a torch device: auto is the first CUDA device when there is one, else the CPU.
+    A CUDA device that this machine does not have is a ConfigError."""
+    if name == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ConfigError(f"model.device={name}, but this machine has {count} CUDA device(s) visible to torch "
+                              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): use model.device=cpu or auto")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters (all on one device in reinforge)."""
+    return next(model.parameters()).device
+
+
 def load_policy(cfg: ModelConfig, seed: int) -> Policy:
     """The built-in model for path 'builtin', else the local HF model and its own tokenizer; with
-    `cfg.lora`, wrapped with LoRA adapters (initialised under `seed`)."""
+    `cfg.lora`, wrapped with LoRA adapters (initialised under `seed`); on `cfg.device`. Weights and
+    adapters are initialised on the CPU and then moved, so a seed gives the same weights on any device."""
+    device = resolve_device(cfg.device)
     if cfg.path == "builtin":
         policy = build_tiny_qwen2(cfg, seed)
     else:
@@ -93,6 +116,7 @@ def load_policy(cfg: ModelConfig, seed: int) -> Policy:
         policy = Policy(model=model, tokenizer=load_tokenizer(path))
     if cfg.lora is not None:
         policy = Policy(model=apply_lora(policy.model, cfg.lora, seed), tokenizer=policy.tokenizer)
+    policy.model.to(device)
     return policy
 
 

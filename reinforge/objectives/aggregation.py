@@ -66,7 +66,7 @@ LOCAL = LocalReduce()
 
 def _num_rows(m: Tensor, reduce: BatchReduce) -> Tensor:
     """N of the whole optimizer batch (all ranks), as a tensor."""
-    return reduce.sum(torch.tensor(float(m.shape[0]), dtype=m.dtype))
+    return reduce.sum(torch.tensor(float(m.shape[0]), dtype=m.dtype, device=m.device))
 
 
 def _float_mask(mask: Tensor) -> Tensor:
@@ -124,7 +124,7 @@ def prompt_mean(mask: Tensor, *, group_ids: Tensor | None = None, max_length: in
     # Prompts may span ranks: gather every row's (group id, length), sum per group.
     all_ids = reduce.cat(group_ids)                                          # [N_all]
     known = torch.unique(all_ids)                                            # [P] sorted
-    group_tokens = torch.zeros(known.numel(), dtype=m.dtype).index_add_(
+    group_tokens = torch.zeros(known.numel(), dtype=m.dtype, device=m.device).index_add_(
         0, torch.searchsorted(known, all_ids), reduce.cat(m.sum(dim=1))
     ).clamp(min=1)                                                           # [P]
     own = group_tokens[torch.searchsorted(known, group_ids)]                 # [N]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.models import Policy
+from reinforge.models import Policy, model_device
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import apply_stop_strings, completion_mask
@@ -59,13 +59,15 @@ class HFEngine:
             )
         was_training = model.training
         model.eval()
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        device = model_device(model)
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs)
         model.train(was_training)
 
         completion_ids = out.sequences[:, width:]                                   # [N, T]
         scores = torch.stack(out.scores, dim=1).float()                              # [N, T, V]
-        logprobs = torch.log_softmax(scores, dim=-1)
-        sampler_logprobs = logprobs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        sampler_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        # The rollout lives on the CPU, whatever device sampled it.
+        completion_ids, sampler_logprobs = completion_ids.cpu(), sampler_logprobs.cpu()
         mask, truncated = completion_mask(completion_ids, eos_ids)
         # Stop strings are matched in the completion's text only (as vLLM does), after generation:
         # generate's own stop_strings also match text that straddles the prompt's end.
