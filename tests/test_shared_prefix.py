@@ -16,8 +16,8 @@ from transformers import (
 )
 
 from reinforge.config import build_config
-from reinforge.learner import SequenceBatch, build_sequences, completion_token_stats
-from reinforge.learner.shared_prefix import completion_token_stats_shared
+from reinforge.learner import SequenceBatch, build_sequences, completion_token_stats, shared_prefix
+from reinforge.learner.shared_prefix import completion_token_stats_shared, length_buckets
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 
@@ -92,9 +92,27 @@ def assert_close(got: torch.Tensor, ref: torch.Tensor, name: str, atol: float = 
     assert torch.allclose(got, ref, atol=atol, rtol=rtol), f"{name}: max abs diff {err:.3g}"
 
 
+@pytest.fixture(params=["one_pass", "pass_per_length"])
+def buckets(request, monkeypatch) -> str:
+    """The completion passes as one padded pass, or one per length class (LENGTHS: 4 passes)."""
+    monkeypatch.setattr(shared_prefix, "PASS_COST_POSITIONS", 10**9 if request.param == "one_pass" else 0)
+    return request.param
+
+
+def test_length_buckets_split_long_tails_and_merge_cheap_neighbours() -> None:
+    # need 1, 2, 3 are classes (0, 1], (1, 2], (2, 4]; 5 is (4, 8], 9 (8, 16], 40 (32, 64].
+    need = torch.tensor([0, 1, 2, 3, 5, 9, 40])
+    as_lists = lambda cost: [b.tolist() for b in length_buckets(need, cost)]   # noqa: E731
+    assert as_lists(0) == [[1], [2], [3], [4], [5], [6]]
+    # Cost 3: padding row 1 to 2 costs 1, rows 1-2 to 3 costs 2; rows 1-3 to 5 would cost 6 > 3.
+    assert as_lists(3) == [[1, 2, 3], [4], [5], [6]]
+    assert as_lists(10**9) == [[1, 2, 3, 4, 5, 6]]
+    assert length_buckets(torch.zeros(4, dtype=torch.long)) == []
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_values_equal_the_plain_forward(name: str, temperature: float, micro_overrides) -> None:
+def test_values_equal_the_plain_forward(name: str, temperature: float, micro_overrides, buckets) -> None:
     model = MODELS[name](micro_overrides)
     batch, group_ids = grouped_batch(model.config.vocab_size)
     with torch.no_grad():
@@ -108,7 +126,7 @@ def test_values_equal_the_plain_forward(name: str, temperature: float, micro_ove
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_gradients_equal_the_plain_forward(name: str, micro_overrides) -> None:
+def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets) -> None:
     # L = sum_it w_it logp_it + c sum_it H_it with random w: every token's log-prob and entropy
     # carry their own weight, so a gradient routed to the wrong row or token would show. w and c
     # are divided by the token count M, as a token-mean loss weighs them: the gradients are then
@@ -134,7 +152,7 @@ def test_gradients_equal_the_plain_forward(name: str, micro_overrides) -> None:
         assert_close(got[n], ref[n], n, atol=1e-6, rtol=1e-4)
 
 
-def test_split_and_reordered_groups_give_the_same_rows(micro_overrides) -> None:
+def test_split_and_reordered_groups_give_the_same_rows(micro_overrides, buckets) -> None:
     # A micro-batch holds any rows of any groups in any order (`SequenceBatch.rows` also trims it):
     # each row's numbers depend on that row alone.
     model = MODELS["qwen2_gqa"](micro_overrides)
