@@ -66,3 +66,10 @@ def test_logprob_memory_agrees_with_the_plain_computation():
     out = run_script("logprob_memory.py", "--tokens", "64", "--vocab", "1000", "--hidden", "32")
     assert out["max_abs_diff"] < 1e-5
     assert out["chunked_peak_mb"] > 0 and out["naive_peak_mb"] > 0
+
+
+def test_learner_padding_buckets_give_the_one_pass_numbers_on_fewer_positions():
+    out = run_script("learner_padding.py", "--repeats", "1", "--threads", "1")
+    assert out["max_abs_diff"] < 1e-5
+    assert out["passes"] > 1 and out["bucketed_positions"] < out["one_pass_positions"] / 2
+    assert out["tokens"] - out["rows"] <= out["bucketed_positions"]   # a row of n tokens needs n - 1 positions
