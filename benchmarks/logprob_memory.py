@@ -11,7 +11,11 @@ needed on top of its inputs, the parameter gradients included. The inputs are ma
 Both children draw the same inputs from one seed and save their outputs; this process then
 compares them on the full problem.
 
-Run: python benchmarks/logprob_memory.py [--tokens 4096] [--chunk-size 1024]
+On a GPU (`--device cuda`) the inputs move there after they are made, and the peak growth is
+torch.cuda.max_memory_allocated() after the run minus memory_allocated() before it (peak stats
+reset in between): the caching allocator's view, which is what runs out.
+
+Run: python benchmarks/logprob_memory.py [--tokens 4096] [--chunk-size 1024] [--device cpu|cuda]
 The last line of stdout is one JSON object.
 """
 
@@ -68,6 +72,13 @@ def naive(h, w, targets):
 def child(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     h, w, targets, a, b = make_inputs(args.tokens, args.vocab, args.hidden, args.seed)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        h, w = (t.detach().to(device).requires_grad_() for t in (h, w))
+        targets, a, b = (t.to(device) for t in (targets, a, b))
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        allocated_before = torch.cuda.memory_allocated(device) / 2**20
     rss_before, peak_before = current_rss_mb(), peak_rss_mb()
     start = time.perf_counter()
     if args.variant == "naive":
@@ -75,11 +86,16 @@ def child(args: argparse.Namespace) -> None:
     else:
         logprobs, entropy = chunked_token_logprobs_and_entropy(h, w, None, targets, chunk_size=args.chunk_size)
     (logprobs * a + entropy * b).sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     peak_after = peak_rss_mb()
-    torch.save({"logprobs": logprobs.detach(), "entropy": entropy.detach(), "d_hidden": h.grad, "d_weight": w.grad}, args.out)
+    growth = (torch.cuda.max_memory_allocated(device) / 2**20 - allocated_before if device.type == "cuda"
+              else peak_after - rss_before)
+    torch.save({k: t.detach().cpu() for k, t in {"logprobs": logprobs, "entropy": entropy, "d_hidden": h.grad,
+                                                  "d_weight": w.grad}.items()}, args.out)
     print(json.dumps({
-        "variant": args.variant, "peak_growth_mb": peak_after - rss_before, "rss_before_mb": rss_before,
+        "variant": args.variant, "peak_growth_mb": growth, "rss_before_mb": rss_before,
         "peak_before_mb": peak_before, "peak_after_mb": peak_after, "seconds": seconds,
     }))
 
@@ -87,7 +103,7 @@ def child(args: argparse.Namespace) -> None:
 def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--variant", variant, "--out", str(out), "--tokens", str(args.tokens),
            "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed), "--device", args.device]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     # The baseline is honest only if nothing before the run peaked above the RSS it started from.
@@ -104,6 +120,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--chunk-size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: peak GPU memory instead of RSS")
     parser.add_argument("--variant", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -112,7 +129,7 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    print(f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, CPU, chunk_size {args.chunk_size}")
+    print(f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, {args.device}, chunk_size {args.chunk_size}")
     with tempfile.TemporaryDirectory() as tmp:
         reports = {v: run_child(v, args, Path(tmp) / f"{v}.pt") for v in ("naive", "chunked")}
         naive_out = torch.load(Path(tmp) / "naive.pt")
@@ -149,8 +166,11 @@ def main() -> None:
         "chunked_err_vs_fp64": fp64_err["chunked"],
         "naive_seconds": round(reports["naive"]["seconds"], 1),
         "chunked_seconds": round(reports["chunked"]["seconds"], 1),
-        "method": "peak RSS growth per variant in a fresh subprocess: ru_maxrss after forward+backward minus "
-                  "RSS (/proc/self/statm) after making the inputs; logprobs, entropy, d hidden, d weight "
+        "device": args.device,
+        "method": ("peak CUDA allocation growth per variant in a fresh subprocess: max_memory_allocated after "
+                   "forward+backward minus memory_allocated after moving the inputs" if args.device.startswith("cuda") else
+                   "peak RSS growth per variant in a fresh subprocess: ru_maxrss after forward+backward minus "
+                   "RSS (/proc/self/statm) after making the inputs") + "; logprobs, entropy, d hidden, d weight "
                   "compared on the full problem",
     }))
 

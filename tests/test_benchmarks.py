@@ -73,3 +73,33 @@ def test_learner_padding_buckets_give_the_one_pass_numbers_on_fewer_positions():
     assert out["max_abs_diff"] < 1e-5
     assert out["passes"] > 1 and out["bucketed_positions"] < out["one_pass_positions"] / 2
     assert out["tokens"] - out["rows"] <= out["bucketed_positions"]   # a row of n tokens needs n - 1 positions
+
+
+def test_train_throughput_counts_the_batch_and_its_flops():
+    out = run_script("train_throughput.py", "--prompts", "4", "--max-new-tokens", "32", "--prompt-length", "8",
+                     "--repeats", "1", "--threads", "1")
+    assert out["parameters"] == 1062656 and out["device"] == "cpu"
+    assert out["mfu"] is None and out["learner_tflops"] > 0 and out["rollout_tokens_per_s"] > 0
+    # 4 prompts x 8 samples, each row its 8 prompt tokens and its completion.
+    assert out["learner_batch_tokens"] == 4 * 8 * 8 + out["completion_tokens"]
+
+
+def test_train_throughput_model_flops_by_hand():
+    import importlib.util
+
+    import torch
+    from transformers import Qwen2Config
+
+    from reinforge.learner import LearnerBatch, build_sequences
+
+    spec = importlib.util.spec_from_file_location("train_throughput", BENCHMARKS / "train_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = Qwen2Config(hidden_size=4, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=8, vocab_size=10)
+    seq = build_sequences([[5, 6]], torch.tensor([[7, 8, 9]]), torch.ones(1, 3), 0, group_ids=torch.tensor([0]))
+    batch = LearnerBatch(sequences=seq, advantages=torch.zeros(1), old_logprobs=None,
+                         sampler_logprobs=torch.zeros(1, 3), group_ids=torch.tensor([0]))
+    # Matmul parameters: q/k/v 4 x (2 x 2 + 2 x 1 x 2) = 32, o 16, MLP 3 x 4 x 8 = 96, head 10 x 4 = 40.
+    # 5 tokens run; keys attended: prompt 1 + 2, completion (2 + 1) + (2 + 2) + (2 + 3) = 12.
+    assert module.model_flops(config, batch, group_size=1) == 6 * 184 * 5 + 12 * 1 * 2 * 2 * 15
