@@ -175,6 +175,9 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
 
         return RunResult(**run_learner_group(cfg, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
+    if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
+        # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": str(group.device)})})
     try:
         return _run(cfg, task, spec, group, t_start, resume=resume, overwrite=overwrite)
     finally:

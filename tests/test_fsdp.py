@@ -25,6 +25,7 @@ from reinforge.distributed import (
     rank_rows,
     shard_model,
 )
+from reinforge.distributed.data_parallel import from_rank_0
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -35,6 +36,7 @@ from reinforge.learner import (
     token_logprobs,
     warmup_constant,
 )
+from reinforge.loops.curation import PoolExhausted
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import LOCAL, resolve_spec
 
@@ -167,6 +169,35 @@ def _free_port() -> int:
 
 def test_two_fsdp_ranks_match_one_process():
     mp.spawn(_worker, args=(_free_port(),), nprocs=2, join=True)
+
+
+def _broadcast_worker(rank: int, port: int) -> None:
+    os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    group = init_learner_group()
+    try:
+        calls = []
+
+        def make():
+            calls.append(rank)
+            return {"rank": rank, "x": torch.arange(3) + 10 * rank}
+
+        got = from_rank_0(group, make)
+        # Only rank 0 computed; both hold its object.
+        assert calls == ([0] if rank == 0 else [])
+        assert got["rank"] == 0 and got["x"].tolist() == [0, 1, 2]
+
+        def fail():
+            raise PoolExhausted("no prompts left")
+
+        with pytest.raises(PoolExhausted, match="no prompts left"):
+            from_rank_0(group, fail)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_0s_batch_reaches_every_rank_and_so_do_its_errors():
+    mp.spawn(_broadcast_worker, args=(_free_port(),), nprocs=2, join=True)
 
 
 def test_rank_rows_split_whole_groups_by_their_middle_row():

@@ -6,9 +6,11 @@ exchange of the per-row learner tensors, and the combination of per-rank metrics
 
 First version, and how it departs from a one-process run:
 
-- Every rank runs the whole pipeline with the same seeds: SFT, sampling, rewards, curation,
-  advantages and evaluations are DUPLICATED on every rank (deterministic CPU math makes them
-  identical), not split. Only the learner is split: each rank holds the `rank_rows` of every
+- Rank 0 samples, scores and curates every RL batch and sends it to the other ranks
+  (`from_rank_0`), so all ranks hold the same batch even where their own sampling or rewards
+  would differ (GPU kernels, a reward's timeout); they wait meanwhile (generation is not split
+  across ranks in this version). SFT, advantages and evaluations run on every rank with the same
+  seeds (DUPLICATED, not split). Only the learner is split: each rank holds the `rank_rows` of every
   rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
   trained model is FSDP2-sharded (`shard_model`), the optimizer stepping the shards.
 - The rollout engine cannot run on DTensors (the native engine reads the weights directly), so
@@ -36,7 +38,6 @@ from torch import Tensor
 from reinforge.config import Config, ConfigError
 from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_rows, shard_model
 from reinforge.learner.sequences import SequenceBatch
-from reinforge.models.factory import resolve_device
 from reinforge.objectives import LOCAL, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 
@@ -60,9 +61,6 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
         raise ConfigError(f"train.mode={cfg.train.mode} is not supported {where} yet: set train.mode=sync")
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
-    if resolve_device(cfg.model.device).type != "cpu":
-        raise NotImplementedError(f"learner ranks {where} run on the CPU (gloo) in this version, not on "
-                                  f"{cfg.model.device}: set model.device=cpu, or run one process on the GPU")
 
 
 def on_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T | None:
@@ -83,6 +81,25 @@ def on_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T | None:
     return result
 
 
+def from_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T:
+    """`make()` on rank 0 alone, its result (or the error it raised) sent to every rank: all ranks hold
+    rank 0's object, the same to the last bit, whatever their own computation would have given.
+    Every rank must call it; one process just calls `make`."""
+    if group.world_size == 1:
+        return make()
+    box: list = [None]
+    if group.rank == 0:
+        try:
+            box[0] = (make(), None)
+        except Exception as err:   # handed to the other ranks, then raised everywhere
+            box[0] = (None, err)
+    dist.broadcast_object_list(box, src=0)
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
 class DataParallel:
     """One learner rank's share of the work, around the plain policy model the rollout engine reads.
 
@@ -96,6 +113,10 @@ class DataParallel:
         self.sharded = shard_model(copy.deepcopy(plain).train()) if group is not None and group.world_size > 1 else None
         self.model = plain if self.sharded is None else self.sharded
         self.reduce = group.reduce if group is not None else LOCAL    # the aggregation's counts over all ranks
+
+    def from_lead(self, make: Callable[[], T]) -> T:
+        """`make()` in one process; under learner ranks rank 0's result on every rank (`from_rank_0`)."""
+        return make() if self.sharded is None else from_rank_0(self.group, make)
 
     def rows(self, group_ids: Tensor) -> Tensor:
         """[N] bool: the rows of a rollout batch this rank trains on (whole prompt groups); all of them in one process."""

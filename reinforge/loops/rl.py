@@ -237,8 +237,8 @@ def train_rl(
         t0 = time.perf_counter()
         state.step = step
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
-        try:
-            curated = collector.collect(state.version)
+        try:   # learner ranks: rank 0's batch, sent to every rank
+            curated = learner.dp.from_lead(lambda: collector.collect(state.version))
         except PoolExhausted as err:    # no-positive-resampling left fewer prompts than a batch: RL ends here
             state.step = step - 1
             return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
