@@ -6,7 +6,9 @@ prompt, and the plain forward (`sequences.completion_token_stats`,
 row in full, so each prompt goes through the model G times. Here a prompt
 pass runs each distinct prompt once and keeps every layer's keys and values;
 a completion pass then runs only the completion tokens, each row attending to
-its group's prompt keys/values followed by its own (causal). Gradients reach
+its group's prompt keys/values followed by its own (causal), in one pass per
+length bucket (`length_buckets`), so that a batch's longest completion does
+not pad every other row to its length. Gradients reach
 the prompt through all G rows (the gather of the shared keys/values sums them
 in the backward), so values and parameter gradients equal the plain path's.
 
