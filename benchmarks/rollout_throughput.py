@@ -1,6 +1,7 @@
 """New tokens per second: reinforge's native rollout engine vs transformers `generate`.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--rounds 5] [--threads 2]
+        [--shape builtin|qwen2.5-0.5b] [--device cpu|cuda] [--dtype float32|bfloat16]
 
 Same model, prompts and sampling settings for both engines, in one process,
 alternating runs (hf, native, hf, native, ...); the figure per engine is the
@@ -20,6 +21,11 @@ fp32:
   until the longest ends; the native engine drops them.
 The headline fields (`native_tokens_per_s`, `hf_tokens_per_s`, `ratio`) are
 the `fixed_length` scenario's; the last line is one JSON object.
+
+`--shape qwen2.5-0.5b --device cuda --dtype bfloat16` runs the same on a GPU with a random-init
+Qwen2.5-0.5B-shaped model (train_throughput.py's `build_policy`; the char tokenizer encodes the
+prompts, and the ids past its vocabulary decode to nothing). At that vocabulary a random model
+almost never samples <eos>, so both scenarios run every row to its limit.
 """
 
 from __future__ import annotations
@@ -31,9 +37,9 @@ import time
 
 import torch
 import transformers
+from train_throughput import DTYPES, build_policy
 
-from reinforge.config import ModelConfig
-from reinforge.models import Policy, build_tiny_qwen2
+from reinforge.models import Policy, resolve_device
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.tasks import build_task
 
@@ -73,11 +79,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eos-scale", type=float, default=12.0, help="long_tail: factor on the <eos> embedding row")
+    parser.add_argument("--shape", choices=["builtin", "qwen2.5-0.5b"], default="builtin")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model_cfg = ModelConfig(max_positions=128)
-    policy = build_tiny_qwen2(model_cfg, seed=0)
+    policy = build_policy(args.shape, DTYPES[args.dtype], resolve_device(args.device), seed=0)
+    config = policy.model.config
     prompts = [e.prompt for e in build_task("arithmetic").train_split(PROMPTS)]
     fixed = scenario(policy, prompts, 32, args.rounds)
     with torch.no_grad():
@@ -90,7 +99,8 @@ def main() -> None:
         "fixed_length": fixed,
         "long_tail": long_tail,
         "prompts": PROMPTS, "group_size": GROUP_SIZE, "threads": args.threads, "rounds": args.rounds,
-        "model": {"hidden": model_cfg.hidden_size, "layers": model_cfg.num_layers, "vocab": len(policy.tokenizer)},
+        "model": {"shape": args.shape, "hidden": config.hidden_size, "layers": config.num_hidden_layers,
+                  "vocab": config.vocab_size}, "device": str(policy.model.device), "dtype": args.dtype,
         "torch": torch.__version__, "transformers": transformers.__version__,
     }))
 
