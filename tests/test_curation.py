@@ -13,10 +13,10 @@ from reinforge.loops.curation import (
     PromptStream,
     SampleNow,
     Scores,
-    concat_rollouts,
     zero_variance,
 )
 from reinforge.rollout import Rollout, SamplingParams
+from reinforge.rollout.base import concat_rollouts
 from reinforge.tasks import Example
 
 G = 4

@@ -236,7 +236,7 @@ class ParityTask(ArithmeticTask):
 @pytest.mark.parametrize("mode", ["on_policy", "dataset"])
 def test_resume_after_step_k_equals_an_uninterrupted_run(micro_overrides, tmp_path, mode) -> None:
     torch.set_num_threads(1)
-    extra = ["train.steps=4", "train.lr=1e-3", "train.prompts_per_step=3"]
+    extra = ["train.steps=4", "train.lr=1e-3", "train.prompts_per_step=4"]   # enough groups that steps 1-2 form pairs
     if mode == "dataset":
         path = tmp_path / "pairs.jsonl"
         path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n" for p in PAIRS))

@@ -25,7 +25,7 @@ from reinforge.distributed import (
     rank_rows,
     shard_model,
 )
-from reinforge.distributed.data_parallel import from_rank_0
+from reinforge.distributed.data_parallel import SplitAcrossRanks, from_rank_0
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -39,6 +39,7 @@ from reinforge.learner import (
 from reinforge.loops.curation import PoolExhausted
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import LOCAL, resolve_spec
+from reinforge.rollout import NativeEngine, SamplingParams
 
 GROUPS, GROUP_SIZE, T = 5, 4, 6
 MODEL = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=64)
@@ -194,6 +195,43 @@ def _broadcast_worker(rank: int, port: int) -> None:
             from_rank_0(group, fail)
     finally:
         dist.destroy_process_group()
+
+
+def _split_worker(rank: int, port: int) -> None:
+    os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    group = init_learner_group()
+    try:
+        policy = build_tiny_qwen2(MODEL, seed=0)
+        with torch.no_grad():   # <eos> likely in some contexts: rows of different lengths
+            policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= 40
+        engine = NativeEngine(policy)
+        asked = []
+
+        class Recording:
+            def generate(self, prompts, *args, **kwargs):
+                asked.append(len(prompts))
+                return engine.generate(prompts, *args, **kwargs)
+
+        prompts = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]
+        params = SamplingParams(temperature=1.0, max_new_tokens=10)
+        split, alone = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        got = SplitAcrossRanks(Recording(), group).generate(prompts, 3, params, 7, generator=split)
+        want = engine.generate(prompts, 3, params, 7, generator=alone)
+        # Rank 0 decoded prompts 0-1, rank 1 prompts 2-4; both hold the one-process rollout.
+        assert asked == [[2], [3]][rank]
+        assert torch.equal(got.completion_ids, want.completion_ids) and want.lengths.float().std() > 0
+        assert torch.equal(got.completion_mask, want.completion_mask) and torch.equal(got.group_ids, want.group_ids)
+        torch.testing.assert_close(got.sampler_logprobs, want.sampler_logprobs, atol=1e-5, rtol=0)
+        assert got.texts == want.texts and got.prompt_ids == want.prompt_ids and got.policy_version == 7
+        assert torch.equal(split.get_state(), alone.get_state())     # the generator advanced alike
+    finally:
+        dist.destroy_process_group()
+
+
+def test_generation_split_across_ranks_gives_the_one_process_rollout():
+    mp.spawn(_split_worker, args=(_free_port(),), nprocs=2, join=True)
 
 
 def test_rank_0s_batch_reaches_every_rank_and_so_do_its_errors():

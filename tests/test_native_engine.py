@@ -25,6 +25,8 @@ from reinforge.rollout.native import (
     _draw,
     check_native_model_type,
     filter_logits,
+    keyed_uniforms,
+    mix64,
 )
 from reinforge.rollout.stopping import stop_string_end
 
@@ -191,6 +193,49 @@ def test_draw_follows_the_distribution() -> None:
     counts = torch.bincount(_draw(probs), minlength=4).float() / 40000
     assert counts[3] == 0
     torch.testing.assert_close(counts, torch.tensor([0.1, 0.2, 0.7, 0.0]), atol=0.01, rtol=0)
+
+
+def test_mix64_is_splitmix64s_finaliser() -> None:
+    def reference(x: int) -> int:   # splitmix64 in plain Python integers, mod 2^64
+        m = 2**64
+        z = x % m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+        return z ^ (z >> 31)
+
+    xs = [0, 1, 12345, 2**62 - 1, 2**63 - 1, -1, -(2**63)]
+    assert [int(v) % 2**64 for v in mix64(torch.tensor(xs))] == [reference(x) for x in xs]
+
+
+def test_keyed_uniforms_are_uniform_and_independent_of_their_neighbours() -> None:
+    keys = torch.randint(2**62, (64,), generator=torch.Generator().manual_seed(0))
+    u = keyed_uniforms(keys.repeat_interleave(4000), torch.arange(4000).repeat(64))
+    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    counts = torch.histc(u, 16, 0, 1)
+    chi2 = float(((counts - len(u) / 16) ** 2 / (len(u) / 16)).sum())
+    assert chi2 < 37.7          # chi-square, 15 degrees of freedom: p = 0.001
+    # Successive draws of one stream are uncorrelated; a draw depends on its key and counter alone.
+    pairs = u.view(64, 4000)
+    assert abs(float(torch.corrcoef(torch.stack([pairs[:, :-1].flatten(), pairs[:, 1:].flatten()]))[0, 1])) < 0.01
+    assert torch.equal(keyed_uniforms(keys[5:6], torch.tensor([7])), u.view(64, 4000)[5, 7:8])
+
+
+def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch() -> None:
+    # Each prompt's samples draw from its own key: alone, in a batch of five, or decoded 3 rows at a
+    # time (continuous batching moves rows between slots), it gets the same tokens.
+    policy = qwen2()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    full = NativeEngine(policy).generate(PROMPTS, 3, params, group_keys=keys)
+    squeezed = NativeEngine(policy, max_batch_rows=3).generate(PROMPTS, 3, params, group_keys=keys)
+    alone = NativeEngine(policy).generate(PROMPTS[2:3], 3, params, group_keys=keys[2:3])
+    assert full.lengths.float().std() > 0            # rows end at different lengths
+    assert torch.equal(full.completion_ids, squeezed.completion_ids)
+    assert torch.equal(full.completion_ids[6:9, : alone.completion_ids.shape[1]], alone.completion_ids)
+    torch.testing.assert_close(full.sampler_logprobs[6:9, : alone.completion_ids.shape[1]], alone.sampler_logprobs,
+                               atol=1e-5, rtol=0)
+    other = NativeEngine(policy).generate(PROMPTS, 3, params, group_keys=keys + 1)
+    assert not torch.equal(full.completion_ids, other.completion_ids)
 
 
 def test_unsupported_models_are_refused_with_the_way_out(tmp_path) -> None:

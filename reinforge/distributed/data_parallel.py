@@ -6,11 +6,13 @@ exchange of the per-row learner tensors, and the combination of per-rank metrics
 
 First version, and how it departs from a one-process run:
 
-- Rank 0 samples, scores and curates every RL batch and sends it to the other ranks
-  (`from_rank_0`), so all ranks hold the same batch even where their own sampling or rewards
-  would differ (GPU kernels, a reward's timeout); they wait meanwhile (generation is not split
-  across ranks in this version). SFT, advantages and evaluations run on every rank with the same
-  seeds (DUPLICATED, not split). Only the learner is split: each rank holds the `rank_rows` of every
+- Generation is split: each rank decodes a share of every RL batch's prompts and all ranks
+  gather the whole rollout (`SplitAcrossRanks`); the native engine keys each prompt's samples,
+  so the batch is the one a single process samples. Rewards are rank 0's, sent to every rank
+  (`from_rank_0`: a reward's timeout must not differ between ranks), and every rank curates the
+  same batch. With the HF engine rank 0 samples, scores and curates alone and sends the batch.
+  SFT, advantages and evaluations run on every rank with the same seeds (DUPLICATED, not split).
+  The learner is split too: each rank holds the `rank_rows` of every
   rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
   trained model is FSDP2-sharded (`shard_model`), the optimizer stepping the shards.
 - The rollout engine cannot run on DTensors (the native engine reads the weights directly), so
@@ -40,6 +42,8 @@ from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_row
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import LOCAL, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
+from reinforge.rollout.base import Rollout, concat_rollouts
+from reinforge.rollout.native import NativeEngine
 
 T = TypeVar("T")
 
@@ -100,6 +104,32 @@ def from_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T:
     return result
 
 
+class SplitAcrossRanks:
+    """A rollout engine whose prompts are split across the learner ranks: each rank decodes a
+    contiguous share of them and every rank receives the whole rollout, in prompt order.
+
+    The native engine samples each prompt from its own key (`rollout.native.keyed_uniforms`), one
+    key per prompt drawn in order from the call's generator, as the engine itself would: so the
+    gathered rollout has the tokens one process would sample (up to the rounding of the sampler
+    log-probs in a smaller batch), and the generator advances alike on every rank.
+    """
+
+    def __init__(self, engine, group: LearnerGroup):
+        self.engine, self.group = engine, group
+
+    def generate(self, prompts: list[str], group_size: int, params, policy_version: int = 0,
+                 generator: torch.Generator | None = None):
+        keys = torch.cat([torch.randint(2**62, (1,), generator=generator) for _ in prompts])
+        world, rank = self.group.world_size, self.group.rank
+        bounds = [len(prompts) * r // world for r in range(world + 1)]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        part = (self.engine.generate(prompts[lo:hi], group_size, params, policy_version, group_keys=keys[lo:hi])
+                if hi > lo else None)
+        parts: list = [None] * world
+        dist.all_gather_object(parts, part)
+        return concat_rollouts([p for p in parts if p is not None])
+
+
 class DataParallel:
     """One learner rank's share of the work, around the plain policy model the rollout engine reads.
 
@@ -113,10 +143,29 @@ class DataParallel:
         self.sharded = shard_model(copy.deepcopy(plain).train()) if group is not None and group.world_size > 1 else None
         self.model = plain if self.sharded is None else self.sharded
         self.reduce = group.reduce if group is not None else LOCAL    # the aggregation's counts over all ranks
+        self.split = False                    # generation split across the ranks (`rollout_parts`)
 
     def from_lead(self, make: Callable[[], T]) -> T:
         """`make()` in one process; under learner ranks rank 0's result on every rank (`from_rank_0`)."""
         return make() if self.sharded is None else from_rank_0(self.group, make)
+
+    def rollout_parts(self, engine, score: Callable[[list, Rollout], T]) -> tuple[object, Callable[[list, Rollout], T]]:
+        """The engine and reward function the RL loop samples and scores with. One process: as given.
+        Learner ranks with the native engine: generation split across the ranks (`SplitAcrossRanks`) and
+        rank 0's rewards on every rank (a reward's timeout must not differ between ranks); every rank
+        then curates the same batch. With another engine, which cannot key its samples by prompt,
+        rank 0 samples, scores and curates alone (`collect`)."""
+        self.split = self.sharded is not None and isinstance(engine, NativeEngine)
+        if not self.split:
+            return engine, score
+        return SplitAcrossRanks(engine, self.group), lambda examples, rollout: from_rank_0(
+            self.group, lambda: score(examples, rollout))
+
+    def collect(self, collector, version: int):
+        """One step's curated batch, the same on every rank (see `rollout_parts`)."""
+        if self.sharded is None or self.split:
+            return collector.collect(version)
+        return from_rank_0(self.group, lambda: collector.collect(version))
 
     def rows(self, group_ids: Tensor) -> Tensor:
         """[N] bool: the rows of a rollout batch this rank trains on (whole prompt groups); all of them in one process."""

@@ -42,7 +42,6 @@ from reinforge.loops.curation import (
     BatchCollector,
     PoolExhausted,
     PromptStream,
-    concat_rollouts,
     pool_exhausted,
 )
 from reinforge.loops.rl import (
@@ -57,6 +56,7 @@ from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine
+from reinforge.rollout.base import concat_rollouts
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from reinforge.config import CurationConfig
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
+from reinforge.rollout.base import concat_rollouts
 from reinforge.tasks import Example
 
 
@@ -164,35 +164,6 @@ def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
         # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
         "zero_variance_groups": float((~zero_variance(groups)).float().mean()),
     }
-
-
-def concat_rollouts(parts: list[Rollout]) -> Rollout:
-    """Rows of several rollouts in order, completions right-padded to the widest; group ids renumbered."""
-    width = max(p.completion_ids.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
-        return F.pad(t, (0, width - t.shape[1]), value=value)
-
-    pad_id = 0
-    for p in parts:   # the pad id is whatever fills masked positions
-        masked = p.completion_ids[p.completion_mask == 0]
-        if masked.numel():
-            pad_id = int(masked[0])
-            break
-    offsets, groups = 0, []
-    for p in parts:
-        groups.append(p.group_ids + offsets)
-        offsets += int(p.group_ids.max()) + 1 if p.num_rows else 0
-    return Rollout(
-        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
-        completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
-        completion_mask=torch.cat([pad(p.completion_mask, 0.0) for p in parts]),
-        sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
-        truncated=torch.cat([p.truncated for p in parts]),
-        group_ids=torch.cat(groups),
-        policy_version=min(p.policy_version for p in parts),
-        texts=[t for p in parts for t in p.texts],
-    )
 
 
 def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:

@@ -227,9 +227,10 @@ def train_rl(
     state = RLState.start(cfg, policy.model, task, spec, sharded=learner.dp.sharded)
     if saved is not None:
         state.load_state_dict(saved)
+    # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
+    engine, score = learner.dp.rollout_parts(engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size))
     source = SampleNow(state.pool, engine, tc.group_size, learner.sampling, generator=state.sampler_rng)
-    collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
-                               tc.prompts_per_step, tc.group_size)
+    collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
     if state.step == 0:
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)   # VC-PPO / VAPO only
@@ -237,8 +238,8 @@ def train_rl(
         t0 = time.perf_counter()
         state.step = step
         # 1-2. sample and reward, in as many rounds as curation needs to fill the batch (curation.py)
-        try:   # learner ranks: rank 0's batch, sent to every rank
-            curated = learner.dp.from_lead(lambda: collector.collect(state.version))
+        try:   # learner ranks: the same batch on every rank
+            curated = learner.dp.collect(collector, state.version)
         except PoolExhausted as err:    # no-positive-resampling left fewer prompts than a batch: RL ends here
             state.step = step - 1
             return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))

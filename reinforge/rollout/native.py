@@ -371,9 +371,10 @@ def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scores
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of fp32 logits [B, V] (uniforms from `generator`, default torch's global one).
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of fp32 logits [B, V], inverting each row's CDF at `uniforms` [B] when
+    given, else at uniforms from `generator` (default torch's global one).
 
     Returns (tokens [B] long, log-probs [B] of the tokens under the distribution
     they were drawn from: softmax(filter(logits / T)); greedy: the untempered softmax).
@@ -384,18 +385,53 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
     else:
         scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
         logprobs = torch.log_softmax(scores, dim=-1)
-        tokens = _draw(logprobs.exp(), generator)
+        tokens = _draw(logprobs.exp(), generator, uniforms)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One index per row of probs [B, V] by inverting the CDF at a uniform draw (torch.multinomial
     does the same job several times slower on CPU). The draw is scaled by each row's total, so
     rounding in the sum cannot step past the last token with mass. The uniforms are drawn on the CPU
     (`generator` is a CPU generator), so a seed gives the same draws on any device."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, dtype=cdf.dtype, generator=generator).to(probs.device) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand(probs.shape[0], dtype=cdf.dtype, generator=generator)
+    u = uniforms.to(device=probs.device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+# splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014):
+# its state increment and finaliser constants, as int64 (two's complement; torch's int64 arithmetic wraps).
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic on signed ints)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: a bijection of int64 whose outputs for consecutive inputs look independent."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def row_keys(group_keys: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The key of sample j of each group [P] -> [P G]: a stream of its own per sample."""
+    j = torch.arange(1, group_size + 1, device=group_keys.device).repeat(len(group_keys))
+    return mix64(group_keys.repeat_interleave(group_size) + j * _GOLDEN)
+
+
+def keyed_uniforms(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Uniforms in [0, 1) [n] of draw number `counters` [n] of the streams `keys` [n] (int64): the
+    splitmix64 output at state key + (counter + 1) x increment, top 24 bits. A row's draws depend on
+    its key alone: not on the rows beside it, the batch's order, slots, ranks or device."""
+    z = mix64(keys + (counters + 1) * _GOLDEN)
+    return _shr(z, 40).to(torch.float32) * 2.0**-24
 
 
 class NativeEngine:
@@ -422,14 +458,16 @@ class NativeEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
-                 generator: torch.Generator | None = None) -> Rollout:
-        """`group_size` samples of each prompt, drawn with `generator` (default torch's global one)."""
+                 generator: torch.Generator | None = None, group_keys: torch.Tensor | None = None) -> Rollout:
+        """`group_size` samples of each prompt. Each prompt's samples draw from a stream keyed by one
+        int64 (`group_keys` [P], default one draw per prompt from `generator`, else torch's global
+        generator): a prompt's samples depend on its key alone, not on the other prompts of the call."""
         tokenizer = self.policy.tokenizer
         prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
         n_rows = len(prompts) * group_size
         session = self.session(params, slots=min(n_rows, self.max_batch_rows or n_rows), generator=generator,
                                version=policy_version)
-        session.add(prompt_ids, group_size, tags=range(n_rows))
+        session.add(prompt_ids, group_size, tags=range(n_rows), group_keys=group_keys)
         rows: list[FinishedRow | None] = [None] * n_rows
         while session.busy:
             for row in session.step():
@@ -545,6 +583,7 @@ class WaitingRow:
     token: int
     logprob: float
     version: int
+    key: int                    # its sampling stream (`keyed_uniforms`)
 
 
 class DecodeSession:
@@ -579,6 +618,7 @@ class DecodeSession:
         self.tokens = torch.zeros(slots, max_new, dtype=torch.long, device=d)       # each slot's tokens so far
         self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
         self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
+        self.keys = torch.zeros(slots, dtype=torch.long, device=d)       # its sampling stream
         self.length = torch.zeros(slots, dtype=torch.long, device=d)     # positions in its cache
         self.generated = torch.zeros(slots, dtype=torch.long, device=d)  # its tokens so far (the last not yet cached)
         self.tags: list[Any] = [None] * slots
@@ -593,14 +633,20 @@ class DecodeSession:
         """Samples in the session: decoding or waiting for a slot."""
         return self.live + len(self.waiting)
 
-    def add(self, prompt_ids: list[list[int]], group_size: int, tags) -> None:
-        """`group_size` samples of each prompt; sample j of prompt i is labelled tags[i * group_size + j]."""
+    def add(self, prompt_ids: list[list[int]], group_size: int, tags, group_keys: torch.Tensor | None = None) -> None:
+        """`group_size` samples of each prompt; sample j of prompt i is labelled tags[i * group_size + j].
+        `group_keys` [P]: each prompt's sampling key; default one draw per prompt, in order, from the
+        session's generator (torch's global one when it has none)."""
         tags = list(tags)
+        if group_keys is None:
+            group_keys = torch.cat([torch.randint(2**62, (1,), generator=self.generator) for _ in prompt_ids])
+        keys = row_keys(group_keys.to(torch.long), group_size)
         self._make_room(max(len(p) for p in prompt_ids))
         block, logits = self._prefill(prompt_ids)
-        first, first_lp = sample_tokens(logits.repeat_interleave(group_size, dim=0), self.params, self.generator)
-        for r, (token, logprob) in enumerate(zip(first.tolist(), first_lp.tolist(), strict=True)):
-            self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version))
+        first, first_lp = sample_tokens(logits.repeat_interleave(group_size, dim=0), self.params,
+                                        uniforms=keyed_uniforms(keys, torch.zeros_like(keys)))
+        for r, (token, logprob, key) in enumerate(zip(first.tolist(), first_lp.tolist(), keys.tolist(), strict=True)):
+            self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version, key))
 
     def step(self) -> list[FinishedRow]:
         """Admit, retire the rows that ended, decode one token of each live row; the rows that ended."""
@@ -627,7 +673,7 @@ class DecodeSession:
             last = self.tokens[:live].gather(1, (g - 1)[:, None]).squeeze(1)
             logits = self.engine._decode(self.weights, self.cache, last, pos, self.freqs)
             self.length[:live] += 1
-            token, logprob = sample_tokens(logits, self.params, self.generator)
+            token, logprob = sample_tokens(logits, self.params, uniforms=keyed_uniforms(self.keys[:live], g))
             rows = torch.arange(live, device=self.device)
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
             self.generated[:live] += 1
@@ -680,6 +726,7 @@ class DecodeSession:
         self.tokens[into, 0] = torch.tensor([w.token for w in rows], device=d)
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
         self.versions[into, 0] = torch.tensor([w.version for w in rows], device=d)
+        self.keys[into] = torch.tensor([w.key for w in rows], dtype=torch.long, device=d)
         self.length[into] = torch.tensor([len(w.block.prompt_ids[w.prompt]) for w in rows], device=d)
         self.generated[into] = 1
         self.live = max(self.live, int(into.max()) + 1)
@@ -698,7 +745,7 @@ class DecodeSession:
             movers = keep[live:].nonzero().squeeze(1) + live
             if len(holes):
                 self.cache.move(holes, movers, int(self.length[: self.live].max()))
-                for state in (self.tokens, self.logprobs, self.versions, self.length, self.generated):
+                for state in (self.tokens, self.logprobs, self.versions, self.keys, self.length, self.generated):
                     state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
