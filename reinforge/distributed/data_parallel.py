@@ -43,7 +43,7 @@ from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import LOCAL, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout.base import Rollout, concat_rollouts
-from reinforge.rollout.native import NativeEngine
+from reinforge.rollout.native import NativeEngine, draw_group_keys
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class SplitAcrossRanks:
 
     def generate(self, prompts: list[str], group_size: int, params, policy_version: int = 0,
                  generator: torch.Generator | None = None):
-        keys = torch.cat([torch.randint(2**62, (1,), generator=generator) for _ in prompts])
+        keys = draw_group_keys(len(prompts), generator)
         world, rank = self.group.world_size, self.group.rank
         bounds = [len(prompts) * r // world for r in range(world + 1)]
         lo, hi = bounds[rank], bounds[rank + 1]
@@ -144,10 +144,6 @@ class DataParallel:
         self.model = plain if self.sharded is None else self.sharded
         self.reduce = group.reduce if group is not None else LOCAL    # the aggregation's counts over all ranks
         self.split = False                    # generation split across the ranks (`rollout_parts`)
-
-    def from_lead(self, make: Callable[[], T]) -> T:
-        """`make()` in one process; under learner ranks rank 0's result on every rank (`from_rank_0`)."""
-        return make() if self.sharded is None else from_rank_0(self.group, make)
 
     def rollout_parts(self, engine, score: Callable[[list, Rollout], T]) -> tuple[object, Callable[[list, Rollout], T]]:
         """The engine and reward function the RL loop samples and scores with. One process: as given.

@@ -420,6 +420,12 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
+def draw_group_keys(n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """n prompts' sampling keys [n] int64, one draw each, in order, from `generator` (None: torch's
+    global one). Whoever splits a call's prompts (learner ranks) draws them here, as the engine would."""
+    return torch.cat([torch.randint(2**62, (1,), generator=generator) for _ in range(n)])
+
+
 def row_keys(group_keys: torch.Tensor, group_size: int) -> torch.Tensor:
     """The key of sample j of each group [P] -> [P G]: a stream of its own per sample."""
     j = torch.arange(1, group_size + 1, device=group_keys.device).repeat(len(group_keys))
@@ -639,7 +645,7 @@ class DecodeSession:
         session's generator (torch's global one when it has none)."""
         tags = list(tags)
         if group_keys is None:
-            group_keys = torch.cat([torch.randint(2**62, (1,), generator=self.generator) for _ in prompt_ids])
+            group_keys = draw_group_keys(len(prompt_ids), self.generator)
         keys = row_keys(group_keys.to(torch.long), group_size)
         self._make_room(max(len(p) for p in prompt_ids))
         block, logits = self._prefill(prompt_ids)
