@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
 from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
-from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0
+from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.loops.async_rl import train_rl_async
 from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
@@ -214,6 +214,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
         # The engine reads the policy's weights at every call, so it can be built before SFT
         # (rejection-sampling SFT samples from the model it then trains).
         engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+        evaluator = split_generation(engine, group)    # learner ranks: each evaluates a share of the prompts
         if saved is None:
             sft_summary = _sft_stage(cfg, policy, engine, task, recorder)
             tensors = None
@@ -222,7 +223,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             policy.model.load_state_dict(tensors["model"])
         held_out = task.eval_split(cfg.eval.num_prompts)
         if saved is None:
-            start = _evaluate(cfg, engine, task, held_out)
+            start = _evaluate(cfg, evaluator, task, held_out)
             recorder.log_eval(0, start)
             if cfg.train.seed is not None:
                 seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
@@ -247,7 +248,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             if every and record.step % every == 0 and record.step < cfg.train.steps:
                 # Under its own seed (evaluate forks the RNG): the training numbers do not change.
                 part = held_out[: cfg.eval.every_prompts or len(held_out)]
-                record.metrics.update(eval_metrics(_evaluate(cfg, engine, task, part)))
+                record.metrics.update(eval_metrics(_evaluate(cfg, evaluator, task, part)))
             recorder.step(record.step, record.metrics)
             if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
                 checkpoint(state)
@@ -263,7 +264,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
                              f"`reinforge train --resume {run_dir.path}` continues from it.") from None
         if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
             recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
-        final = start if cfg.train.steps == 0 else _evaluate(cfg, engine, task, held_out)   # an SFT-only run
+        final = start if cfg.train.steps == 0 else _evaluate(cfg, evaluator, task, held_out)   # an SFT-only run
         recorder.log_eval(rl.steps, final)
         run_dir.export_model(policy)
         summary = {

@@ -1,8 +1,8 @@
 """`torchrun --nproc_per_node=2 -m reinforge.cli train ...`: two data-parallel FSDP learner ranks (gloo on
 CPU, loopback only) train as one process does (distributed/data_parallel.py).
 
-The ranks sample the same batches (same seeds, duplicated generation) and each updates on its own
-prompt groups; mini-batches are cut from one shuffle of the whole batch (learner/update.py), so the
+The ranks split each batch's generation and gather the whole rollout, the one a single process samples
+(the native engine keys each prompt's samples), and each updates on its own prompt groups; mini-batches are cut from one shuffle of the whole batch (learner/update.py), so the
 union of the ranks' rows is the one-process mini-batch and the runs differ only by the order of
 the gradient sums (2 RL steps x 2 epochs x 2 mini-batches at lr 1e-3). Two epochs
 (train.ppo_epochs=2) make pi_old a forward before the update, which each rank computes for its own
@@ -75,8 +75,14 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     # RL moved them: its second step changed the weights of the step-1 checkpoint (rank 0 wrote both).
     after_step_1 = torch.load(two_ranks / "checkpoints" / "step-000001" / "state.pt", weights_only=True)["model"]
     assert _max_diff(weights, {k: after_step_1[k] for k in weights}) > 1e-4
-    # The same batches (generation is duplicated on both ranks, never split): the same reward figures.
+    # The same batches (generation split across the ranks, gathered): the same reward figures, and the
+    # same held-out evaluations (split too).
     two, single = _rl_lines(two_ranks), _rl_lines(one)
+    (two_eval, one_eval) = (json.loads((out / "summary.json").read_text())["eval"] for out in (two_ranks, one))
+    assert two_eval["start"] == one_eval["start"]
+    # After RL the weights agree within 1e-5, not bitwise: at most one sample of the final evaluation may differ.
+    final = one_eval["final"]
+    assert abs(two_eval["final"]["pass@1"] - final["pass@1"]) <= 1 / (final["num_prompts"] * final["num_samples"])
     assert [x["step"] for x in two] == [1, 2]
     assert [x["reward_mean"] for x in two] == [x["reward_mean"] for x in single]
     assert all(x["reward_std"] > 0 for x in two)

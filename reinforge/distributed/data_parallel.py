@@ -11,7 +11,8 @@ First version, and how it departs from a one-process run:
   so the batch is the one a single process samples. Rewards are rank 0's, sent to every rank
   (`from_rank_0`: a reward's timeout must not differ between ranks), and every rank curates the
   same batch. With the HF engine rank 0 samples, scores and curates alone and sends the batch.
-  SFT, advantages and evaluations run on every rank with the same seeds (DUPLICATED, not split).
+  The held-out evaluations are split the same way. SFT and advantages run on every rank with the
+  same seeds (DUPLICATED, not split).
   The learner is split too: each rank holds the `rank_rows` of every
   rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
   trained model is FSDP2-sharded (`shard_model`), the optimizer stepping the shards.
@@ -130,6 +131,14 @@ class SplitAcrossRanks:
         return concat_rollouts([p for p in parts if p is not None])
 
 
+def split_generation(engine, group: LearnerGroup | None):
+    """`engine` with its prompts split across the learner ranks (`SplitAcrossRanks`), where it can key
+    its samples by prompt (the native engine); else `engine` itself. Every rank must then call it alike."""
+    if group is None or group.world_size == 1 or not isinstance(engine, NativeEngine):
+        return engine
+    return SplitAcrossRanks(engine, group)
+
+
 class DataParallel:
     """One learner rank's share of the work, around the plain policy model the rollout engine reads.
 
@@ -151,11 +160,11 @@ class DataParallel:
         rank 0's rewards on every rank (a reward's timeout must not differ between ranks); every rank
         then curates the same batch. With another engine, which cannot key its samples by prompt,
         rank 0 samples, scores and curates alone (`collect`)."""
-        self.split = self.sharded is not None and isinstance(engine, NativeEngine)
+        split = split_generation(engine, self.group if self.sharded is not None else None)
+        self.split = split is not engine
         if not self.split:
             return engine, score
-        return SplitAcrossRanks(engine, self.group), lambda examples, rollout: from_rank_0(
-            self.group, lambda: score(examples, rollout))
+        return split, lambda examples, rollout: from_rank_0(self.group, lambda: score(examples, rollout))
 
     def collect(self, collector, version: int):
         """One step's curated batch, the same on every rank (see `rollout_parts`)."""
