@@ -82,11 +82,16 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _worker(rank: int, port: int) -> None:
+def _join(rank: int, port: int):
+    """This spawned process as rank `rank` of two gloo ranks on loopback, one torch thread."""
     os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                       RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    group = init_learner_group()
+    return init_learner_group()
+
+
+def _worker(rank: int, port: int) -> None:
+    group = _join(rank, port)
     try:
         assert (group.rank, group.world_size, group.device.type) == (rank, 2, "cpu")
         policy = build_tiny_qwen2(MODEL, seed=0)
@@ -173,9 +178,7 @@ def test_two_fsdp_ranks_match_one_process():
 
 
 def _broadcast_worker(rank: int, port: int) -> None:
-    os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-                      RANK=str(rank), LOCAL_RANK=str(rank))
-    group = init_learner_group()
+    group = _join(rank, port)
     try:
         calls = []
 
@@ -198,10 +201,7 @@ def _broadcast_worker(rank: int, port: int) -> None:
 
 
 def _split_worker(rank: int, port: int) -> None:
-    os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-                      RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    group = init_learner_group()
+    group = _join(rank, port)
     try:
         policy = build_tiny_qwen2(MODEL, seed=0)
         with torch.no_grad():   # <eos> likely in some contexts: rows of different lengths
