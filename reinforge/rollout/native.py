@@ -19,7 +19,10 @@ are long-tailed. This engine
   packed to the front so the batch shrinks;
 - samples with temperature / top-k / top-p, recording the log-prob of each
   token under the distribution it was drawn from (after temperature and
-  filtering), which the TIS / MIS corrections need.
+  filtering), which the TIS / MIS corrections need;
+- draws each sample's uniforms from a counter-based stream keyed by its
+  prompt (`keyed_uniforms`), so a prompt's samples do not depend on the rest
+  of the batch, slot moves, the device or how learner ranks split a batch.
 
 Greedy decoding gives the tokens `generate` gives; sampler log-probs equal
 the learner's recomputed log-probs (fp32) within 1e-4 (tests/test_native_engine.py).
