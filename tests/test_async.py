@@ -15,9 +15,15 @@ from reinforge.loops.curation import PromptStream
 from reinforge.loops.rl import train_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec
-from reinforge.rollout import build_engine
+from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import FinishedRow
-from reinforge.rollout.stream import FinishedGroup, WorkerTimes, finished_group
+from reinforge.rollout.stream import (
+    FinishedGroup,
+    GroupRequest,
+    LocalSampler,
+    WorkerTimes,
+    finished_group,
+)
 from reinforge.tasks import Example, build_task
 from reinforge.telemetry.recorder import TIMING_KEYS
 
@@ -171,6 +177,33 @@ def test_in_order_taking_bounds_staleness_under_random_completion_order(eta):
     assert source.too_stale == 0
     # the gate kept at most B (eta + 1) groups requested and untrained
     assert len(source.examples) <= b * (eta + 1)
+
+
+def test_a_groups_samples_depend_on_its_key_not_on_the_worker_or_its_other_requests(micro_overrides):
+    policy = load_policy(build_config(micro_overrides).model, seed=0)
+    with torch.no_grad():   # <eos> likely in some contexts: rows of different lengths, slots reused
+        policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= 30
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+
+    def decode(requests: list[GroupRequest], slots: int) -> dict[int, FinishedGroup]:
+        sampler = LocalSampler(policy, params, group_size=3, slots=slots)
+        try:
+            sampler.submit(requests)
+            done: dict[int, FinishedGroup] = {}
+            while len(done) < len(requests):
+                group = sampler.get(30.0)
+                assert group is not None
+                done[group.seq] = group
+            return done
+        finally:
+            sampler.close()
+
+    together = decode([GroupRequest(0, "12+34=", 111), GroupRequest(1, "7+8=", 222), GroupRequest(2, "1+1=", 333)], slots=4)
+    alone = decode([GroupRequest(9, "7+8=", 222)], slots=3)
+    assert torch.equal(together[1].rollout.completion_ids, alone[9].rollout.completion_ids)
+    assert together[1].rollout.texts == alone[9].rollout.texts
+    other_key = decode([GroupRequest(9, "7+8=", 223)], slots=3)
+    assert other_key[9].rollout.texts != alone[9].rollout.texts
 
 
 def test_finished_group_versions_and_staleness_per_sample():

@@ -69,12 +69,10 @@ class RolloutActor:
         # whatever model.device the learner runs on.
         device = "cuda" if ray_cfg.num_gpus_per_worker > 0 else "cpu"
         policy = load_policy(cfg.model.model_copy(update={"device": device}), cfg.seed)   # the driver's weights follow
-        # Async over several workers is not bit-reproducible; each worker's draws are its own stream
-        # (a CPU generator, as the engines take: rollout/native.py draws its uniforms on the CPU).
-        generator = torch.Generator().manual_seed(hash((cfg.rl_seed, index)) % 2**63)
+        # Each request brings its group's sampling key: a group's samples do not depend on which worker decodes it.
         self.sampler = LocalSampler(policy, sampling, tc.group_size,
                                     slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                                    generator=generator, in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
+                                    in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
         # The sampler decodes its own copy; this one receives published weights on the CPU, where they arrive.
         self.staging = policy.model.cpu()
 

@@ -57,6 +57,7 @@ from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine
 from reinforge.rollout.base import concat_rollouts
+from reinforge.rollout.native import draw_group_keys
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,
@@ -95,8 +96,9 @@ class StreamSource:
     """
 
     def __init__(self, pool: PromptStream, workers: RolloutWorkers, gate: StalenessGate, version: int,
-                 pending: list[int] | None = None):
+                 pending: list[int] | None = None, generator: torch.Generator | None = None):
         self.pool, self.workers, self.gate, self.version = pool, workers, gate, version
+        self.generator = generator                        # each request's sampling key, in request order
         self.next_seq = 0                                 # the next request's number
         self.next_take = 0                                # the request the learner takes next
         self.examples: dict[int, Example] = {}            # requested and not yet taken
@@ -116,7 +118,8 @@ class StreamSource:
                 break
             example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
             self.examples[self.next_seq] = example
-            requests.append(GroupRequest(self.next_seq, example.prompt))
+            # The key is drawn here, in request order, as the synchronous loop draws one per prompt.
+            requests.append(GroupRequest(self.next_seq, example.prompt, int(draw_group_keys(1, self.generator))))
             self.next_seq += 1
             self.gate.start()
         if requests:
@@ -196,11 +199,11 @@ def staleness(version: int, group: FinishedGroup) -> torch.Tensor:
 
 def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> LocalSampler:
     """The default worker: a sampler thread of this process, `rollout.max_batch_rows` (else one
-    batch's rows) decoded at once, drawing from the run's sampler stream."""
+    batch's rows) decoded at once."""
     tc = cfg.train
     return LocalSampler(policy, learner.sampling, tc.group_size,
                         slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                        generator=state.sampler_rng, in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
+                        in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
 
 
 def train_rl_async(
@@ -234,7 +237,7 @@ def train_rl_async(
         # The version counts learner steps (one weight publication each) and is what staleness counts.
         pool.publish(policy.model, state.step)
         source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step), version=state.step,
-                              pending=state.pending)
+                              pending=state.pending, generator=state.sampler_rng)
         collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
                                    tc.prompts_per_step, tc.group_size)
         policy.model.train()

@@ -31,10 +31,13 @@ InFlight = Literal["interrupt", "finish"]
 
 @dataclass(frozen=True)
 class GroupRequest:
-    """Sample `group_size` completions of one prompt; `seq` numbers requests in the order they were made."""
+    """Sample `group_size` completions of one prompt; `seq` numbers requests in the order they were made.
+    `key` keys the group's sampling streams (`rollout.native.keyed_uniforms`): whichever worker or
+    thread decodes it, and when, the same weights give the same samples."""
 
     seq: int
     prompt: str
+    key: int
 
 
 @dataclass
@@ -100,16 +103,16 @@ class LocalSampler:
     the policy (the learner changes its weights in place while the sampler decodes).
 
     Torch releases the GIL inside its kernels, so decoding and the learner's
-    forward/backward overlap on separate cores. Sampling draws come from
-    `generator`, which nothing else uses, so they do not depend on thread timing.
+    forward/backward overlap on separate cores. Each request brings its group's
+    sampling key, so the draws do not depend on thread timing.
     """
 
     def __init__(self, policy: Policy, params: SamplingParams, group_size: int, slots: int,
-                 generator: torch.Generator, in_flight: InFlight = "interrupt", chat_template: str = "auto"):
+                 in_flight: InFlight = "interrupt", chat_template: str = "auto"):
         self.model = copy.deepcopy(policy.model).eval()
         self.tokenizer, self.group_size, self.in_flight, self.chat_template = policy.tokenizer, group_size, in_flight, chat_template
         engine = NativeEngine(Policy(self.model, policy.tokenizer), chat_template=chat_template)
-        self.session = engine.session(params, slots=slots, generator=generator, version=0)
+        self.session = engine.session(params, slots=slots, version=0)
         self.cond = threading.Condition()
         self.inbox = _Inbox()
         self.outbox: deque[FinishedGroup] = deque()
@@ -214,7 +217,8 @@ class LocalSampler:
         g = self.group_size
         for r, prompt in zip(requests, ids, strict=True):
             self.partial[r.seq], self.prompts[r.seq] = {}, prompt
-        self.session.add(ids, g, tags=[(r.seq, j) for r in requests for j in range(g)])
+        self.session.add(ids, g, tags=[(r.seq, j) for r in requests for j in range(g)],
+                         group_keys=torch.tensor([r.key for r in requests], dtype=torch.long))
 
     def _finish(self, rows: list[FinishedRow]) -> list[FinishedGroup]:
         """Groups whose last sample just ended."""
