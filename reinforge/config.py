@@ -109,6 +109,7 @@ class SFTConfig(_Section):
 class RolloutConfig(_Section):
     engine: Literal["native", "hf"] = Field("native", description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.")
     max_batch_rows: int | None = Field(None, gt=0, description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one (continuous batching). None: all rows of a call at once.")
+    cpu_kernels: bool = Field(True, description="Native engine on CPU in fp32: each decoding step's cache write and attention run as one fused C++ kernel (reinforge/rollout/csrc), compiled with the machine's C++ compiler on first use (a few seconds) and cached; where it cannot be built (no compiler) the engine warns once and uses its PyTorch path, which gives the same numbers within 1e-6. false: always the PyTorch path (also REINFORGE_CPU_KERNELS=0).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")

@@ -72,7 +72,8 @@ class RolloutActor:
         # Each request brings its group's sampling key: a group's samples do not depend on which worker decodes it.
         self.sampler = LocalSampler(policy, sampling, tc.group_size,
                                     slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                                    in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
+                                    in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
+                                    cpu_kernels=cfg.rollout.cpu_kernels)
         # The sampler decodes its own copy; this one receives published weights on the CPU, where they arrive.
         self.staging = policy.model.cpu()
 

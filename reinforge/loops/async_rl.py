@@ -203,7 +203,8 @@ def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner)
     tc = cfg.train
     return LocalSampler(policy, learner.sampling, tc.group_size,
                         slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                        in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template)
+                        in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
+                        cpu_kernels=cfg.rollout.cpu_kernels)
 
 
 def train_rl_async(

@@ -12,7 +12,8 @@ def build_engine(rollout: RolloutConfig, policy: Policy, chat_template: str = "a
     """The configured engine over `policy` (the native engine raises NotImplementedError for a
     decoder it does not support, naming rollout.engine=hf as the way out)."""
     if rollout.engine == "native":
-        return NativeEngine(policy, chat_template=chat_template, max_batch_rows=rollout.max_batch_rows)
+        return NativeEngine(policy, chat_template=chat_template, max_batch_rows=rollout.max_batch_rows,
+                            cpu_kernels=rollout.cpu_kernels)
     return HFEngine(policy, chat_template=chat_template)
 
 

@@ -45,6 +45,7 @@ from reinforge.config import ConfigError
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.rollout.base import Rollout, SamplingParams
+from reinforge.rollout.cpu_kernels import HEAD_DIMS, load_cpu_kernels
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import stop_string_end
 
@@ -452,7 +453,7 @@ class NativeEngine:
     """
 
     def __init__(self, policy: Policy, chat_template: str = "auto", max_batch_rows: int | None = None,
-                 prefill_tokens: int = 16384):
+                 prefill_tokens: int = 16384, cpu_kernels: bool = True):
         self.policy = policy
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
@@ -464,6 +465,12 @@ class NativeEngine:
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
         DecoderWeights.of(policy.model)
+        # Decoding on CPU in fp32 with SwiGLU MLPs: the fused layer kernel where it builds, else None.
+        model = base_model(policy.model)
+        fusable = (cpu_kernels and model.device.type == "cpu" and model.dtype == torch.float32
+                   and self.shape.head_dim in HEAD_DIMS
+                   and getattr(model.config, "hidden_act", None) in ("silu", "swish"))
+        self.kernels = load_cpu_kernels() if fusable else None
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
@@ -522,7 +529,10 @@ class NativeEngine:
         pos = torch.arange(width, device=device)
         # Right padding: query i sees keys j <= i of its own prompt; padded queries are never read.
         allowed = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lengths[:, None, None])
-        allowed = self._window(allowed, pos[None, :, None], pos[None, None, :])[:, None]   # [B, 1, S, S]
+        allowed = self._window(allowed, pos[None, :, None], pos[None, None, :])
+        # A padded query past a sliding window sees no key at all: let it see itself, or its softmax is
+        # NaN, and so are its keys, which then reach real rows as 0 x NaN through the masked scores.
+        allowed = (allowed | torch.eye(width, dtype=torch.bool, device=device))[:, None]    # [B, 1, S, S]
         bias = additive_mask(allowed, w.embed.dtype)
 
         def attend(layer: int, q, k, v):
@@ -547,6 +557,8 @@ class NativeEngine:
         Writes their keys/values and returns fp32 next-token logits [live, V]."""
         live = tokens.shape[0]
         cache.reserve(int(positions.max()) + 1)
+        if self.kernels is not None and cache.keys_last:
+            return self._decode_fused(w, cache, tokens, positions, freqs)
         key_pos = torch.arange(cache.capacity, device=tokens.device)
         allowed = self._window(key_pos[None, :] <= positions[:, None], positions[:, None], key_pos[None, :])
         bias = additive_mask(allowed, cache.v[0].dtype)[:, None, None, :]   # [live, 1, 1, capacity]
@@ -560,6 +572,18 @@ class NativeEngine:
 
         hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend)
         return hidden[:, 0].float() @ w.head.t()
+
+    def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                      freqs: torch.Tensor) -> torch.Tensor:
+        """`_decode` as one call of the fused CPU kernel per layer (csrc/decode.cpp: the same
+        operations as `decoder_layers` and `attention`, each row attending to its keys up to its position)."""
+        shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
+        rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
+        for index, lw in enumerate(w.layers):
+            self.kernels.decode_layer(x, lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.o_bias,
+                                      lw.post_norm, lw.gate_up, lw.down, rot, cache.k[index], cache.v[index], positions,
+                                      shape.num_heads, w.eps, shape.sliding_window or 0)
+        return F.rms_norm(x, (x.shape[1],), w.final_norm, w.eps).float() @ w.head.t()
 
 
 @dataclass

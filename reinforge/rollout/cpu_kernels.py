@@ -1,0 +1,92 @@
+"""Fused CPU kernels of the native engine, compiled on first use with the machine's C++ compiler.
+
+A decoding step of a small model on CPU is mostly dispatch and memory passes between the matmuls,
+and PyTorch ships no fused decode attention for CPU (its SDPA kernel was 2x slower than plain
+matmuls at rollout shapes). So reinforge carries `csrc/decode.cpp`: torch ops
+`reinforge_kernels.decode_layer` (one decoder layer for one token of every row: the projections as
+ATen matmuls, everything between them fused) and `reinforge_kernels.decode_attention`, built
+against the installed torch on first use (~10 s) and cached under `$REINFORGE_CACHE` (default
+`~/.cache/reinforge`), keyed by the source, torch, the compiler and the CPU (it is built with
+-march=native). They are optional: with no C++ compiler, a failed build, or
+`REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and the engine runs its PyTorch path, which
+computes the same numbers (tests/test_cpu_kernels.py compares them).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.cpp_extension import include_paths, library_paths
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "decode.cpp"
+# Head dims the kernel is compiled for (its per-head accumulators are sized at compile time).
+HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
+# -ffast-math lets the softmax's expf vectorise (glibc's libmvec); it is given to the compile only,
+# since linking a shared library with it would set flush-to-zero for the whole process.
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
+
+
+def _cpu_fingerprint() -> str:
+    """What -march=native depends on: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build(source: Path, compiler: str) -> Path:
+    """The shared library of `source`, from the cache or compiled now (atomically, so concurrent
+    processes, e.g. pytest-xdist workers, at worst both compile)."""
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([source.read_text(), torch.__version__, version, _cpu_fingerprint(), abi,
+                                    *COMPILE_FLAGS]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge")) / "kernels"
+    library = cache / f"{source.stem}-{key}.so"
+    if library.exists():
+        return library
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        obj, built = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        includes = [f"-I{p}" for p in include_paths()]
+        subprocess.run([compiler, *COMPILE_FLAGS, abi, *includes, "-c", str(source), "-o", str(obj)],
+                       capture_output=True, text=True, check=True)
+        libs = [f"-L{p}" for p in library_paths()]
+        subprocess.run([compiler, "-shared", str(obj), "-o", str(built), *libs, "-lc10", "-ltorch_cpu", "-lmvec"],
+                       capture_output=True, text=True, check=True)
+        os.replace(built, library)
+    return library
+
+
+@functools.cache
+def load_cpu_kernels() -> Any | None:
+    """The ops namespace `torch.ops.reinforge_kernels` (`decode_layer`, `decode_attention`; their
+    signatures are at the end of csrc/decode.cpp), or None where it cannot be built (the reason is
+    logged once)."""
+    if os.environ.get("REINFORGE_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        log.warning("no C++ compiler found: the native engine uses its PyTorch path on CPU (slower)")
+        return None
+    try:
+        torch.ops.load_library(str(_build(SOURCE, compiler)))
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
+        detail = err.stderr.strip().splitlines()[-1:] if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
+        log.warning("building the CPU decoding kernels failed (%s): the native engine uses its PyTorch path (slower)",
+                    detail)
+        return None
+    return torch.ops.reinforge_kernels

@@ -1,0 +1,247 @@
+// The native engine's decoding step on CPU, fused: one call per decoder layer
+// (`decode_layer`), whose attention (`decode_attention`, also callable alone) writes each row's new
+// key/value into the KV cache and attends over that row's keys in one pass.
+//
+// Why: at RL rollout shapes (hundreds of rows of a small model) a decoding step in PyTorch is ~35
+// ops per layer (norms, rotary, thousands of tiny batched GEMMs for attention, masking, softmax,
+// SwiGLU), each a dispatch and a pass over memory; the matmuls are a minority of the time. Here the
+// projections stay ATen matmuls (MKL) and everything between them is one loop over the rows.
+//
+// Layouts (reinforge.rollout.native.KVCache with keys_last): k_cache [slots, kv, D, C] (keys
+// transposed: 8 key positions load as one vector), v_cache [slots, kv, C, D]; row b lives in slot
+// b. Head h reads kv head h / (H / kv) (grouped-query attention). Sliding window: a query at
+// position p sees keys p - window + 1 .. p (window <= 0: all). Queries and keys are rotated in
+// the interleaved layout (pairs 2i, 2i + 1; `_interleave_heads` reorders the weights).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+typedef float v8 __attribute__((vector_size(32)));
+inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+inline v8 splat(float x) { return v8{} + x; }
+
+// A [rows, cols] float block in memory: element (r, c) at data[r * stride + c].
+struct Rows {
+  float* data;
+  int64_t stride;
+  float* row(int64_t r) const { return data + r * stride; }
+};
+
+// One query head over keys [start, end) of one slot: kt [D, C], vv [C, D]; out [D].
+template <int D>
+void attend(const float* __restrict q, float scale, const float* __restrict kt, const float* __restrict vv,
+            int64_t C, int64_t start, int64_t end, float* __restrict scores, float* __restrict out) {
+  float qs[D];
+  for (int d = 0; d < D; ++d) qs[d] = q[d] * scale;
+  int64_t j = start;
+  for (; j + 8 <= end; j += 8) {     // 8 key positions at a time: one column block of kt per dim
+    v8 acc = {};
+    for (int d = 0; d < D; ++d) acc += splat(qs[d]) * load8(kt + d * C + j);
+    store8(scores + j, acc);
+  }
+  for (; j < end; ++j) {
+    float a = 0.f;
+    for (int d = 0; d < D; ++d) a += qs[d] * kt[d * C + j];
+    scores[j] = a;
+  }
+  float top = scores[start];
+  for (int64_t i = start + 1; i < end; ++i) top = std::max(top, scores[i]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = start; i < end; ++i) {
+    const float e = expf(scores[i] - top);
+    scores[i] = e;
+    sum += e;
+  }
+  v8 acc[D / 8] = {};
+  for (int64_t i = start; i < end; ++i) {
+    const v8 w = splat(scores[i]);
+    const float* row = vv + i * D;
+    for (int k = 0; k < D / 8; ++k) acc[k] += w * load8(row + 8 * k);
+  }
+  const v8 inv = splat(1.f / sum);
+  for (int k = 0; k < D / 8; ++k) store8(out + 8 * k, acc[k] * inv);
+}
+
+// Rows b of q [B, H * D], k_new and v_new [B, KV * D]: write keys/values at positions[b], attend;
+// out [B, H * D].
+template <int D>
+void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const int64_t* pos, int64_t B, int64_t H, float scale, int64_t window) {
+  const int64_t KV = k_cache.size(1), C = k_cache.size(3), G = H / KV;
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
+  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
+    std::vector<float> scores(C);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t p = pos[b];
+      const int64_t start = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      for (int64_t g = 0; g < KV; ++g) {
+        float* kt = kc + b * ks0 + g * ks1;
+        float* vv = vc + b * vs0 + g * vs1;
+        const float* kn = k_new.row(b) + g * D;
+        const float* vn = v_new.row(b) + g * D;
+        for (int d = 0; d < D; ++d) {
+          kt[d * C + p] = kn[d];
+          vv[p * D + d] = vn[d];
+        }
+        for (int64_t h = g * G; h < (g + 1) * G; ++h)
+          attend<D>(q.row(b) + h * D, scale, kt, vv, C, start, p + 1, scores.data(), out.row(b) + h * D);
+      }
+    }
+  });
+}
+
+void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions, int64_t B,
+                 int64_t H, int64_t D) {
+  for (const at::Tensor* t : {&k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(), "reinforge_kernels: float32 CPU caches only");
+  const int64_t KV = k_cache.size(1), C = k_cache.size(3);
+  TORCH_CHECK(KV > 0 && H % KV == 0 && k_cache.size(0) >= B && k_cache.size(2) == D && k_cache.stride(3) == 1 &&
+              k_cache.stride(2) == C, "reinforge_kernels: k_cache must be [slots, kv, D, C] with contiguous [D, C] blocks");
+  TORCH_CHECK(v_cache.size(0) >= B && v_cache.size(1) == KV && v_cache.size(2) == C && v_cache.size(3) == D &&
+              v_cache.stride(3) == 1 && v_cache.stride(2) == D,
+              "reinforge_kernels: v_cache must be [slots, kv, C, D] with contiguous [C, D] blocks");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.size(0) == B,
+              "reinforge_kernels: positions must be [B] int64");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(pos[b] >= 0 && pos[b] < C, "reinforge_kernels: position ", pos[b], " is outside the cache (", C, ")");
+}
+
+template <typename F>
+void with_head_dim(int64_t D, F&& f) {
+  switch (D) {
+#define REINFORGE_HEAD_DIM(DD) case DD: f(std::integral_constant<int, DD>{}); break;
+    REINFORGE_HEAD_DIM(8) REINFORGE_HEAD_DIM(16) REINFORGE_HEAD_DIM(32) REINFORGE_HEAD_DIM(64)
+    REINFORGE_HEAD_DIM(80) REINFORGE_HEAD_DIM(96) REINFORGE_HEAD_DIM(128) REINFORGE_HEAD_DIM(256)
+#undef REINFORGE_HEAD_DIM
+    default: TORCH_CHECK(false, "reinforge_kernels: head_dim ", D, " is not compiled in");
+  }
+}
+
+Rows rows_of(const at::Tensor& t) {   // a [B, H, D] or [B, N] tensor whose rows are contiguous
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), "reinforge_kernels: float32 CPU tensors only");
+  const int64_t inner = t.dim() == 3 ? t.size(1) * t.size(2) : t.size(1);
+  TORCH_CHECK(t.stride(-1) == 1 && (t.dim() == 2 || t.stride(1) == t.size(2)), "reinforge_kernels: rows must be contiguous");
+  (void)inner;
+  return Rows{t.data_ptr<float>(), t.stride(0)};
+}
+
+// q [B, H, D]; k_new, v_new [B, KV, D] (rows contiguous); out [B, H, D] contiguous.
+void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& positions, double scale, int64_t window) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  check_cache(k_cache, v_cache, positions, B, H, D);
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && k_new.size(0) == B && k_new.size(1) == k_cache.size(1) &&
+              k_new.size(2) == D && v_new.sizes() == k_new.sizes(), "decode_attention: shapes do not match");
+  with_head_dim(D, [&](auto d) {
+    attention_rows<decltype(d)::value>(rows_of(out), rows_of(q), rows_of(k_new), rows_of(v_new), k_cache, v_cache,
+                                       positions.data_ptr<int64_t>(), B, H, (float)scale, window);
+  });
+}
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `count` vectors of length n at x + r * n.
+void rms_norm(float* out, const float* x, const float* weight, int64_t count, int64_t n, float eps) {
+  at::parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * n;
+      float* o = out + r * n;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.f / std::sqrt(ss / n + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * weight[i];
+    }
+  });
+}
+
+// One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
+// place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
+// rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
+void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
+                  const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, const at::Tensor& o_w,
+                  const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_w,
+                  const at::Tensor& down_w, const at::Tensor& rot, at::Tensor k_cache, at::Tensor v_cache,
+                  const at::Tensor& positions, int64_t heads, double eps, int64_t window) {
+  const int64_t B = x.size(0), E = x.size(1), KV = k_cache.size(1), D = k_cache.size(2), I = down_w.size(1);
+  const int64_t H = heads, N = (H + 2 * KV) * D;
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x must be contiguous float32");
+  check_cache(k_cache, v_cache, positions, B, H, D);
+  TORCH_CHECK(qkv_w.size(0) == N && gate_up_w.size(0) == 2 * I && rot.is_contiguous() && rot.size(0) == B &&
+              rot.size(1) == D / 2, "decode_layer: weight shapes do not match the cache");
+  const float epsf = (float)eps;
+
+  auto h = at::empty({B, E}, x.options());
+  rms_norm(h.data_ptr<float>(), x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
+  at::Tensor qkv = qkv_b ? at::addmm(*qkv_b, h, qkv_w.t()) : at::mm(h, qkv_w.t());   // [B, N]
+  float* qkvp = qkv.data_ptr<float>();
+  if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
+    at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        rms_norm(qkvp + b * N, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
+        rms_norm(qkvp + b * N + H * D, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
+      }
+    });
+  }
+  const float* rp = rot.data_ptr<float>();
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {   // rotary of queries and keys: pair times (cos + i sin)
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* cs = rp + b * D;
+      for (int64_t head = 0; head < H + KV; ++head) {
+        float* v = qkvp + b * N + head * D;
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const float re = v[2 * i], im = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+          v[2 * i] = re * c - im * s;
+          v[2 * i + 1] = re * s + im * c;
+        }
+      }
+    }
+  });
+  auto attn = at::empty({B, H * D}, x.options());
+  with_head_dim(D, [&](auto d) {
+    attention_rows<decltype(d)::value>(Rows{attn.data_ptr<float>(), H * D}, Rows{qkvp, N}, Rows{qkvp + H * D, N},
+                                       Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
+                                       B, H, 1.f / std::sqrt((float)D), window);
+  });
+  x.addmm_(attn, o_w.t());
+  if (o_b) x.add_(*o_b);
+  rms_norm(h.data_ptr<float>(), x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
+  auto gu = at::mm(h, gate_up_w.t());                    // [B, 2I]: gate | up
+  auto act = at::empty({B, I}, x.options());
+  const float* gp = gu.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* g = gp + b * 2 * I;
+      float* a = ap + b * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+    }
+  });
+  x.addmm_(act, down_w.t());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(reinforge_kernels, m) {
+  m.def("decode_attention(Tensor(o!) out, Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor positions, float scale, int window) -> ()", &decode_attention);
+  m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_w, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
+        "Tensor o_w, Tensor? o_b, Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);
+}
