@@ -666,6 +666,7 @@ class DecodeSession:
         """Samples in the session: decoding or waiting for a slot."""
         return self.live + len(self.waiting)
 
+    @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def add(self, prompt_ids: list[list[int]], group_size: int, tags, group_keys: torch.Tensor | None = None) -> None:
         """`group_size` samples of each prompt; sample j of prompt i is labelled tags[i * group_size + j].
         `group_keys` [P]: each prompt's sampling key; default one draw per prompt, in order, from the
@@ -681,6 +682,7 @@ class DecodeSession:
         for r, (token, logprob, key) in enumerate(zip(first.tolist(), first_lp.tolist(), keys.tolist(), strict=True)):
             self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version, key))
 
+    @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def step(self) -> list[FinishedRow]:
         """Admit, retire the rows that ended, decode one token of each live row; the rows that ended."""
         finished: list[FinishedRow] = []
@@ -712,6 +714,7 @@ class DecodeSession:
             self.generated[:live] += 1
         return finished
 
+    @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
         """Continue with the model's current weights, labelled `version` (interrupt and recompute)."""
         self.weights, self.version = DecoderWeights.of(self.model), version
