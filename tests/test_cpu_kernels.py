@@ -1,6 +1,6 @@
 """The fused CPU decoding kernels (reinforge/rollout/csrc/decode.cpp): the numbers of the PyTorch
-path they replace, in the attention alone and through whole rollouts, and the fallback when they
-cannot be built."""
+path they replace, in the attention and the sampler alone and through whole rollouts, and the
+fallback when they cannot be built."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from reinforge.models import Policy
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.rollout.cpu_kernels import load_cpu_kernels
-from reinforge.rollout.native import additive_mask, attention
+from reinforge.rollout.native import additive_mask, attention, keyed_uniforms, sample_tokens
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,23 @@ def test_decode_attention_refuses_a_position_outside_the_cache(kernels) -> None:
     q = k = torch.zeros(2, 1, 16)
     with pytest.raises(RuntimeError, match="outside the cache"):
         kernels.decode_attention(torch.empty(2, 1, 16), q, k, k, k_cache, v_cache, torch.tensor([0, 8]), 0.25, 0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.3])
+def test_sample_draws_the_tokens_of_keyed_inverse_cdf_sampling(kernels, temperature: float) -> None:
+    rows, vocab = 300, 1000
+    gen = torch.Generator().manual_seed(int(temperature * 10))
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    keys = torch.randint(2**62, (rows,), generator=gen)
+    counters = torch.randint(0, 50, (rows,), generator=gen)
+    params = SamplingParams(temperature=temperature or 1.0, greedy=temperature == 0.0)
+    expected_tokens, expected_logprobs = sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
+    tokens, logprobs = torch.empty(rows, dtype=torch.long), torch.empty(rows)
+    kernels.sample(tokens, logprobs, logits, temperature, keys, counters)
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(logprobs, expected_logprobs, atol=2e-6, rtol=0)
+    if temperature:
+        assert len(set(tokens.tolist())) > 100        # really sampled, not the argmax
 
 
 CASES = {**MODELS, "mistral_window": mistral_window}

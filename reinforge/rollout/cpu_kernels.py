@@ -4,7 +4,8 @@ A decoding step of a small model on CPU is mostly dispatch and memory passes bet
 and PyTorch ships no fused decode attention for CPU (its SDPA kernel was 2x slower than plain
 matmuls at rollout shapes). So reinforge carries `csrc/decode.cpp`: torch ops
 `reinforge_kernels.decode_layer` (one decoder layer for one token of every row: the projections as
-ATen matmuls, everything between them fused) and `reinforge_kernels.decode_attention`, built
+ATen matmuls, everything between them fused), `reinforge_kernels.sample` (keyed inverse-CDF
+sampling, `sample_tokens` with `keyed_uniforms` in one pass) and `reinforge_kernels.decode_attention`, built
 against the installed torch on first use (~10 s) and cached under `$REINFORGE_CACHE` (default
 `~/.cache/reinforge`), keyed by the source, torch, the compiler and the CPU (it is built with
 -march=native). They are optional: with no C++ compiler, a failed build, or
@@ -73,7 +74,7 @@ def _build(source: Path, compiler: str) -> Path:
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The ops namespace `torch.ops.reinforge_kernels` (`decode_layer`, `decode_attention`; their
+    """The ops namespace `torch.ops.reinforge_kernels` (`decode_layer`, `sample`, `decode_attention`; their
     signatures are at the end of csrc/decode.cpp), or None where it cannot be built (the reason is
     logged once)."""
     if os.environ.get("REINFORGE_CPU_KERNELS", "1") == "0":

@@ -339,12 +339,12 @@ class KVCache:
             self.keys(layer)[slots, :, :width] = prompt_k[layer][prompts]
             self.v[layer][slots, :, :width] = prompt_v[layer][prompts]
 
-    def move(self, dst: torch.Tensor, src: torch.Tensor, width: int) -> None:
-        """Copy slots `src` onto slots `dst` (the first `width` positions)."""
-        for layer in range(len(self.k)):
-            keys = self.keys(layer)
-            keys[dst, :, :width] = keys[src, :, :width]
-            self.v[layer][dst, :, :width] = self.v[layer][src, :, :width]
+    def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy slots `src` onto slots `dst`: whole slots, each one contiguous block (a slot's first
+        positions alone are a strided block, whose copy cost more than the positions past them)."""
+        for cache in (self.k, self.v):
+            for t in cache:
+                t.index_copy_(0, dst, t.index_select(0, src))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
         """Store k, v [m, kv_heads, head_dim] of `slots` [m] at their `positions` [m]."""
@@ -652,6 +652,7 @@ class DecodeSession:
         self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
         self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
         self.keys = torch.zeros(slots, dtype=torch.long, device=d)       # its sampling stream
+        self.last = torch.zeros(slots, dtype=torch.long, device=d)       # its newest token (not yet cached)
         self.length = torch.zeros(slots, dtype=torch.long, device=d)     # positions in its cache
         self.generated = torch.zeros(slots, dtype=torch.long, device=d)  # its tokens so far (the last not yet cached)
         self.tags: list[Any] = [None] * slots
@@ -677,8 +678,7 @@ class DecodeSession:
         keys = row_keys(group_keys.to(torch.long), group_size)
         self._make_room(max(len(p) for p in prompt_ids))
         block, logits = self._prefill(prompt_ids)
-        first, first_lp = sample_tokens(logits.repeat_interleave(group_size, dim=0), self.params,
-                                        uniforms=keyed_uniforms(keys, torch.zeros_like(keys)))
+        first, first_lp = self._sample(logits.repeat_interleave(group_size, dim=0), keys, torch.zeros_like(keys))
         for r, (token, logprob, key) in enumerate(zip(first.tolist(), first_lp.tolist(), keys.tolist(), strict=True)):
             self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version, key))
 
@@ -691,7 +691,7 @@ class DecodeSession:
         while admitted and self.live:   # a newly admitted row may end on its first token
             live = self.live
             g = self.generated[:live]
-            stopped = torch.isin(self.tokens[:live].gather(1, (g - 1)[:, None]).squeeze(1), self.eos)
+            stopped = torch.isin(self.last[:live], self.eos)
             if self.params.stop:
                 stopped |= self.engine._stop_strings(self.tokens[:live], g, self.params.stop)
             done = (stopped | (g >= self.params.max_new_tokens)).nonzero().squeeze(1)
@@ -705,14 +705,25 @@ class DecodeSession:
         if self.live:
             live = self.live
             g, pos = self.generated[:live], self.length[:live]
-            last = self.tokens[:live].gather(1, (g - 1)[:, None]).squeeze(1)
-            logits = self.engine._decode(self.weights, self.cache, last, pos, self.freqs)
+            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs)
             self.length[:live] += 1
-            token, logprob = sample_tokens(logits, self.params, uniforms=keyed_uniforms(self.keys[:live], g))
+            token, logprob = self._sample(logits, self.keys[:live], g)
             rows = torch.arange(live, device=self.device)
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
+            self.last[:live] = token
             self.generated[:live] += 1
         return finished
+
+    def _sample(self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and sampler log-probs of logits [B, V] at draw `counters` of streams `keys`:
+        `sample_tokens` with `keyed_uniforms`, or the fused CPU op for unfiltered sampling."""
+        params, kernels = self.params, self.engine.kernels
+        if kernels is None or params.top_k or params.top_p < 1.0 or logits.device.type != "cpu":
+            return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
+        tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
+        kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
+                       keys.contiguous(), counters.contiguous())
+        return tokens, logprobs
 
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
@@ -759,7 +770,7 @@ class DecodeSession:
         for slot, w in zip(into.tolist(), rows, strict=True):
             self.tags[slot], self.prompts[slot] = w.tag, w.block.prompt_ids[w.prompt]
         d = self.device
-        self.tokens[into, 0] = torch.tensor([w.token for w in rows], device=d)
+        self.tokens[into, 0] = self.last[into] = torch.tensor([w.token for w in rows], device=d)
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
         self.versions[into, 0] = torch.tensor([w.version for w in rows], device=d)
         self.keys[into] = torch.tensor([w.key for w in rows], dtype=torch.long, device=d)
@@ -780,8 +791,8 @@ class DecodeSession:
             holes = (~keep[:live]).nonzero().squeeze(1)
             movers = keep[live:].nonzero().squeeze(1) + live
             if len(holes):
-                self.cache.move(holes, movers, int(self.length[: self.live].max()))
-                for state in (self.tokens, self.logprobs, self.versions, self.keys, self.length, self.generated):
+                self.cache.move(holes, movers)
+                for state in (self.tokens, self.logprobs, self.versions, self.keys, self.last, self.length, self.generated):
                     state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]

@@ -1,6 +1,7 @@
 // The native engine's decoding step on CPU, fused: one call per decoder layer
 // (`decode_layer`), whose attention (`decode_attention`, also callable alone) writes each row's new
-// key/value into the KV cache and attends over that row's keys in one pass.
+// key/value into the KV cache and attends over that row's keys in one pass, and one call to draw
+// every row's next token (`sample`: temperature or greedy, no top-k / top-p filter).
 //
 // Why: at RL rollout shapes (hundreds of rows of a small model) a decoding step in PyTorch is ~35
 // ops per layer (norms, rotary, thousands of tiny batched GEMMs for attention, masking, softmax,
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -236,6 +238,65 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   x.addmm_(act, down_w.t());
 }
 
+// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.native.mix64.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// One token per row of fp32 logits [B, V] with no top-k / top-p filter, as
+// reinforge.rollout.native.sample_tokens with keyed_uniforms: temperature > 0 draws from
+// softmax(logits / T) by inverting its CDF (accumulated in double, as torch's cumsum) at the
+// uniform of draw `counters[b]` of stream `keys[b]`; temperature 0 takes the argmax (first of
+// ties) with the untempered log-prob. tokens [B] int64 and logprobs [B] float32 are written.
+void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, double temperature,
+            const at::Tensor& keys, const at::Tensor& counters) {
+  const int64_t B = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.device().is_cpu(),
+              "sample: logits must be contiguous float32 on the CPU");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&tokens, &keys, &counters})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->size(0) == B, "sample: [B] int64 tensors");
+  TORCH_CHECK(logprobs.scalar_type() == at::kFloat && logprobs.is_contiguous() && logprobs.size(0) == B);
+  const float* lp = logits.data_ptr<float>();
+  const int64_t* kp = keys.data_ptr<int64_t>();
+  const int64_t* cp = counters.data_ptr<int64_t>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  float* op = logprobs.data_ptr<float>();
+  const bool greedy = temperature <= 0;
+  const float t = greedy ? 1.f : (float)temperature;
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<float> scores(V), cdf(V);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* row = lp + b * V;
+      int64_t best = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        scores[i] = t == 1.f ? row[i] : row[i] / t;
+        if (scores[i] > scores[best]) best = i;
+      }
+      const float top = scores[best];
+      float sum = 0.f;
+      for (int64_t i = 0; i < V; ++i) sum += expf(scores[i] - top);
+      const float log_total = top + logf(sum);
+      if (greedy) {
+        tp[b] = best;
+        op[b] = scores[best] - log_total;
+        continue;
+      }
+      double acc = 0.0;
+      for (int64_t i = 0; i < V; ++i) {
+        acc += (double)expf(scores[i] - log_total);
+        cdf[i] = (float)acc;
+      }
+      const uint64_t z = mix64((uint64_t)kp[b] + (uint64_t)(cp[b] + 1) * 0x9E3779B97F4A7C15ull);
+      const float u = (float)(z >> 40) * 0x1p-24f * cdf[V - 1];
+      const int64_t token = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), V - 1);
+      tp[b] = token;
+      op[b] = scores[token] - log_total;
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(reinforge_kernels, m) {
@@ -244,4 +305,6 @@ TORCH_LIBRARY(reinforge_kernels, m) {
   m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_w, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
         "Tensor o_w, Tensor? o_b, Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);
+  m.def("sample(Tensor(a!) tokens, Tensor(b!) logprobs, Tensor logits, float temperature, Tensor keys, "
+        "Tensor counters) -> ()", &sample);
 }
