@@ -22,8 +22,8 @@ from reinforge.models.factory import model_device
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    micro_batch_size: int = 64                # rows per forward/backward
-    micro_batch_tokens: int | None = None     # token budget per micro-batch (rows x longest row)
+    micro_batch_size: int = 256               # rows per forward/backward at most
+    micro_batch_tokens: int | None = 16384    # token budget per micro-batch (rows x longest row)
     chunk_size: int = 0                       # tokens per LM-head chunk (logprobs.py); 0: the full-logits path
     shared_prefix: bool = False               # each prompt once for its group (shared_prefix.py)
     fp32_head: bool = True                    # the LM head in fp32 (chunked and shared paths)
