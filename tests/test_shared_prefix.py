@@ -180,6 +180,22 @@ def test_single_token_completions_need_no_completion_pass(micro_overrides) -> No
     assert_close(got.entropy, ref.entropy, "entropy")
 
 
+def test_the_longest_prompt_with_the_shortest_completion_shares_a_pass(micro_overrides) -> None:
+    # One pass runs every row to the longest need from its own start, so the latest start plus the
+    # longest need (here 10 + 5, past any one row's start + need) must have a rotary position.
+    model = MODELS["qwen2"](micro_overrides)
+    prompt_ids = [list(range(5, 15)), list(range(5, 15)), [15], [16, 17]]
+    lengths = torch.tensor([2, 1, 6, 6])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).float()
+    completion_ids = torch.randint(3, model.config.vocab_size, (4, 6), generator=torch.Generator().manual_seed(0))
+    batch = build_sequences(prompt_ids, completion_ids.masked_fill(mask == 0, PAD), mask, PAD)
+    with torch.no_grad():
+        ref = completion_token_stats(model, batch)
+        got = completion_token_stats_shared(model, batch, torch.tensor([0, 0, 1, 2]))
+    assert_close(got.logprobs, ref.logprobs, "logprobs")
+    assert_close(got.entropy, ref.entropy, "entropy")
+
+
 @pytest.mark.parametrize("other", [[5, 6, 8], [5, 6]], ids=["token", "length"])
 def test_a_group_with_two_prompts_is_refused(other: list[int], micro_overrides) -> None:
     model = MODELS["qwen2"](micro_overrides)

@@ -139,7 +139,9 @@ def completion_token_stats_shared(
     need = torch.zeros_like(starts).scatter_reduce(0, rows, cols, "amax")  # [N]
     prompt_len = starts[representative]  # [P]
     span = int(prompt_len.max())
-    freqs = rotary_factors(model, shape, max(span, int((starts + need).max())))  # [positions, D/2] complex
+    # A pass runs every row of its bucket to the bucket's longest need, from the row's own start: its
+    # positions reach the latest start plus the longest need (past a row's need they are masked padding).
+    freqs = rotary_factors(model, shape, max(span, int(starts.max()) + int(need.max())))  # [positions, D/2] complex
     embed_pad = model.get_input_embeddings().padding_idx  # HF zeroes that row's gradient: so do we
 
     # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, kv, Lp, D]
