@@ -27,6 +27,7 @@ from reinforge.config import Config, ConfigError
 from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.learner.forward import ForwardPlan
 from reinforge.loops.async_rl import train_rl_async
 from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
@@ -317,7 +318,8 @@ def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> d
         if step % 10 == 0:
             bar.set_postfix(loss=f"{loss:.3f}")
 
-    sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step)
+    sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
+                  forward=ForwardPlan.from_config(cfg.train))
     bar.close()
     summary = {"source": cfg.sft.source, **figures, "steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
     recorder.log({"stage": "sft", **summary})

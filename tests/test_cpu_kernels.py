@@ -9,13 +9,14 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_native_engine import MODELS, PROMPTS, eos_prone
 from transformers import MistralConfig, MistralForCausalLM
 
 from reinforge.models import Policy
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
-from reinforge.rollout.cpu_kernels import load_cpu_kernels
+from reinforge.rollout.cpu_kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.rollout.native import additive_mask, attention, keyed_uniforms, sample_tokens
 
 
@@ -92,6 +93,32 @@ def test_sample_draws_the_tokens_of_keyed_inverse_cdf_sampling(kernels, temperat
     torch.testing.assert_close(logprobs, expected_logprobs, atol=2e-6, rtol=0)
     if temperature:
         assert len(set(tokens.tolist())) > 100        # really sampled, not the argmax
+
+
+def test_fused_rms_norm_and_swiglu_match_pytorch_values_and_gradients(kernels) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(301, 96, generator=gen) * 3).requires_grad_()
+    weight = (torch.rand(96, generator=gen) + 0.5).requires_grad_()
+    dy = torch.randn(301, 96, generator=gen)
+    fused = rms_norm(x, weight, 1e-6)
+    fused_dx, fused_dw = torch.autograd.grad(fused, (x, weight), dy)
+    plain = F.rms_norm(x, (96,), weight, 1e-6)
+    plain_dx, plain_dw = torch.autograd.grad(plain, (x, weight), dy)
+    assert fused.grad_fn.name() == "_RMSNormBackward"          # the kernel really ran
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_dx, plain_dx, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_dw, plain_dw, atol=1e-4, rtol=1e-5)      # a sum over 301 rows
+
+    gate_up = (torch.randn(301, 2 * 80, generator=gen) * 4).requires_grad_()  # silu's tails included
+    da = torch.randn(301, 80, generator=gen)
+    fused = swiglu(gate_up, None)
+    (fused_grad,) = torch.autograd.grad(fused, gate_up, da)
+    gate, up = gate_up.chunk(2, dim=-1)
+    plain = F.silu(gate) * up
+    (plain_grad,) = torch.autograd.grad(plain, gate_up, da)
+    assert fused.grad_fn.name() == "_SwiGLUBackward"
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_grad, plain_grad, atol=1e-5, rtol=1e-5)
 
 
 CASES = {**MODELS, "mistral_window": mistral_window}

@@ -15,9 +15,9 @@ from reinforge.config import SFTConfig
 from reinforge.learner import (
     build_optimizer,
     build_sequences,
-    completion_token_stats,
     warmup_cosine,
 )
+from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.models import Policy, model_device
 from reinforge.objectives import loss_weights
 from reinforge.rollout import encode_prompts
@@ -47,7 +47,13 @@ def run_sft(
     chat_template: str,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
+    forward: ForwardPlan | None = None,
 ) -> SFTResult:
+    """`cfg.steps` AdamW steps of `cfg.batch_size` traces each, one forward per step. `forward`
+    chooses the learner's forward path as in RL (ForwardPlan.from_config(train): the pipeline runs
+    SFT through the shared-prompt forward, each trace its own group, whose fused CPU kernels make it
+    the fastest; default the model's own forward)."""
+    forward = forward or ForwardPlan()
     prompts, completions = tokenize_pairs(policy, examples, chat_template)
     width = max(len(c) for c in completions)
     completion_ids = torch.full((len(completions), width), policy.tokenizer.pad_token_id, dtype=torch.long)
@@ -55,7 +61,8 @@ def run_sft(
     for i, c in enumerate(completions):
         completion_ids[i, : len(c)] = torch.tensor(c)
         completion_mask[i, : len(c)] = 1.0
-    data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id)
+    data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id,
+                           group_ids=torch.arange(len(completions)))     # each trace its own group
 
     model = policy.model
     device = model_device(model)
@@ -67,7 +74,7 @@ def run_sft(
     for step in range(cfg.steps):
         rows = torch.randint(len(examples), (cfg.batch_size,), generator=generator)
         batch = data.rows(rows).to(device)   # the data stays on the CPU; each batch goes to the model
-        stats = completion_token_stats(model, batch)
+        stats = token_stats(model, batch, 1.0, forward)
         weights = loss_weights("token_mean", batch.completion_mask)
         loss = -(weights * stats.logprobs).sum()
         optimizer.zero_grad(set_to_none=True)

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils.cpp_extension import include_paths, library_paths
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "decode.cpp"
+SOURCES = (Path(__file__).parent / "csrc" / "decode.cpp", Path(__file__).parent / "csrc" / "learner.cpp")
 # Head dims the kernel is compiled for (its per-head accumulators are sized at compile time).
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
 # -ffast-math lets the softmax's expf vectorise (glibc's libmvec); it is given to the compile only,
@@ -48,25 +49,27 @@ def _cpu_fingerprint() -> str:
         return platform.processor() + platform.machine()
 
 
-def _build(source: Path, compiler: str) -> Path:
-    """The shared library of `source`, from the cache or compiled now (atomically, so concurrent
+def _build(sources: tuple[Path, ...], compiler: str) -> Path:
+    """The shared library of `sources`, from the cache or compiled now (atomically, so concurrent
     processes, e.g. pytest-xdist workers, at worst both compile)."""
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), torch.__version__, version, _cpu_fingerprint(), abi,
-                                    *COMPILE_FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in sources), torch.__version__, version, _cpu_fingerprint(),
+                                    abi, *COMPILE_FLAGS]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge")) / "kernels"
-    library = cache / f"{source.stem}-{key}.so"
+    library = cache / f"reinforge_kernels-{key}.so"
     if library.exists():
         return library
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        obj, built = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
         includes = [f"-I{p}" for p in include_paths()]
-        subprocess.run([compiler, *COMPILE_FLAGS, abi, *includes, "-c", str(source), "-o", str(obj)],
-                       capture_output=True, text=True, check=True)
+        objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
+        for source, obj in zip(sources, objects, strict=True):
+            subprocess.run([compiler, *COMPILE_FLAGS, abi, *includes, "-c", str(source), "-o", str(obj)],
+                           capture_output=True, text=True, check=True)
+        built = Path(tmp) / "kernels.so"
         libs = [f"-L{p}" for p in library_paths()]
-        subprocess.run([compiler, "-shared", str(obj), "-o", str(built), *libs, "-lc10", "-ltorch_cpu", "-lmvec"],
+        subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(built), *libs, "-lc10", "-ltorch_cpu", "-lmvec"],
                        capture_output=True, text=True, check=True)
         os.replace(built, library)
     return library
@@ -84,10 +87,62 @@ def load_cpu_kernels() -> Any | None:
         log.warning("no C++ compiler found: the native engine uses its PyTorch path on CPU (slower)")
         return None
     try:
-        torch.ops.load_library(str(_build(SOURCE, compiler)))
+        torch.ops.load_library(str(_build(SOURCES, compiler)))
     except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
         detail = err.stderr.strip().splitlines()[-1:] if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
         log.warning("building the CPU decoding kernels failed (%s): the native engine uses its PyTorch path (slower)",
                     detail)
         return None
     return torch.ops.reinforge_kernels
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A dense CPU float32 tensor the kernels can read (not a DTensor shard or another subclass)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+
+
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm of x [R, E] (Zhang and Sennrich, arXiv 1910.07467), forward and backward fused."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        y, rstd = load_cpu_kernels().rms_norm_forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = load_cpu_kernels().rms_norm_backward(dy.contiguous(), x, weight, rstd)
+        return dx, dw, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up of [gate | up] [R, 2I] (Shazeer, arXiv 2002.05202), forward and backward fused."""
+
+    @staticmethod
+    def forward(ctx, gate_up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate_up)
+        return load_cpu_kernels().swiglu_forward(gate_up)
+
+    @staticmethod
+    def backward(ctx, da: torch.Tensor):
+        (gate_up,) = ctx.saved_tensors
+        return load_cpu_kernels().swiglu_backward(da.contiguous(), gate_up)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.rms_norm(x, (E,), weight, eps)` of rows x [R, E]; on CPU in fp32 one fused kernel each way
+    where the kernels build (same numbers within float rounding: tests/test_cpu_kernels.py)."""
+    if x.dim() == 2 and _plain(x) and _plain(weight) and load_cpu_kernels() is not None:
+        return _RMSNorm.apply(x.contiguous(), weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def swiglu(gate_up: torch.Tensor, act) -> torch.Tensor:
+    """act(gate) * up of [gate | up] [R, 2I], `act` the MLP's activation; for SiLU on CPU in fp32 one
+    fused kernel each way where the kernels build."""
+    if act is None and gate_up.dim() == 2 and _plain(gate_up) and load_cpu_kernels() is not None:
+        return _SwiGLU.apply(gate_up.contiguous())
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (F.silu(gate) if act is None else act(gate)) * up

@@ -45,7 +45,7 @@ from reinforge.config import ConfigError
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.rollout.base import Rollout, SamplingParams
-from reinforge.rollout.cpu_kernels import HEAD_DIMS, load_cpu_kernels
+from reinforge.rollout.cpu_kernels import HEAD_DIMS, load_cpu_kernels, rms_norm, swiglu
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import stop_string_end
 
@@ -129,7 +129,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: torch.Tensor               # [2 I, E]
     down: torch.Tensor
-    act: Callable[[torch.Tensor], torch.Tensor]
+    act: Callable[[torch.Tensor], torch.Tensor] | None   # None: SiLU (SwiGLU; fused on CPU, cpu_kernels.swiglu)
 
 
 @dataclass
@@ -170,6 +170,7 @@ class DecoderWeights:
             raise NotImplementedError(f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
                                       "use rollout.engine=hf")
         layers = []
+        silu = getattr(model.config, "hidden_act", None) in ("silu", "swish")
         heads = model.config.num_attention_heads
         kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
         for i, layer in enumerate(model.model.layers):
@@ -198,7 +199,7 @@ class DecoderWeights:
                 post_norm=layer.post_attention_layernorm.weight,
                 gate_up=torch.cat([gate, up]),
                 down=down,
-                act=mlp.act_fn,
+                act=None if silu else mlp.act_fn,
             ))
         head, head_bias = plain(model.get_output_embeddings(), "the LM head")
         if head_bias is not None:
@@ -221,11 +222,11 @@ def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor,
     """
     (b, s, e), heads, kv = hidden.shape, shape.num_heads, shape.num_kv_heads
     # Tokens as rows [B S, E]: each residual add rides on its projection's GEMM (addmm), one pass
-    # over the activations fewer per projection. Without autograd, SwiGLU's product is taken in place.
+    # over the activations fewer per projection.
+    # RMSNorm and SwiGLU go through `cpu_kernels`: one fused kernel each way on CPU in fp32.
     x = hidden.reshape(b * s, e)
-    in_place = not torch.is_grad_enabled()
     for index, lw in enumerate(w.layers):
-        h = F.rms_norm(x, (e,), lw.input_norm, w.eps)
+        h = rms_norm(x, lw.input_norm, w.eps)
         qkv = F.linear(h, lw.qkv, lw.qkv_bias).view(b, s, heads + 2 * kv, shape.head_dim)
         if lw.q_norm is None:
             qk = _rope(qkv[:, :, : heads + kv], freqs)      # queries and keys rotated together
@@ -235,10 +236,9 @@ def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor,
             k = _rope(F.rms_norm(qkv[:, :, heads : heads + kv], (shape.head_dim,), lw.k_norm, w.eps), freqs)
         out = attend(index, q, k, qkv[:, :, heads + kv :]).reshape(b * s, -1)
         x = torch.addmm(x, out, lw.o.t()) if lw.o_bias is None else x + F.linear(out, lw.o, lw.o_bias)
-        gate, up = F.linear(F.rms_norm(x, (e,), lw.post_norm, w.eps), lw.gate_up).chunk(2, dim=-1)
-        act = lw.act(gate)
-        x = torch.addmm(x, act.mul_(up) if in_place else act * up, lw.down.t())
-    return F.rms_norm(x, (e,), w.final_norm, w.eps).view(b, s, e)
+        gate_up = F.linear(rms_norm(x, lw.post_norm, w.eps), lw.gate_up)
+        x = torch.addmm(x, swiglu(gate_up, lw.act), lw.down.t())
+    return rms_norm(x, w.final_norm, w.eps).view(b, s, e)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
