@@ -54,8 +54,9 @@ def _build(sources: tuple[Path, ...], compiler: str) -> Path:
     processes, e.g. pytest-xdist workers, at worst both compile)."""
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([*(s.read_text() for s in sources), torch.__version__, version, _cpu_fingerprint(),
-                                    abi, *COMPILE_FLAGS]).encode()).hexdigest()[:16]
+    texts = [f.read_text() for f in sorted(sources[0].parent.iterdir()) if f.suffix in (".cpp", ".h")]   # headers too
+    key = hashlib.sha256("\0".join([*texts, torch.__version__, version, _cpu_fingerprint(), abi, *COMPILE_FLAGS])
+                         .encode()).hexdigest()[:16]
     cache = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge")) / "kernels"
     library = cache / f"reinforge_kernels-{key}.so"
     if library.exists():

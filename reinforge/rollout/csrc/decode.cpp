@@ -20,6 +20,8 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
+#include "rows.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +30,9 @@
 #include <vector>
 
 namespace {
+
+using reinforge_kernels::rms_norm_rows;
+using reinforge_kernels::swiglu_rows;
 
 typedef float v8 __attribute__((vector_size(32)));
 inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
@@ -156,22 +161,6 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
   });
 }
 
-// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `count` vectors of length n at x + r * n.
-void rms_norm(float* out, const float* x, const float* weight, int64_t count, int64_t n, float eps) {
-  at::parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * n;
-      float* o = out + r * n;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.f / std::sqrt(ss / n + eps);
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * weight[i];
-    }
-  });
-}
-
 // One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
 // place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
@@ -189,14 +178,14 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   const float epsf = (float)eps;
 
   auto h = at::empty({B, E}, x.options());
-  rms_norm(h.data_ptr<float>(), x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
+  rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
   at::Tensor qkv = qkv_b ? at::addmm(*qkv_b, h, qkv_w.t()) : at::mm(h, qkv_w.t());   // [B, N]
   float* qkvp = qkv.data_ptr<float>();
   if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
     at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        rms_norm(qkvp + b * N, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
-        rms_norm(qkvp + b * N + H * D, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
+        rms_norm_rows(qkvp + b * N, nullptr, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
+        rms_norm_rows(qkvp + b * N + H * D, nullptr, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
       }
     });
   }
@@ -222,19 +211,10 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   });
   x.addmm_(attn, o_w.t());
   if (o_b) x.add_(*o_b);
-  rms_norm(h.data_ptr<float>(), x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
+  rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
   auto gu = at::mm(h, gate_up_w.t());                    // [B, 2I]: gate | up
   auto act = at::empty({B, I}, x.options());
-  const float* gp = gu.data_ptr<float>();
-  float* ap = act.data_ptr<float>();
-  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* g = gp + b * 2 * I;
-      float* a = ap + b * I;
-#pragma omp simd
-      for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
-    }
-  });
+  swiglu_rows(act.data_ptr<float>(), gu.data_ptr<float>(), B, I);
   x.addmm_(act, down_w.t());
 }
 

@@ -12,6 +12,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "rows.h"
+
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -30,24 +32,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const a
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == E, "rms_norm_forward: w must be [E] float32");
   auto y = at::empty({R, E}, x.options());
   auto rstd = at::empty({R}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  float* rp = rstd.data_ptr<float>();
-  const float epsf = (float)eps;
-  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * E;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < E; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.f / std::sqrt(ss / E + epsf);
-      rp[r] = inv;
-      float* yr = yp + r * E;
-#pragma omp simd
-      for (int64_t i = 0; i < E; ++i) yr[i] = xr[i] * inv * wp[i];
-    }
-  });
+  reinforge_kernels::rms_norm_rows(y.data_ptr<float>(), rstd.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(),
+                                   R, E, (float)eps);
   return {y, rstd};
 }
 
@@ -99,16 +85,7 @@ at::Tensor swiglu_forward(const at::Tensor& gu) {
   check_rows(gu, "swiglu_forward: gu");
   const int64_t R = gu.size(0), I = gu.size(1) / 2;
   auto a = at::empty({R, I}, gu.options());
-  const float* gp = gu.data_ptr<float>();
-  float* ap = a.data_ptr<float>();
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* g = gp + r * 2 * I;
-      float* ar = ap + r * I;
-#pragma omp simd
-      for (int64_t i = 0; i < I; ++i) ar[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
-    }
-  });
+  reinforge_kernels::swiglu_rows(a.data_ptr<float>(), gu.data_ptr<float>(), R, I);
   return a;
 }
 
