@@ -1,4 +1,4 @@
-"""The fused CPU decoding kernels (reinforge/rollout/csrc/decode.cpp): the numbers of the PyTorch
+"""The fused CPU kernels (reinforge/kernels/csrc): the numbers of the PyTorch
 path they replace, in the attention and the sampler alone and through whole rollouts, and the
 fallback when they cannot be built."""
 
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from test_native_engine import MODELS, PROMPTS, eos_prone
 from transformers import MistralConfig, MistralForCausalLM
 
+from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
-from reinforge.rollout.cpu_kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.rollout.native import additive_mask, attention, keyed_uniforms, sample_tokens
 
 
@@ -164,7 +164,7 @@ def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, t
         monkeypatch.setenv("CXX", "false")            # a "compiler" that fails: the build fails, the engine warns and goes on
         monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path))
         load_cpu_kernels.cache_clear()
-        with caplog.at_level(logging.WARNING, logger="reinforge.rollout.cpu_kernels"):
+        with caplog.at_level(logging.WARNING, logger="reinforge.kernels"):
             engine = NativeEngine(policy)
         assert engine.kernels is None
         assert "PyTorch path" in caplog.text

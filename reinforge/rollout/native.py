@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from reinforge.config import ConfigError
+from reinforge.kernels import HEAD_DIMS, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.rollout.base import Rollout, SamplingParams
-from reinforge.rollout.cpu_kernels import HEAD_DIMS, load_cpu_kernels, rms_norm, swiglu
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import stop_string_end
 
@@ -129,7 +129,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: torch.Tensor               # [2 I, E]
     down: torch.Tensor
-    act: Callable[[torch.Tensor], torch.Tensor] | None   # None: SiLU (SwiGLU; fused on CPU, cpu_kernels.swiglu)
+    act: Callable[[torch.Tensor], torch.Tensor] | None   # None: SiLU (SwiGLU; fused on CPU, kernels.swiglu)
 
 
 @dataclass
@@ -223,7 +223,7 @@ def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor,
     (b, s, e), heads, kv = hidden.shape, shape.num_heads, shape.num_kv_heads
     # Tokens as rows [B S, E]: each residual add rides on its projection's GEMM (addmm), one pass
     # over the activations fewer per projection.
-    # RMSNorm and SwiGLU go through `cpu_kernels`: one fused kernel each way on CPU in fp32.
+    # RMSNorm and SwiGLU go through `reinforge.kernels`: one fused kernel each way on CPU in fp32.
     x = hidden.reshape(b * s, e)
     for index, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, w.eps)

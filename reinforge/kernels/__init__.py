@@ -1,16 +1,24 @@
-"""Fused CPU kernels of the native engine, compiled on first use with the machine's C++ compiler.
+"""Fused CPU kernels, compiled on first use with the machine's C++ compiler.
 
-A decoding step of a small model on CPU is mostly dispatch and memory passes between the matmuls,
-and PyTorch ships no fused decode attention for CPU (its SDPA kernel was 2x slower than plain
-matmuls at rollout shapes). So reinforge carries `csrc/decode.cpp`: torch ops
-`reinforge_kernels.decode_layer` (one decoder layer for one token of every row: the projections as
-ATen matmuls, everything between them fused), `reinforge_kernels.sample` (keyed inverse-CDF
-sampling, `sample_tokens` with `keyed_uniforms` in one pass) and `reinforge_kernels.decode_attention`, built
-against the installed torch on first use (~10 s) and cached under `$REINFORGE_CACHE` (default
-`~/.cache/reinforge`), keyed by the source, torch, the compiler and the CPU (it is built with
--march=native). They are optional: with no C++ compiler, a failed build, or
-`REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and the engine runs its PyTorch path, which
-computes the same numbers (tests/test_cpu_kernels.py compares them).
+On a CPU, a small model's decoding step and the learner's forward and backward spend much of their
+time outside the matmuls: dispatch and a memory pass per small op (norms, rotary, masking,
+softmax, SwiGLU, sampling), and PyTorch ships no fused decode attention for CPU (its SDPA kernel
+was 2x slower than plain matmuls at rollout shapes). reinforge carries its own, as torch ops of
+the namespace `reinforge_kernels`:
+
+- `csrc/decode.cpp`, the native engine (rollout.native): `decode_layer` (one decoder layer for one
+  token of every row: the projections as ATen matmuls, everything between them fused, the
+  attention reading each row's keys up to its position), `sample` (keyed inverse-CDF sampling,
+  `sample_tokens` with `keyed_uniforms` in one pass) and `decode_attention`;
+- `csrc/learner.cpp`, behind the autograd functions below (`rms_norm`, `swiglu`), which
+  `rollout.native.decoder_layers` calls: the engine's prefill and the learner's shared-prompt
+  forward, SFT included.
+
+They are built against the installed torch on first use (~15 s) and cached under
+`$REINFORGE_CACHE` (default `~/.cache/reinforge`), keyed by the sources, torch, the compiler and
+the CPU (they are built with -march=native). They are optional: with no C++ compiler, a failed
+build, or `REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and every caller runs its
+PyTorch path, which computes the same numbers within float rounding (tests/test_cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -78,21 +86,20 @@ def _build(sources: tuple[Path, ...], compiler: str) -> Path:
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The ops namespace `torch.ops.reinforge_kernels` (`decode_layer`, `sample`, `decode_attention`; their
-    signatures are at the end of csrc/decode.cpp), or None where it cannot be built (the reason is
-    logged once)."""
+    """The ops namespace `torch.ops.reinforge_kernels` (their signatures are at the end of
+    csrc/decode.cpp and csrc/learner.cpp), or None where it cannot be built (the reason is logged once)."""
     if os.environ.get("REINFORGE_CPU_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
-        log.warning("no C++ compiler found: the native engine uses its PyTorch path on CPU (slower)")
+        log.warning("no C++ compiler found: the native engine and the learner use their PyTorch paths on CPU (slower)")
         return None
     try:
         torch.ops.load_library(str(_build(SOURCES, compiler)))
     except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
         detail = err.stderr.strip().splitlines()[-1:] if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
-        log.warning("building the CPU decoding kernels failed (%s): the native engine uses its PyTorch path (slower)",
-                    detail)
+        log.warning("building the CPU kernels failed (%s): the native engine and the learner use their PyTorch paths "
+                    "(slower)", detail)
         return None
     return torch.ops.reinforge_kernels
 
