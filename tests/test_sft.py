@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from reinforge.config import build_config
 from reinforge.learner import build_sequences, completion_token_stats
+from reinforge.learner.forward import ForwardPlan
 from reinforge.loops.sft import run_sft, tokenize_pairs
 from reinforge.models import build_tiny_qwen2
 from reinforge.tasks import SFTExample, build_task
@@ -56,3 +58,20 @@ def test_sft_loss_equals_token_mean_nll(micro_overrides) -> None:
     got = (-(stats.logprobs * mask).sum() / mask.sum()).item()
     assert len(nll) == 10
     assert abs(got - expected) < 1e-5
+
+
+def test_the_shared_prompt_forward_trains_sft_as_the_models_own_forward(micro_overrides) -> None:
+    # The pipeline runs SFT through train's ForwardPlan (the shared-prompt forward, each trace its own
+    # group, with the fused CPU kernels); the model's own forward is the reference.
+    cfg = build_config([*micro_overrides, "sft.steps=5", "sft.batch_size=16", "sft.num_examples=64"])
+    data = build_task("countdown").sft_examples(64, corrupt_fraction=0.0, seed=0)   # prompts of many lengths
+    runs = {}
+    for name, plan in {"own": ForwardPlan(), "shared": ForwardPlan.from_config(cfg.train)}.items():
+        policy = build_tiny_qwen2(cfg.model, seed=0)
+        losses: list[float] = []
+        run_sft(policy, data, cfg.sft, chat_template="auto", seed=0, forward=plan,
+                on_step=lambda step, loss, losses=losses: losses.append(loss))
+        runs[name] = (losses, torch.cat([p.detach().flatten() for p in policy.model.parameters()]))
+    assert runs["shared"][0] == pytest.approx(runs["own"][0], abs=1e-4)
+    assert (runs["shared"][1] - runs["own"][1]).abs().max() < 1e-4
+    assert runs["own"][0][-1] < runs["own"][0][0]        # it trained
