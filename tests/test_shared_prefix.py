@@ -152,6 +152,30 @@ def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets) 
         assert_close(got[n], ref[n], n, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(name: str, micro_overrides, monkeypatch) -> None:
+    # Each row its own group (SFT): one pass over whole rows, no prompt or completion pass.
+    model = MODELS[name](micro_overrides)
+    batch, _ = grouped_batch(model.config.vocab_size)
+    singletons = torch.arange(batch.input_ids.shape[0])
+    monkeypatch.setattr(shared_prefix, "_prompt_slots", lambda *a: pytest.fail("a prompt pass ran"))
+    weights = torch.randn(batch.completion_mask.shape, generator=torch.Generator().manual_seed(1)) / batch.completion_mask.sum()
+
+    def run(stats_fn):
+        model.zero_grad(set_to_none=True)
+        stats = stats_fn()
+        ((weights * stats.logprobs).sum() + 0.1 * stats.entropy.sum() / batch.completion_mask.sum()).backward()
+        return stats, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref, ref_grads = run(lambda: completion_token_stats(model, batch, 0.7))
+    got, got_grads = run(lambda: completion_token_stats_shared(model, batch, singletons, 0.7, chunk_size=5))
+    assert_close(got.logprobs, ref.logprobs, "logprobs")
+    assert_close(got.entropy, ref.entropy, "entropy")
+    for n in ref_grads:
+        assert ref_grads[n].abs().max() > 0, n
+        assert_close(got_grads[n], ref_grads[n], n, atol=1e-6, rtol=1e-4)
+
+
 def test_split_and_reordered_groups_give_the_same_rows(micro_overrides, buckets) -> None:
     # A micro-batch holds any rows of any groups in any order (`SequenceBatch.rows` also trims it):
     # each row's numbers depend on that row alone.

@@ -11,6 +11,7 @@ length bucket (`length_buckets`), so that a batch's longest completion does
 not pad every other row to its length. Gradients reach
 the prompt through all G rows (the gather of the shared keys/values sums them
 in the backward), so values and parameter gradients equal the plain path's.
+When no two rows share a prompt (SFT, each trace its own group) it is one pass over whole rows.
 
 Layer math is the native rollout engine's (`rollout.native.decoder_layers`,
 Llama/Qwen2/Qwen3/Mistral-style decoders); the LM head is the chunked one
@@ -89,6 +90,28 @@ def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeight
     return shape, weights
 
 
+def _one_pass(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch, temperature: float,
+              chunk_size: int, fp32_head: bool) -> TokenStats:
+    """The plain path's forward on the native decoder: whole rows in one pass, each token attending
+    causally to its row's valid tokens. With no prompt shared, a prompt pass and completion passes
+    would only add the gathers between them."""
+    ids, valid = batch.input_ids, batch.attention_mask > 0      # [N, S], right-padded
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    allowed = (pos[None, :] <= pos[:, None])[None] & valid[:, None, :]      # [N, S, S]
+    allowed |= torch.eye(len(pos), dtype=torch.bool, device=ids.device)     # a padded query sees itself (never read)
+    bias = additive_mask(allowed[:, None], w.embed.dtype)
+
+    def attend(layer: int, q, k, v):
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [N, heads, S, D]
+        return attention(q, k, v, bias).transpose(1, 2).flatten(2)
+
+    freqs = rotary_factors(model, shape, len(pos))
+    embed_pad = model.get_input_embeddings().padding_idx
+    hidden = decoder_layers(shape, w, F.embedding(ids, w.embed, embed_pad), freqs[:, None, :], attend)
+    rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)
+    return head_token_stats(model, batch, hidden[rows, batch.starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
+
+
 def _prompt_slots(batch: SequenceBatch, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(slot [N]: the row's distinct prompt, representative [P]: one row holding each prompt).
 
@@ -131,6 +154,8 @@ def completion_token_stats_shared(
     shape, w = _native_decoder(model)
     device = batch.input_ids.device
     group_ids = group_ids.to(device)
+    if len(group_ids.unique()) == len(group_ids):    # nothing to share (SFT: one trace per prompt)
+        return _one_pass(model, shape, w, batch, temperature, chunk_size, fp32_head)
     slot, representative = _prompt_slots(batch, group_ids)
     starts = batch.starts  # [N]
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
