@@ -583,7 +583,7 @@ class NativeEngine:
             self.kernels.decode_layer(x, lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.o_bias,
                                       lw.post_norm, lw.gate_up, lw.down, rot, cache.k[index], cache.v[index], positions,
                                       shape.num_heads, w.eps, shape.sliding_window or 0)
-        return F.rms_norm(x, (x.shape[1],), w.final_norm, w.eps).float() @ w.head.t()
+        return rms_norm(x, w.final_norm, w.eps).float() @ w.head.t()
 
 
 @dataclass
