@@ -142,9 +142,7 @@ void with_head_dim(int64_t D, F&& f) {
 
 Rows rows_of(const at::Tensor& t) {   // a [B, H, D] or [B, N] tensor whose rows are contiguous
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), "reinforge_kernels: float32 CPU tensors only");
-  const int64_t inner = t.dim() == 3 ? t.size(1) * t.size(2) : t.size(1);
   TORCH_CHECK(t.stride(-1) == 1 && (t.dim() == 2 || t.stride(1) == t.size(2)), "reinforge_kernels: rows must be contiguous");
-  (void)inner;
   return Rows{t.data_ptr<float>(), t.stride(0)};
 }
 
