@@ -15,6 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from reinforge import kernels
 from reinforge.config import build_config
 from reinforge.learner import SequenceBatch, build_sequences, completion_token_stats, shared_prefix
 from reinforge.learner.shared_prefix import completion_token_stats_shared, length_buckets
@@ -92,6 +93,21 @@ def assert_close(got: torch.Tensor, ref: torch.Tensor, name: str, atol: float = 
     assert torch.allclose(got, ref, atol=atol, rtol=rtol), f"{name}: max abs diff {err:.3g}"
 
 
+@pytest.fixture(params=["fused", "pytorch"])
+def layers(request, monkeypatch) -> str:
+    """The decoder layers as the fused CPU op (kernels.train_layer, where the kernels build and the
+    model's layers qualify: not Qwen3's q/k norm) or as PyTorch ops with the geometry as a mask."""
+    calls = []
+    if request.param == "pytorch":
+        monkeypatch.setattr(kernels, "fused_layer_ok", lambda *a: False)
+    else:
+        fused = kernels.train_layer
+        monkeypatch.setattr(kernels, "train_layer", lambda *a: calls.append(1) or fused(*a))
+    yield request.param
+    if request.param == "fused" and kernels.load_cpu_kernels() is not None and request.node.callspec.params.get("name") != "qwen3":
+        assert calls, "the fused layers did not run"
+
+
 @pytest.fixture(params=["one_pass", "pass_per_length"])
 def buckets(request, monkeypatch) -> str:
     """The completion passes as one padded pass, or one per length class (LENGTHS: 4 passes)."""
@@ -112,7 +128,7 @@ def test_length_buckets_split_long_tails_and_merge_cheap_neighbours() -> None:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_values_equal_the_plain_forward(name: str, temperature: float, micro_overrides, buckets) -> None:
+def test_values_equal_the_plain_forward(name: str, temperature: float, micro_overrides, buckets, layers) -> None:
     model = MODELS[name](micro_overrides)
     batch, group_ids = grouped_batch(model.config.vocab_size)
     with torch.no_grad():
@@ -126,7 +142,7 @@ def test_values_equal_the_plain_forward(name: str, temperature: float, micro_ove
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets) -> None:
+def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets, layers) -> None:
     # L = sum_it w_it logp_it + c sum_it H_it with random w: every token's log-prob and entropy
     # carry their own weight, so a gradient routed to the wrong row or token would show. w and c
     # are divided by the token count M, as a token-mean loss weighs them: the gradients are then
@@ -153,7 +169,7 @@ def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets) 
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(name: str, micro_overrides, monkeypatch) -> None:
+def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(name: str, micro_overrides, monkeypatch, layers) -> None:
     # Each row its own group (SFT): one pass over whole rows, no prompt or completion pass.
     model = MODELS[name](micro_overrides)
     batch, _ = grouped_batch(model.config.vocab_size)
@@ -176,7 +192,7 @@ def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(name: 
         assert_close(got_grads[n], ref_grads[n], n, atol=1e-6, rtol=1e-4)
 
 
-def test_split_and_reordered_groups_give_the_same_rows(micro_overrides, buckets) -> None:
+def test_split_and_reordered_groups_give_the_same_rows(micro_overrides, buckets, layers) -> None:
     # A micro-batch holds any rows of any groups in any order (`SequenceBatch.rows` also trims it):
     # each row's numbers depend on that row alone.
     model = MODELS["qwen2_gqa"](micro_overrides)
@@ -204,7 +220,7 @@ def test_single_token_completions_need_no_completion_pass(micro_overrides) -> No
     assert_close(got.entropy, ref.entropy, "entropy")
 
 
-def test_the_longest_prompt_with_the_shortest_completion_shares_a_pass(micro_overrides) -> None:
+def test_the_longest_prompt_with_the_shortest_completion_shares_a_pass(micro_overrides, layers) -> None:
     # One pass runs every row to the longest need from its own start, so the latest start plus the
     # longest need (here 10 + 5, past any one row's start + need) must have a rotary position.
     model = MODELS["qwen2"](micro_overrides)
@@ -218,6 +234,15 @@ def test_the_longest_prompt_with_the_shortest_completion_shares_a_pass(micro_ove
         got = completion_token_stats_shared(model, batch, torch.tensor([0, 0, 1, 2]))
     assert_close(got.logprobs, ref.logprobs, "logprobs")
     assert_close(got.entropy, ref.entropy, "entropy")
+
+
+def test_rows_that_are_not_right_padded_are_refused(micro_overrides) -> None:
+    # The passes take each row's valid keys as a prefix of its positions (attention_mask 1 then 0).
+    model = MODELS["qwen2"](micro_overrides)
+    batch, group_ids = grouped_batch(model.config.vocab_size)
+    batch.attention_mask[2, 0] = 0
+    with pytest.raises(ValueError, match="right-padded"):
+        completion_token_stats_shared(model, batch, group_ids)
 
 
 @pytest.mark.parametrize("other", [[5, 6, 8], [5, 6]], ids=["token", "length"])

@@ -31,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,71 @@ def swiglu(gate_up: torch.Tensor, act) -> torch.Tensor:
         return _SwiGLU.apply(gate_up.contiguous())
     gate, up = gate_up.chunk(2, dim=-1)
     return (F.silu(gate) if act is None else act(gate)) * up
+
+
+@dataclass(frozen=True)
+class PassGeometry:
+    """Which keys each token of a learner pass attends to (csrc/learner.cpp, `Geometry`): B rows of
+    `positions` tokens; token t of row b sits at rotary position pos0[b] + t and sees the first
+    pre_len[b] keys of prefix slot slot[b] (another pass's keys: a shared prompt), then its own keys
+    0..min(t, own_len[b] - 1); a padded query (t >= own_len[b]) also sees itself. rot [L, D/2, 2]:
+    (cos, sin) of each rotary pair at positions 0..L-1. slot and pre_len are None without a prefix."""
+
+    positions: int
+    rot: torch.Tensor
+    pos0: torch.Tensor
+    own_len: torch.Tensor
+    slot: torch.Tensor | None = None
+    pre_len: torch.Tensor | None = None
+
+
+class _TrainLayer(torch.autograd.Function):
+    """One pre-norm decoder layer (rotary attention over a `PassGeometry`, SwiGLU MLP) on tokens x
+    [B S, E]: (x_out [B S, E], its rotated keys and values [B, S, kv, D]); forward and backward are
+    one op each (csrc/learner.cpp, train_layer_forward / train_layer_backward)."""
+
+    @staticmethod
+    def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv,
+                geometry: PassGeometry, heads: int, kv_heads: int, eps: float):
+        g = geometry
+        x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
+            x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, g.rot, g.pos0, g.own_len,
+            pk, pv, g.slot, g.pre_len, heads, kv_heads, g.positions, eps)
+        ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, o_w, post_norm, gate_up_w,
+                              down_w, pk, pv)
+        ctx.geometry, ctx.heads, ctx.kv_heads, ctx.eps = g, heads, kv_heads, eps
+        ctx.biases = (qkv_b is not None, o_b is not None)
+        ctx.set_materialize_grads(False)    # k and v have no gradient unless another pass reads them
+        return x_out, k, v
+
+    @staticmethod
+    def backward(ctx, dx_out, dk, dv):
+        x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, o_w, post_norm, gate_up_w, down_w, pk, pv = ctx.saved_tensors
+        g, (qkv_bias, o_bias) = ctx.geometry, ctx.biases
+        if dx_out is None:
+            dx_out = torch.zeros_like(x)
+        dx, d_in, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post, d_gate_up_w, d_down_w, dpk, dpv = load_cpu_kernels().train_layer_backward(
+            dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, qkv_bias, o_w, o_bias,
+            post_norm, gate_up_w, down_w, g.rot, g.pos0, g.own_len, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
+            g.positions, ctx.eps)
+        return (dx, d_in, d_qkv_w, d_qkv_b if qkv_bias else None, d_o_w, d_o_b if o_bias else None, d_post, d_gate_up_w,
+                d_down_w, dpk if pk is not None else None, dpv if pv is not None else None, None, None, None, None)
+
+
+def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
+    """Whether `train_layer` runs this layer (a `rollout.native.LayerWeights`) on x: CPU fp32, SiLU
+    MLP, no per-head q/k norm, a compiled head dim, and the kernels built."""
+    weights = [layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down,
+               *(t for t in (layer.qkv_bias, layer.o_bias) if t is not None)]
+    return (layer.act is None and layer.q_norm is None and head_dim in HEAD_DIMS and _plain(x)
+            and all(_plain(t) for t in weights) and load_cpu_kernels() is not None)
+
+
+def train_layer(x: torch.Tensor, layer, geometry: PassGeometry, prefix: tuple[torch.Tensor, torch.Tensor] | None,
+                heads: int, kv_heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoder layer of a learner pass, fused (see `_TrainLayer`; check `fused_layer_ok` first):
+    x [B S, E] -> (x_out [B S, E], keys, values [B, S, kv, D]). `prefix`: the keys and values
+    [P, Lp, kv, D] that `geometry.slot` indexes."""
+    pk, pv = prefix if prefix is not None else (None, None)
+    return _TrainLayer.apply(x.contiguous(), layer.input_norm, layer.qkv, layer.qkv_bias, layer.o, layer.o_bias,
+                             layer.post_norm, layer.gate_up, layer.down, pk, pv, geometry, heads, kv_heads, eps)

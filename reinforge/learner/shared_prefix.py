@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from reinforge import kernels
+from reinforge.kernels import PassGeometry
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
 from reinforge.models.lora import lora_dropouts
@@ -90,26 +92,60 @@ def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeight
     return shape, weights
 
 
-def _one_pass(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch, temperature: float,
-              chunk_size: int, fp32_head: bool) -> TokenStats:
-    """The plain path's forward on the native decoder: whole rows in one pass, each token attending
-    causally to its row's valid tokens. With no prompt shared, a prompt pass and completion passes
-    would only add the gathers between them."""
-    ids, valid = batch.input_ids, batch.attention_mask > 0      # [N, S], right-padded
-    pos = torch.arange(ids.shape[1], device=ids.device)
-    allowed = (pos[None, :] <= pos[:, None])[None] & valid[:, None, :]      # [N, S, S]
-    allowed |= torch.eye(len(pos), dtype=torch.bool, device=ids.device)     # a padded query sees itself (never read)
-    bias = additive_mask(allowed[:, None], w.embed.dtype)
+def _run_pass(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry,
+              freqs: torch.Tensor, prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The decoder on tokens ids [B, S] attending as `geometry` says: (hidden states [B, S, E] after
+    the final norm, every layer's rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys
+    and values [P, Lp, kv, D] of another pass, which `geometry.slot` indexes.
+
+    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) where the kernels
+    build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry as an
+    additive mask, the same numbers within float rounding (tests/test_cpu_kernels.py)."""
+    b, s = ids.shape
+    hidden = F.embedding(ids, w.embed, model.get_input_embeddings().padding_idx)   # HF zeroes the pad row's gradient: so do we
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    if all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
+        x = hidden.reshape(b * s, -1)
+        for index, lw in enumerate(w.layers):
+            layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
+            x, k, v = kernels.train_layer(x, lw, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
+            keys.append(k)
+            values.append(v)
+        return kernels.rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
+    prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
+    bias = additive_mask(_allowed_keys(geometry, prefix_len)[:, None], w.embed.dtype)   # [B, 1, S, Lp + S]
 
     def attend(layer: int, q, k, v):
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [N, heads, S, D]
-        return attention(q, k, v, bias).transpose(1, 2).flatten(2)
+        keys.append(k)
+        values.append(v)
+        if prefix is not None:
+            k = torch.cat([prefix[0][layer][geometry.slot], k], dim=1)    # [B, Lp + S, kv, D]
+            v = torch.cat([prefix[1][layer][geometry.slot], v], dim=1)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)   # [B, heads, S, D]
+        return out.transpose(1, 2).flatten(2)
 
-    freqs = rotary_factors(model, shape, len(pos))
-    embed_pad = model.get_input_embeddings().padding_idx
-    hidden = decoder_layers(shape, w, F.embedding(ids, w.embed, embed_pad), freqs[:, None, :], attend)
-    rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)
-    return head_token_stats(model, batch, hidden[rows, batch.starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
+    at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
+    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend), keys, values
+
+
+def _allowed_keys(geometry: PassGeometry, prefix_len: int) -> torch.Tensor:
+    """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys)."""
+    s, own_len = geometry.positions, geometry.own_len
+    t = torch.arange(s, device=own_len.device)
+    own = (t[None, :] <= t[:, None])[None] & ((t[None, None, :] < own_len[:, None, None]) | torch.eye(s, dtype=torch.bool, device=own_len.device))
+    if geometry.slot is None:
+        return own
+    prefix = torch.arange(prefix_len, device=own_len.device)[None, None, :] < geometry.pre_len[:, None, None]
+    return torch.cat([prefix.expand(-1, s, -1), own], dim=-1)
+
+
+def _geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, own_len: torch.Tensor,
+              slot: torch.Tensor | None = None, pre_len: torch.Tensor | None = None) -> PassGeometry:
+    return PassGeometry(positions=positions, rot=torch.view_as_real(freqs).contiguous(), pos0=pos0.contiguous(),
+                        own_len=own_len.contiguous(), slot=None if slot is None else slot.contiguous(),
+                        pre_len=None if pre_len is None else pre_len.contiguous())
 
 
 def _prompt_slots(batch: SequenceBatch, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,11 +190,18 @@ def completion_token_stats_shared(
     shape, w = _native_decoder(model)
     device = batch.input_ids.device
     group_ids = group_ids.to(device)
-    if len(group_ids.unique()) == len(group_ids):    # nothing to share (SFT: one trace per prompt)
-        return _one_pass(model, shape, w, batch, temperature, chunk_size, fp32_head)
-    slot, representative = _prompt_slots(batch, group_ids)
     starts = batch.starts  # [N]
+    total = batch.attention_mask.sum(dim=1)    # [N] tokens of each (right-padded) row
+    width_all = batch.input_ids.shape[1]
+    if not bool((batch.attention_mask > 0).eq(torch.arange(width_all, device=device)[None, :] < total[:, None]).all()):
+        raise ValueError("the shared-prompt learner forward needs right-padded rows (attention_mask 1 then 0)")
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
+    if len(group_ids.unique()) == len(group_ids):    # nothing to share (SFT: one trace per prompt): whole rows in one pass
+        freqs = rotary_factors(model, shape, width_all)
+        geometry = _geometry(freqs, width_all, torch.zeros_like(starts), total)
+        hidden, _, _ = _run_pass(model, shape, w, batch.input_ids, geometry, freqs)
+        return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
+    slot, representative = _prompt_slots(batch, group_ids)
     # Token t >= 1 is predicted at completion position t - 1: row i's pass needs positions
     # 0..need[i]-1, need[i] its last valid token's index (0: its tokens are predicted by the prompt pass).
     need = torch.zeros_like(starts).scatter_reduce(0, rows, cols, "amax")  # [N]
@@ -167,50 +210,19 @@ def completion_token_stats_shared(
     # A pass runs every row of its bucket to the bucket's longest need, from the row's own start: its
     # positions reach the latest start plus the longest need (past a row's need they are masked padding).
     freqs = rotary_factors(model, shape, max(span, int(starts.max()) + int(need.max())))  # [positions, D/2] complex
-    embed_pad = model.get_input_embeddings().padding_idx  # HF zeroes that row's gradient: so do we
 
-    # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, kv, Lp, D]
-    pos = torch.arange(span, device=device)
-    prompt_ids = batch.input_ids[representative, :span]  # [P, Lp], right-padded (past the prompt: unseen)
-    allowed = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < prompt_len[:, None, None])  # [P, Lp, Lp]
-    prompt_bias = additive_mask(allowed[:, None], w.embed.dtype)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-
-    def attend_prompt(layer: int, q, k, v):
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [P, heads, Lp, D]
-        keys.append(k)
-        values.append(v)
-        out = attention(q, k, v, prompt_bias)
-        return out.transpose(1, 2).flatten(2)
-
-    prompt_hidden = decoder_layers(shape, w, F.embedding(prompt_ids, w.embed, embed_pad), freqs[:span, None, :], attend_prompt)
+    # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
+    geometry = _geometry(freqs, span, torch.zeros_like(prompt_len), prompt_len)
+    prompt_hidden, keys, values = _run_pass(model, shape, w, batch.input_ids[representative, :span], geometry, freqs)
 
     # 2. completion passes, one per length bucket: completion positions only, each row attending to
     #    its group's prompt, then causally to its own tokens
     def completion_pass(sub: torch.Tensor, width: int) -> torch.Tensor:
         """Hidden states [n, width, E] of rows `sub` [n] at their completion positions 0..width-1."""
-        t = torch.arange(width, device=device)
-        at = starts[sub, None] + t[None, :]  # [n, width] input positions
-        inside = at < batch.input_ids.shape[1]
-        at_clamped = at.clamp(max=batch.input_ids.shape[1] - 1)
-        ids = batch.input_ids[sub].gather(1, at_clamped)  # [n, width]
-        key_valid = inside & (batch.attention_mask[sub].gather(1, at_clamped) > 0)  # [n, width]
-        mask = torch.cat([
-            (pos[None, :] < starts[sub, None])[:, None, :].expand(-1, width, -1),  # prompt keys j < starts
-            (t[None, :] <= t[:, None])[None] & key_valid[:, None, :],               # own keys j <= t
-        ], dim=-1)[:, None]  # [n, 1, width, Lp + width]
-        completion_bias = additive_mask(mask, w.embed.dtype)
-        sub_slot = slot[sub]
-
-        def attend_completion(layer: int, q, k, v):
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, heads, width, D]
-            k = torch.cat([keys[layer][sub_slot], k], dim=2)  # [n, kv, Lp + width, D]
-            v = torch.cat([values[layer][sub_slot], v], dim=2)
-            out = attention(q, k, v, completion_bias)
-            return out.transpose(1, 2).flatten(2)
-
-        return decoder_layers(shape, w, F.embedding(ids, w.embed, embed_pad), freqs[at][:, :, None, :], attend_completion)
+        at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(max=width_all - 1)   # past the row: unseen
+        geometry = _geometry(freqs, width, starts[sub], (total[sub] - starts[sub]).clamp(max=width), slot[sub], starts[sub])
+        hidden, _, _ = _run_pass(model, shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values))
+        return hidden
 
     # The hidden state predicting each valid token (r, c), in pieces: c = 0 from the prompt pass,
     # c >= 1 from its row's bucket; then put back in (rows, cols) order for the head.

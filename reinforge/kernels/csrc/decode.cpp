@@ -33,6 +33,7 @@ namespace {
 
 using reinforge_kernels::rms_norm_rows;
 using reinforge_kernels::swiglu_rows;
+using reinforge_kernels::with_head_dim;
 
 typedef float v8 __attribute__((vector_size(32)));
 inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
@@ -127,17 +128,6 @@ void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const at:
   const int64_t* pos = positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(pos[b] >= 0 && pos[b] < C, "reinforge_kernels: position ", pos[b], " is outside the cache (", C, ")");
-}
-
-template <typename F>
-void with_head_dim(int64_t D, F&& f) {
-  switch (D) {
-#define REINFORGE_HEAD_DIM(DD) case DD: f(std::integral_constant<int, DD>{}); break;
-    REINFORGE_HEAD_DIM(8) REINFORGE_HEAD_DIM(16) REINFORGE_HEAD_DIM(32) REINFORGE_HEAD_DIM(64)
-    REINFORGE_HEAD_DIM(80) REINFORGE_HEAD_DIM(96) REINFORGE_HEAD_DIM(128) REINFORGE_HEAD_DIM(256)
-#undef REINFORGE_HEAD_DIM
-    default: TORCH_CHECK(false, "reinforge_kernels: head_dim ", D, " is not compiled in");
-  }
 }
 
 Rows rows_of(const at::Tensor& t) {   // a [B, H, D] or [B, N] tensor whose rows are contiguous

@@ -3,8 +3,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace reinforge_kernels {
 
@@ -37,6 +40,18 @@ inline void swiglu_rows(float* out, const float* gate_up, int64_t rows, int64_t 
       for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
     }
   });
+}
+
+// f(std::integral_constant<int, D>{}) for a head dim the kernels are compiled for (kernels.HEAD_DIMS).
+template <typename F>
+void with_head_dim(int64_t D, F&& f) {
+  switch (D) {
+#define REINFORGE_HEAD_DIM(DD) case DD: f(std::integral_constant<int, DD>{}); break;
+    REINFORGE_HEAD_DIM(8) REINFORGE_HEAD_DIM(16) REINFORGE_HEAD_DIM(32) REINFORGE_HEAD_DIM(64)
+    REINFORGE_HEAD_DIM(80) REINFORGE_HEAD_DIM(96) REINFORGE_HEAD_DIM(128) REINFORGE_HEAD_DIM(256)
+#undef REINFORGE_HEAD_DIM
+    default: TORCH_CHECK(false, "reinforge_kernels: head_dim ", D, " is not compiled in");
+  }
 }
 
 }  // namespace reinforge_kernels
