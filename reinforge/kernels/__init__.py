@@ -159,16 +159,16 @@ def swiglu(gate_up: torch.Tensor, act) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PassGeometry:
-    """Which keys each token of a learner pass attends to (csrc/learner.cpp, `Geometry`): B rows of
-    `positions` tokens; token t of row b sits at rotary position pos0[b] + t and sees the first
-    pre_len[b] keys of prefix slot slot[b] (another pass's keys: a shared prompt), then its own keys
-    0..min(t, own_len[b] - 1); a padded query (t >= own_len[b]) also sees itself. rot [L, D/2, 2]:
-    (cos, sin) of each rotary pair at positions 0..L-1. slot and pre_len are None without a prefix."""
+    """Which keys each token of a learner pass attends to (csrc/learner.cpp, `Geometry`): B
+    right-padded rows of `positions` tokens; token t of row b sits at rotary position pos0[b] + t and
+    sees the first pre_len[b] keys of prefix slot slot[b] (another pass's keys: a shared prompt),
+    then its own keys 0..t (causal: a real token never sees its row's padding, and no one reads a
+    padded token's output). rot [L, D/2, 2]: (cos, sin) of each rotary pair at positions 0..L-1.
+    slot and pre_len are None without a prefix."""
 
     positions: int
     rot: torch.Tensor
     pos0: torch.Tensor
-    own_len: torch.Tensor
     slot: torch.Tensor | None = None
     pre_len: torch.Tensor | None = None
 
@@ -183,8 +183,8 @@ class _TrainLayer(torch.autograd.Function):
                 geometry: PassGeometry, heads: int, kv_heads: int, eps: float):
         g = geometry
         x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
-            x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, g.rot, g.pos0, g.own_len,
-            pk, pv, g.slot, g.pre_len, heads, kv_heads, g.positions, eps)
+            x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, g.rot, g.pos0, pk, pv, g.slot, g.pre_len,
+            heads, kv_heads, g.positions, eps)
         ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, o_w, post_norm, gate_up_w,
                               down_w, pk, pv)
         ctx.geometry, ctx.heads, ctx.kv_heads, ctx.eps = g, heads, kv_heads, eps
@@ -200,7 +200,7 @@ class _TrainLayer(torch.autograd.Function):
             dx_out = torch.zeros_like(x)
         dx, d_in, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post, d_gate_up_w, d_down_w, dpk, dpv = load_cpu_kernels().train_layer_backward(
             dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, qkv_bias, o_w, o_bias,
-            post_norm, gate_up_w, down_w, g.rot, g.pos0, g.own_len, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
+            post_norm, gate_up_w, down_w, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
             g.positions, ctx.eps)
         return (dx, d_in, d_qkv_w, d_qkv_b if qkv_bias else None, d_o_w, d_o_b if o_bias else None, d_post, d_gate_up_w,
                 d_down_w, dpk if pk is not None else None, dpv if pv is not None else None, None, None, None, None)

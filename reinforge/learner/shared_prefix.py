@@ -24,22 +24,18 @@ sum, but no dropout on the adapter's input, so LoRA dropout is refused.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from reinforge import kernels
-from reinforge.kernels import PassGeometry
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
 from reinforge.models.lora import lora_dropouts
 from reinforge.rollout.native import (
     DecoderShape,
     DecoderWeights,
-    additive_mask,
-    attention,
-    decoder_layers,
     decoder_shape,
+    pass_geometry,
     rotary_factors,
+    run_pass,
 )
 
 OPTION = "train.shared_prefix=false"
@@ -92,62 +88,6 @@ def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeight
     return shape, weights
 
 
-def _run_pass(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry,
-              freqs: torch.Tensor, prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """The decoder on tokens ids [B, S] attending as `geometry` says: (hidden states [B, S, E] after
-    the final norm, every layer's rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys
-    and values [P, Lp, kv, D] of another pass, which `geometry.slot` indexes.
-
-    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) where the kernels
-    build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry as an
-    additive mask, the same numbers within float rounding (tests/test_cpu_kernels.py)."""
-    b, s = ids.shape
-    hidden = F.embedding(ids, w.embed, model.get_input_embeddings().padding_idx)   # HF zeroes the pad row's gradient: so do we
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-    if all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
-        x = hidden.reshape(b * s, -1)
-        for index, lw in enumerate(w.layers):
-            layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
-            x, k, v = kernels.train_layer(x, lw, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
-            keys.append(k)
-            values.append(v)
-        return kernels.rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
-    prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
-    bias = additive_mask(_allowed_keys(geometry, prefix_len)[:, None], w.embed.dtype)   # [B, 1, S, Lp + S]
-
-    def attend(layer: int, q, k, v):
-        keys.append(k)
-        values.append(v)
-        if prefix is not None:
-            k = torch.cat([prefix[0][layer][geometry.slot], k], dim=1)    # [B, Lp + S, kv, D]
-            v = torch.cat([prefix[1][layer][geometry.slot], v], dim=1)
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)   # [B, heads, S, D]
-        return out.transpose(1, 2).flatten(2)
-
-    at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
-    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend), keys, values
-
-
-def _allowed_keys(geometry: PassGeometry, prefix_len: int) -> torch.Tensor:
-    """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys)."""
-    s, own_len = geometry.positions, geometry.own_len
-    t = torch.arange(s, device=own_len.device)
-    own = (t[None, :] <= t[:, None])[None] & ((t[None, None, :] < own_len[:, None, None]) | torch.eye(s, dtype=torch.bool, device=own_len.device))
-    if geometry.slot is None:
-        return own
-    prefix = torch.arange(prefix_len, device=own_len.device)[None, None, :] < geometry.pre_len[:, None, None]
-    return torch.cat([prefix.expand(-1, s, -1), own], dim=-1)
-
-
-def _geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, own_len: torch.Tensor,
-              slot: torch.Tensor | None = None, pre_len: torch.Tensor | None = None) -> PassGeometry:
-    return PassGeometry(positions=positions, rot=torch.view_as_real(freqs).contiguous(), pos0=pos0.contiguous(),
-                        own_len=own_len.contiguous(), slot=None if slot is None else slot.contiguous(),
-                        pre_len=None if pre_len is None else pre_len.contiguous())
-
-
 def _prompt_slots(batch: SequenceBatch, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(slot [N]: the row's distinct prompt, representative [P]: one row holding each prompt).
 
@@ -196,10 +136,11 @@ def completion_token_stats_shared(
     if not bool((batch.attention_mask > 0).eq(torch.arange(width_all, device=device)[None, :] < total[:, None]).all()):
         raise ValueError("the shared-prompt learner forward needs right-padded rows (attention_mask 1 then 0)")
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
+    pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
     if len(group_ids.unique()) == len(group_ids):    # nothing to share (SFT: one trace per prompt): whole rows in one pass
         freqs = rotary_factors(model, shape, width_all)
-        geometry = _geometry(freqs, width_all, torch.zeros_like(starts), total)
-        hidden, _, _ = _run_pass(model, shape, w, batch.input_ids, geometry, freqs)
+        geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
+        hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
         return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
     slot, representative = _prompt_slots(batch, group_ids)
     # Token t >= 1 is predicted at completion position t - 1: row i's pass needs positions
@@ -212,16 +153,16 @@ def completion_token_stats_shared(
     freqs = rotary_factors(model, shape, max(span, int(starts.max()) + int(need.max())))  # [positions, D/2] complex
 
     # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
-    geometry = _geometry(freqs, span, torch.zeros_like(prompt_len), prompt_len)
-    prompt_hidden, keys, values = _run_pass(model, shape, w, batch.input_ids[representative, :span], geometry, freqs)
+    geometry = pass_geometry(freqs, span, torch.zeros_like(prompt_len))
+    prompt_hidden, keys, values = run_pass(shape, w, batch.input_ids[representative, :span], geometry, freqs, padding_idx=pad)
 
     # 2. completion passes, one per length bucket: completion positions only, each row attending to
     #    its group's prompt, then causally to its own tokens
     def completion_pass(sub: torch.Tensor, width: int) -> torch.Tensor:
         """Hidden states [n, width, E] of rows `sub` [n] at their completion positions 0..width-1."""
         at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(max=width_all - 1)   # past the row: unseen
-        geometry = _geometry(freqs, width, starts[sub], (total[sub] - starts[sub]).clamp(max=width), slot[sub], starts[sub])
-        hidden, _, _ = _run_pass(model, shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values))
+        geometry = pass_geometry(freqs, width, starts[sub], slot[sub], starts[sub])
+        hidden, _, _ = run_pass(shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values), padding_idx=pad)
         return hidden
 
     # The hidden state predicting each valid token (r, c), in pieces: c = 0 from the prompt pass,

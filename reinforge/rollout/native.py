@@ -41,8 +41,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from reinforge import kernels
 from reinforge.config import ConfigError
-from reinforge.kernels import HEAD_DIMS, load_cpu_kernels, rms_norm, swiglu
+from reinforge.kernels import HEAD_DIMS, PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.rollout.base import Rollout, SamplingParams
@@ -239,6 +240,69 @@ def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor,
         gate_up = F.linear(rms_norm(x, lw.post_norm, w.eps), lw.gate_up)
         x = torch.addmm(x, swiglu(gate_up, lw.act), lw.down.t())
     return rms_norm(x, w.final_norm, w.eps).view(b, s, e)
+
+
+def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
+             prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
+             fused: bool = True) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
+    completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
+    rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys and values [P, Lp, kv, D]
+    of another pass, which `geometry.slot` indexes. `freqs`: the rotary factors of `rotary_factors`.
+
+    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) when `fused`, the
+    kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
+    as an additive mask: the same numbers within float rounding (tests/test_shared_prefix.py).
+    Sliding windows are applied on the second path only (the shared-prompt learner refuses them)."""
+    b, s = ids.shape
+    hidden = F.embedding(ids, w.embed, padding_idx)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    if fused and shape.sliding_window is None and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
+        x = hidden.reshape(b * s, -1)
+        for index, lw in enumerate(w.layers):
+            layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
+            x, k, v = kernels.train_layer(x, lw, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
+            keys.append(k)
+            values.append(v)
+        return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
+    prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
+    bias = additive_mask(allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype)  # [B, 1, S, Lp + S]
+
+    def attend(layer: int, q, k, v):
+        keys.append(k)
+        values.append(v)
+        if prefix is not None:
+            k = torch.cat([prefix[0][layer][geometry.slot], k], dim=1)    # [B, Lp + S, kv, D]
+            v = torch.cat([prefix[1][layer][geometry.slot], v], dim=1)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)   # [B, heads, S, D]
+        return out.transpose(1, 2).flatten(2)
+
+    at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
+    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend), keys, values
+
+
+def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:
+    """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys); with a
+    sliding `window` (Mistral) a query sees only its own last `window` positions."""
+    s = geometry.positions
+    t = torch.arange(s, device=geometry.pos0.device)
+    own = t[None, :] <= t[:, None]                                     # [S, S] causal
+    if window is not None:
+        own &= t[:, None] - t[None, :] < window
+    own = own[None].expand(len(geometry.pos0), -1, -1)
+    if geometry.slot is None:
+        return own
+    prefix = torch.arange(prefix_len, device=t.device)[None, None, :] < geometry.pre_len[:, None, None]
+    return torch.cat([prefix.expand(-1, s, -1), own], dim=-1)
+
+
+def pass_geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, slot: torch.Tensor | None = None,
+                  pre_len: torch.Tensor | None = None) -> PassGeometry:
+    """A `PassGeometry` of rows [B] (contiguous, as the kernels read them) with `freqs`' rotary table."""
+    return PassGeometry(positions=positions, rot=torch.view_as_real(freqs).contiguous(), pos0=pos0.contiguous(),
+                        slot=None if slot is None else slot.contiguous(),
+                        pre_len=None if pre_len is None else pre_len.contiguous())
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -526,22 +590,13 @@ class NativeEngine:
         lengths = torch.tensor([len(p) for p in chunk], device=device)
         for i, p in enumerate(chunk):
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        pos = torch.arange(width, device=device)
-        # Right padding: query i sees keys j <= i of its own prompt; padded queries are never read.
-        allowed = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lengths[:, None, None])
-        allowed = self._window(allowed, pos[None, :, None], pos[None, None, :])
-        # A padded query past a sliding window sees no key at all: let it see itself, or its softmax is
-        # NaN, and so are its keys, which then reach real rows as 0 x NaN through the masked scores.
-        allowed = (allowed | torch.eye(width, dtype=torch.bool, device=device))[:, None]    # [B, 1, S, S]
-        bias = additive_mask(allowed, w.embed.dtype)
-
-        def attend(layer: int, q, k, v):
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # [B, heads, S, D]
-            keys[layer].append(k)
-            values[layer].append(v)
-            return attention(q, k, v, bias).transpose(1, 2).reshape(len(chunk), width, -1)
-
-        hidden = decoder_layers(self.shape, w, F.embedding(ids, w.embed), freqs[:width, None, :], attend)
+        # Right padding: query i sees keys j <= i (within the sliding window, if any), of its own prompt
+        # for every real token; padded queries are never read.
+        geometry = pass_geometry(freqs, width, torch.zeros_like(lengths))
+        hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None)
+        for layer in range(len(w.layers)):
+            keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
+            values[layer].append(v[layer].transpose(1, 2))
         last = hidden[torch.arange(len(chunk), device=device), lengths - 1]   # [B, E]
         return last.float() @ w.head.t()
 

@@ -101,8 +101,9 @@ at::Tensor swiglu_forward(const at::Tensor& gu) {
   return a;
 }
 
-// d gate = da * up * s (1 + gate (1 - s)), s = sigmoid(gate); d up = da * silu(gate).
-at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) {
+// d gate = da * up * s (1 + gate (1 - s)), s = sigmoid(gate); d up = da * silu(gate). With `act`
+// [R, I] given, the forward's silu(gate) * up is written there in the same pass.
+at::Tensor swiglu_backward_into(const at::Tensor& da, const at::Tensor& gu, float* act) {
   check_rows(da, "swiglu_backward: da");
   check_rows(gu, "swiglu_backward: gu");
   const int64_t R = gu.size(0), I = gu.size(1) / 2;
@@ -116,16 +117,20 @@ at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) {
       const float* g = gp + r * 2 * I;
       const float* d = dap + r * I;
       float* o = dp + r * 2 * I;
+      float* a = act ? act + r * I : nullptr;
 #pragma omp simd
       for (int64_t i = 0; i < I; ++i) {
         const float s = 1.f / (1.f + expf(-g[i]));
         o[i] = d[i] * g[I + i] * s * (1.f + g[i] * (1.f - s));
         o[I + i] = d[i] * g[i] * s;
+        if (a) a[i] = g[i] * s * g[I + i];
       }
     }
   });
   return dgu;
 }
+
+at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) { return swiglu_backward_into(da, gu, nullptr); }
 
 // ---------------------------------------------------------------------------------------------
 // One decoder layer of the learner (pre-norm attention with rotary, SwiGLU MLP), forward and
@@ -141,20 +146,16 @@ at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) {
 // position pos0[b] + t and attends to (Geometry):
 //   - the first pre_len[b] positions of prefix slot slot[b] (a shared prompt's keys/values
 //     pk, pv [P, Lp, kv, D], the k, v outputs of another pass), when a prefix is given;
-//   - its own keys 0..min(t, own_len[b] - 1), causally; a padded query (t >= own_len[b]) also sees
-//     itself, so that every query sees a key (its output is never read).
+//   - its own keys 0..t (causal). Rows are right-padded, so a real query never sees a padded key;
+//     padded queries see real and padded keys, and nothing reads them (their gradient is 0).
 // Queries and keys are in the interleaved rotary layout (pairs 2i, 2i + 1), as in decode.cpp.
 
-// Rows b and positions of a pass: which keys each query sees.
 struct Geometry {
   int64_t B, S, H, KV, Lp;
-  const int64_t* own_len;   // [B]
   const int64_t* slot;      // [B], or null: no prefix
   const int64_t* pre_len;   // [B], or null
   float scale;
   int64_t prefix(int64_t b) const { return slot ? pre_len[b] : 0; }
-  int64_t own(int64_t b, int64_t t) const { return std::min(t + 1, own_len[b]); }
-  bool self(int64_t b, int64_t t) const { return t >= own_len[b]; }
 };
 
 template <int D>
@@ -171,15 +172,49 @@ inline void axpy(float* __restrict y, float a, const float* __restrict x) {
   for (int d = 0; d < D; ++d) y[d] += a * x[d];
 }
 
-// Calls f(key, value, slot of the row's gradient buffers: 0 prefix / 1 own, position) for every key
-// query t of row b sees, in a fixed order (scores are indexed by that order).
-template <int D, typename F>
-inline void for_keys(const Geometry& g, int64_t b, int64_t t, int64_t kvh, F&& f) {
-  const int64_t step = g.KV * D;
-  const int64_t n_pre = g.prefix(b), n_own = g.own(b, t);
-  for (int64_t j = 0; j < n_pre; ++j) f(0, g.slot[b] * g.Lp * step + j * step + kvh * D);
-  for (int64_t j = 0; j < n_own; ++j) f(1, (b * g.S + j) * step + kvh * D);
-  if (g.self(b, t)) f(1, (b * g.S + t) * step + kvh * D);
+// The keys and values one (row, kv head) attends over, gathered: its prefix's pre_len keys, then its
+// own S, as rows [L, D] and transposed [D, L8] (L8: L rounded up to 8, zero-filled), so that a
+// query's scores are D vector FMAs per 8 keys (as decode.cpp's attend).
+template <int D>
+struct KeyBlock {
+  int64_t n_pre = 0, L = 0, L8 = 0;
+  std::vector<float> k, v, kt, vt;
+  void gather(const Geometry& g, int64_t b, int64_t kvh, const float* kp, const float* vp, const float* pk,
+              const float* pv, bool transposed_values) {
+    const int64_t step = g.KV * D;
+    n_pre = g.prefix(b);
+    L = n_pre + g.S;
+    L8 = (L + 7) / 8 * 8;
+    k.resize(L * D);
+    v.resize(L * D);
+    kt.assign(D * L8, 0.f);
+    if (transposed_values) vt.assign(D * L8, 0.f);
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t off = j < n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - n_pre) * step;
+      const float* kr = (j < n_pre ? pk : kp) + off + kvh * D;
+      const float* vr = (j < n_pre ? pv : vp) + off + kvh * D;
+      std::memcpy(&k[j * D], kr, sizeof(float) * D);
+      std::memcpy(&v[j * D], vr, sizeof(float) * D);
+      for (int d = 0; d < D; ++d) kt[d * L8 + j] = kr[d];
+      if (transposed_values)
+        for (int d = 0; d < D; ++d) vt[d * L8 + j] = vr[d];
+    }
+  }
+};
+
+// out[j] = x . cols[:, j] for j < n (8 at a time; n rounded up to 8 within the zero-filled L8).
+template <int D>
+inline void scores8(float* __restrict out, const float* __restrict x, const float* __restrict cols, int64_t L8, int64_t n) {
+  for (int64_t j = 0; j < n; j += 8) {
+    float acc[8] = {};
+    for (int d = 0; d < D; ++d) {
+      const float xd = x[d];
+      const float* c = cols + d * L8 + j;
+#pragma omp simd
+      for (int i = 0; i < 8; ++i) acc[i] += xd * c[i];
+    }
+    std::memcpy(out + j, acc, sizeof acc);
+  }
 }
 
 // out [B, S, H, D] = softmax(scale q k^T) v over the keys of Geometry; lse [B, S, H] the log of
@@ -188,29 +223,32 @@ template <int D>
 void attention_forward(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
                        const float* pv, float* out, float* lse) {
   const int64_t G = g.H / g.KV;
-  at::parallel_for(0, g.B * g.H, 8, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p((size_t)(g.Lp + g.S + 1));
+  at::parallel_for(0, g.B * g.KV, 4, [&](int64_t i0, int64_t i1) {
+    KeyBlock<D> kb;
+    std::vector<float> p((size_t)(g.Lp + g.S + 8));
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / g.H, h = i % g.H, kvh = h / G;
-      for (int64_t t = 0; t < g.S; ++t) {
-        const int64_t at = (b * g.S + t) * g.H + h;
-        float qs[D];
-        for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
-        int64_t n = 0;
-        float top = -INFINITY;
-        for_keys<D>(g, b, t, kvh, [&](int own, int64_t off) {
-          p[n] = dot<D>(qs, (own ? k : pk) + off);
-          top = std::max(top, p[n++]);
-        });
-        float sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) sum += (p[j] = expf(p[j] - top));
-        float acc[D] = {};
-        n = 0;
-        for_keys<D>(g, b, t, kvh, [&](int own, int64_t off) { axpy<D>(acc, p[n++], (own ? v : pv) + off); });
-        const float inv = 1.f / sum;
-        for (int d = 0; d < D; ++d) out[at * D + d] = acc[d] * inv;
-        lse[at] = top + logf(sum);
-      }
+      const int64_t b = i / g.KV, kvh = i % g.KV;
+      kb.gather(g, b, kvh, k, v, pk, pv, false);
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
+        for (int64_t t = 0; t < g.S; ++t) {
+          const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
+          float qs[D];
+          for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
+          scores8<D>(p.data(), qs, kb.kt.data(), kb.L8, n);
+          float top = p[0];
+          for (int64_t j = 1; j < n; ++j) top = std::max(top, p[j]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < n; ++j) {
+            p[j] = expf(p[j] - top);
+            sum += p[j];
+          }
+          float acc[D] = {};
+          for (int64_t j = 0; j < n; ++j) axpy<D>(acc, p[j], &kb.v[j * D]);
+          const float inv = 1.f / sum;
+          for (int d = 0; d < D; ++d) out[at * D + d] = acc[d] * inv;
+          lse[at] = top + logf(sum);
+        }
     }
   });
 }
@@ -224,7 +262,7 @@ template <int D>
 void attention_backward(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
                         const float* pv, const float* out, const float* lse, const float* dout, float* dq, float* dk,
                         float* dv, float* dpk, float* dpv) {
-  const int64_t G = g.H / g.KV;
+  const int64_t G = g.H / g.KV, step = g.KV * D;
   // rows of each group: a prefix slot's rows, or each row alone
   std::vector<int64_t> order(g.B), first;
   if (g.slot) {
@@ -242,31 +280,41 @@ void attention_backward(const Geometry& g, const float* q, const float* k, const
   }
   const int64_t groups = (int64_t)first.size() - 1;
   at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p((size_t)(g.Lp + g.S + 1));
+    KeyBlock<D> kb;
+    std::vector<float> p((size_t)(g.Lp + g.S + 8)), dp(p.size()), dkb, dvb;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t group = i / g.KV, kvh = i % g.KV;
       for (int64_t r = first[group]; r < first[group + 1]; ++r) {
         const int64_t b = order[r];
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        kb.gather(g, b, kvh, k, v, pk, pv, true);
+        dkb.assign(kb.L * D, 0.f);
+        dvb.assign(kb.L * D, 0.f);
+        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
           for (int64_t t = 0; t < g.S; ++t) {
-            const int64_t at = (b * g.S + t) * g.H + h;
-            const float* qt = q + at * D;
+            const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
             const float* dot_ = dout + at * D;
             float qs[D];
-            for (int d = 0; d < D; ++d) qs[d] = qt[d] * g.scale;
+            for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
             const float delta = dot<D>(dot_, out + at * D), m = lse[at];
+            scores8<D>(p.data(), qs, kb.kt.data(), kb.L8, n);
+            scores8<D>(dp.data(), dot_, kb.vt.data(), kb.L8, n);
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) {
+              p[j] = expf(p[j] - m);
+              dp[j] = p[j] * (dp[j] - delta);     // ds_j
+            }
             float dqa[D] = {};
-            for_keys<D>(g, b, t, kvh, [&](int own, int64_t off) {
-              const float* kj = (own ? k : pk) + off;
-              const float* vj = (own ? v : pv) + off;
-              const float pj = expf(dot<D>(qs, kj) - m);
-              const float ds = pj * (dot<D>(dot_, vj) - delta);
-              axpy<D>(dqa, ds, kj);
-              axpy<D>((own ? dk : dpk) + off, ds, qs);      // scale ds q = ds qs
-              axpy<D>((own ? dv : dpv) + off, pj, dot_);
-            });
+            for (int64_t j = 0; j < n; ++j) {
+              axpy<D>(dqa, dp[j], &kb.k[j * D]);
+              axpy<D>(&dkb[j * D], dp[j], qs);     // scale ds q = ds qs
+              axpy<D>(&dvb[j * D], p[j], dot_);
+            }
             for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
           }
+        for (int64_t j = 0; j < kb.L; ++j) {
+          const int64_t off = j < kb.n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - kb.n_pre) * step;
+          axpy<D>((j < kb.n_pre ? dpk : dk) + off + kvh * D, 1.f, &dkb[j * D]);
+          axpy<D>((j < kb.n_pre ? dpv : dv) + off + kvh * D, 1.f, &dvb[j * D]);
         }
       }
     }
@@ -291,8 +339,7 @@ struct LayerArgs {
 };
 
 LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Tensor& down_w, const at::Tensor& rot,
-                     const at::Tensor& pos0, const at::Tensor& own_len, const std::optional<at::Tensor>& pk,
-                     const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads,
+                     const at::Tensor& pos0, const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads,
                      int64_t kv_heads, int64_t S) {
   check_rows(x, "train_layer: x");
   const int64_t M = x.size(0), D = rot.size(1) * 2, B = M / S;
@@ -300,12 +347,11 @@ LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Ten
   TORCH_CHECK(rot.scalar_type() == at::kFloat && rot.is_contiguous() && rot.dim() == 3 && rot.size(2) == 2,
               "train_layer: rot must be [L, D/2, 2] float32");
   TORCH_CHECK(qkv_w.size(0) == (heads + 2 * kv_heads) * D && heads % kv_heads == 0, "train_layer: qkv_w does not match the heads");
-  for (const at::Tensor* t : {&pos0, &own_len})
-    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == B, "train_layer: [B] int64 row tensors");
+  TORCH_CHECK(pos0.scalar_type() == at::kLong && pos0.is_contiguous() && pos0.numel() == B, "train_layer: pos0 must be [B] int64");
   const int64_t* p0 = pos0.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(p0[b] >= 0 && p0[b] + S <= rot.size(0), "train_layer: row ", b, " runs past the rotary table");
-  Geometry g{B, S, heads, kv_heads, 0, own_len.data_ptr<int64_t>(), nullptr, nullptr, 1.f / std::sqrt((float)D)};
+  Geometry g{B, S, heads, kv_heads, 0, nullptr, nullptr, 1.f / std::sqrt((float)D)};
   if (pk) {
     TORCH_CHECK(slot && pre_len && slot->is_contiguous() && pre_len->is_contiguous() && slot->numel() == B &&
                 pre_len->numel() == B && pk->is_contiguous() && pk->dim() == 4 && pk->size(2) == kv_heads &&
@@ -326,10 +372,10 @@ LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Ten
 std::vector<at::Tensor> train_layer_forward(
     const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
     const at::Tensor& o_w, const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_w,
-    const at::Tensor& down_w, const at::Tensor& rot, const at::Tensor& pos0, const at::Tensor& own_len,
-    const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv, const std::optional<at::Tensor>& slot,
+    const at::Tensor& down_w, const at::Tensor& rot, const at::Tensor& pos0, const std::optional<at::Tensor>& pk,
+    const std::optional<at::Tensor>& pv, const std::optional<at::Tensor>& slot,
     const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads, int64_t S, double eps) {
-  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, own_len, pk, slot, pre_len, heads, kv_heads, S);
+  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
   auto opts = x.options();
@@ -376,19 +422,18 @@ std::vector<at::Tensor> train_layer_backward(
     const at::Tensor& lse, const at::Tensor& x_mid, const at::Tensor& gate_up, const at::Tensor& input_norm,
     const at::Tensor& qkv_w, bool qkv_bias, const at::Tensor& o_w, bool o_bias, const at::Tensor& post_norm,
     const at::Tensor& gate_up_w, const at::Tensor& down_w, const at::Tensor& rot, const at::Tensor& pos0,
-    const at::Tensor& own_len, const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv,
+    const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv,
     const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads,
     int64_t S, double eps) {
-  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, own_len, pk, slot, pre_len, heads, kv_heads, S);
+  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
   check_rows(dout, "train_layer_backward: dout");
   auto opts = x.options();
   // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid))))
-  auto act = at::empty({M, a.I}, opts);
-  reinforge_kernels::swiglu_rows(act.data_ptr<float>(), gate_up.data_ptr<float>(), M, a.I);
+  auto act = at::empty({M, a.I}, opts);    // recomputed in the backward's pass over gate_up
+  auto d_gate_up = swiglu_backward_into(at::mm(dout, down_w), gate_up, act.data_ptr<float>());
   auto d_down_w = at::mm(dout.t(), act);
-  auto d_gate_up = swiglu_backward(at::mm(dout, down_w), gate_up);
   auto h = at::empty({M, E}, opts);
   auto rstd = at::empty({M}, opts);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), rstd.data_ptr<float>(), x_mid.data_ptr<float>(),
@@ -451,12 +496,12 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
   m.def("swiglu_forward(Tensor gu) -> Tensor", &swiglu_forward);
   m.def("swiglu_backward(Tensor da, Tensor gu) -> Tensor", &swiglu_backward);
   m.def("train_layer_forward(Tensor x, Tensor input_norm, Tensor qkv_w, Tensor? qkv_b, Tensor o_w, Tensor? o_b, "
-        "Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor pos0, Tensor own_len, Tensor? pk, "
+        "Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor pos0, Tensor? pk, "
         "Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, float eps) -> Tensor[]",
         &train_layer_forward);
   m.def("train_layer_backward(Tensor dout, Tensor? dk_in, Tensor? dv_in, Tensor x, Tensor q, Tensor k, Tensor v, "
         "Tensor attn, Tensor lse, Tensor x_mid, Tensor gate_up, Tensor input_norm, Tensor qkv_w, bool qkv_bias, "
         "Tensor o_w, bool o_bias, Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor pos0, "
-        "Tensor own_len, Tensor? pk, Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, "
+        "Tensor? pk, Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, "
         "float eps) -> Tensor[]", &train_layer_backward);
 }
