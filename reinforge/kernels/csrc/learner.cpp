@@ -202,19 +202,46 @@ struct KeyBlock {
   }
 };
 
-// out[j] = x . cols[:, j] for j < n (8 at a time; n rounded up to 8 within the zero-filled L8).
+// out[j] = x . cols[:, j] for the NB * 8 columns from j: NB independent accumulators, so that the
+// D multiply-adds of each are not one dependent chain.
+template <int D, int NB>
+inline void score_blocks(float* __restrict out, const float* __restrict x, const float* __restrict cols, int64_t L8,
+                         int64_t j) {
+  float acc[NB][8] = {};
+  for (int d = 0; d < D; ++d) {
+    const float xd = x[d];
+    const float* c = cols + d * L8 + j;
+    for (int b = 0; b < NB; ++b)
+#pragma omp simd
+      for (int i = 0; i < 8; ++i) acc[b][i] += xd * c[b * 8 + i];
+  }
+  std::memcpy(out + j, acc, sizeof acc);
+}
+
+// out[j] = x . cols[:, j] for j < n, n rounded up to 8 (cols [D, L8] is zero-filled past its keys).
 template <int D>
 inline void scores8(float* __restrict out, const float* __restrict x, const float* __restrict cols, int64_t L8, int64_t n) {
-  for (int64_t j = 0; j < n; j += 8) {
-    float acc[8] = {};
-    for (int d = 0; d < D; ++d) {
-      const float xd = x[d];
-      const float* c = cols + d * L8 + j;
+  const int64_t n8 = (n + 7) / 8 * 8;
+  int64_t j = 0;
+  for (; j + 32 <= n8; j += 32) score_blocks<D, 4>(out, x, cols, L8, j);
+  for (; j < n8; j += 8) score_blocks<D, 1>(out, x, cols, L8, j);
+}
+
+// y = sum_{j < n} w[j] rows[j] (rows [n, D]), in 4 interleaved partial sums (independent chains).
+template <int D>
+inline void weighted_rows(float* __restrict y, const float* __restrict w, const float* __restrict rows, int64_t n) {
+  float acc[4][D] = {};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int u = 0; u < 4; ++u) {
+      const float wj = w[j + u];
+      const float* r = rows + (j + u) * D;
 #pragma omp simd
-      for (int i = 0; i < 8; ++i) acc[i] += xd * c[i];
+      for (int d = 0; d < D; ++d) acc[u][d] += wj * r[d];
     }
-    std::memcpy(out + j, acc, sizeof acc);
-  }
+  for (; j < n; ++j) axpy<D>(acc[0], w[j], rows + j * D);
+#pragma omp simd
+  for (int d = 0; d < D; ++d) y[d] = (acc[0][d] + acc[1][d]) + (acc[2][d] + acc[3][d]);
 }
 
 // out [B, S, H, D] = softmax(scale q k^T) v over the keys of Geometry; lse [B, S, H] the log of
@@ -243,8 +270,8 @@ void attention_forward(const Geometry& g, const float* q, const float* k, const 
             p[j] = expf(p[j] - top);
             sum += p[j];
           }
-          float acc[D] = {};
-          for (int64_t j = 0; j < n; ++j) axpy<D>(acc, p[j], &kb.v[j * D]);
+          float acc[D];
+          weighted_rows<D>(acc, p.data(), kb.v.data(), n);
           const float inv = 1.f / sum;
           for (int d = 0; d < D; ++d) out[at * D + d] = acc[d] * inv;
           lse[at] = top + logf(sum);
@@ -279,38 +306,69 @@ void attention_backward(const Geometry& g, const float* q, const float* k, const
     for (int64_t b = 0; b < g.B; ++b) order[b] = b;
   }
   const int64_t groups = (int64_t)first.size() - 1;
+  const int64_t Lmax8 = (g.Lp + g.S + 7) / 8 * 8;
   at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
     KeyBlock<D> kb;
-    std::vector<float> p((size_t)(g.Lp + g.S + 8)), dp(p.size()), dkb, dvb;
+    // per (row, head): the softmax P and ds = P (dout . v - delta) of every query [S, L8] (read only
+    // where the query sees the key), and the scaled queries [S, D]
+    std::vector<float> P((size_t)(g.S * Lmax8)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t group = i / g.KV, kvh = i % g.KV;
       for (int64_t r = first[group]; r < first[group + 1]; ++r) {
         const int64_t b = order[r];
         kb.gather(g, b, kvh, k, v, pk, pv, true);
+        const int64_t L8 = kb.L8;
         dkb.assign(kb.L * D, 0.f);
         dvb.assign(kb.L * D, 0.f);
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-          for (int64_t t = 0; t < g.S; ++t) {
+        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+          const float* dO = dout + (b * g.S * g.H + h) * D;     // query t's at dO + t * H * D
+          for (int64_t t = 0; t < g.S; ++t) {     // P, ds and dq, a query at a time
             const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
+            float* p = &P[t * L8];
+            float* ds = &DS[t * L8];
+            float* qs = &QS[t * D];
             const float* dot_ = dout + at * D;
-            float qs[D];
             for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
             const float delta = dot<D>(dot_, out + at * D), m = lse[at];
-            scores8<D>(p.data(), qs, kb.kt.data(), kb.L8, n);
-            scores8<D>(dp.data(), dot_, kb.vt.data(), kb.L8, n);
+            scores8<D>(p, qs, kb.kt.data(), L8, n);
+            scores8<D>(ds, dot_, kb.vt.data(), L8, n);
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
               p[j] = expf(p[j] - m);
-              dp[j] = p[j] * (dp[j] - delta);     // ds_j
+              ds[j] = p[j] * (ds[j] - delta);
             }
-            float dqa[D] = {};
-            for (int64_t j = 0; j < n; ++j) {
-              axpy<D>(dqa, dp[j], &kb.k[j * D]);
-              axpy<D>(&dkb[j * D], dp[j], qs);     // scale ds q = ds qs
-              axpy<D>(&dvb[j * D], p[j], dot_);
-            }
+            float dqa[D];
+            weighted_rows<D>(dqa, ds, kb.k.data(), n);
             for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
           }
+          // dk_j += sum_t ds[t, j] qs_t; dv_j += sum_t P[t, j] dout_t: a key at a time, over the
+          // queries that see it (all for a prefix key, t >= its position for an own key)
+          for (int64_t j = 0; j < kb.L; ++j) {
+            const int64_t t0 = j < kb.n_pre ? 0 : j - kb.n_pre;
+            float ak[2][D] = {}, av[2][D] = {};
+            int64_t t = t0;
+            for (; t + 2 <= g.S; t += 2)
+              for (int u = 0; u < 2; ++u) {
+                const float dsj = DS[(t + u) * L8 + j], pj = P[(t + u) * L8 + j];
+                const float* qt = &QS[(t + u) * D];
+                const float* ot = dO + (t + u) * g.H * D;
+#pragma omp simd
+                for (int d = 0; d < D; ++d) {
+                  ak[u][d] += dsj * qt[d];
+                  av[u][d] += pj * ot[d];
+                }
+              }
+            for (; t < g.S; ++t) {
+              axpy<D>(ak[0], DS[t * L8 + j], &QS[t * D]);
+              axpy<D>(av[0], P[t * L8 + j], dO + t * g.H * D);
+            }
+#pragma omp simd
+            for (int d = 0; d < D; ++d) {
+              dkb[j * D + d] += ak[0][d] + ak[1][d];
+              dvb[j * D + d] += av[0][d] + av[1][d];
+            }
+          }
+        }
         for (int64_t j = 0; j < kb.L; ++j) {
           const int64_t off = j < kb.n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - kb.n_pre) * step;
           axpy<D>((j < kb.n_pre ? dpk : dk) + off + kvh * D, 1.f, &dkb[j * D]);
