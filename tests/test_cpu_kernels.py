@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from test_native_engine import MODELS, PROMPTS, eos_prone
+from test_native_engine import MODELS, PROMPTS, eos_prone, qwen2
 from transformers import MistralConfig, MistralForCausalLM
 
 from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
@@ -123,7 +123,13 @@ def test_fused_rms_norm_and_swiglu_match_pytorch_values_and_gradients(kernels) -
     torch.testing.assert_close(fused_grad, plain_grad, atol=1e-5, rtol=1e-5)
 
 
-CASES = {**MODELS, "mistral_window": mistral_window}
+CASES = {
+    **MODELS,
+    "mistral_window": mistral_window,
+    # Widths that are not multiples of the packed projections' 32-column panels (qkv 120, o and
+    # down 40, gate_up 176): the last panel of each is short.
+    "qwen2_odd_widths": lambda: qwen2(hidden_size=40, num_heads=5, num_kv_heads=5, intermediate_size=88),
+}
 
 
 @pytest.mark.parametrize("greedy", [True, False])

@@ -7,12 +7,15 @@ was 2x slower than plain matmuls at rollout shapes). reinforge carries its own, 
 the namespace `reinforge_kernels`:
 
 - `csrc/decode.cpp`, the native engine (rollout.native): `decode_layer` (one decoder layer for one
-  token of every row: the projections as ATen matmuls, everything between them fused, the
-  attention reading each row's keys up to its position), `sample` (keyed inverse-CDF sampling,
-  `sample_tokens` with `keyed_uniforms` in one pass) and `decode_attention`;
-- `csrc/learner.cpp`, behind the autograd functions below (`rms_norm`, `swiglu`), which
-  `rollout.native.decoder_layers` calls: the engine's prefill and the learner's shared-prompt
-  forward, SFT included.
+  token of every row: the projections against weights packed once per generation by
+  `pack_weight`, everything between them fused, the attention reading each row's keys up to its
+  position), `sample` (keyed inverse-CDF sampling, `sample_tokens` with `keyed_uniforms` in one
+  pass) and `decode_attention`;
+- `csrc/learner.cpp`, behind the autograd functions below: `train_layer` (one decoder layer of a
+  learner pass, forward and backward one op each, attention over a `PassGeometry`), which
+  `rollout.native.run_pass` calls for the engine's prefill and the learner's shared-prompt
+  forward (SFT included), and `rms_norm` and `swiglu`, which the PyTorch layers
+  (`rollout.native.decoder_layers`) call where `train_layer` does not apply.
 
 They are built against the installed torch on first use (~15 s) and cached under
 `$REINFORGE_CACHE` (default `~/.cache/reinforge`), keyed by the sources, torch, the compiler and

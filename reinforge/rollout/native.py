@@ -117,6 +117,16 @@ def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class PackedProjections:
+    """One layer's projection weights as csrc/decode.cpp's `decode_layer` reads them (`pack_weight`)."""
+
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass
 class LayerWeights:
     """One decoder layer's weights, with q/k/v and gate/up fused into single matmuls."""
 
@@ -147,6 +157,15 @@ class DecoderWeights:
     final_norm: torch.Tensor
     head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
     eps: float
+    _packed: list[PackedProjections] | None = None
+
+    def packed_for_decoding(self, ops) -> list[PackedProjections]:
+        """Each layer's projections packed for the CPU decoding kernel (`ops.pack_weight`: 32-column
+        panels of w^T), made on the first decoding step of these weights and kept with them."""
+        if self._packed is None:
+            self._packed = [PackedProjections(*(ops.pack_weight(t.detach()) for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+                            for lw in self.layers]
+        return self._packed
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> DecoderWeights:
@@ -631,13 +650,14 @@ class NativeEngine:
     def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                       freqs: torch.Tensor) -> torch.Tensor:
         """`_decode` as one call of the fused CPU kernel per layer (csrc/decode.cpp: the same
-        operations as `decoder_layers` and `attention`, each row attending to its keys up to its position)."""
+        operations as `decoder_layers` and `attention`, each row attending to its keys up to its
+        position; the projections against weights packed once per `DecoderWeights`)."""
         shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
         rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
-        for index, lw in enumerate(w.layers):
-            self.kernels.decode_layer(x, lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.o_bias,
-                                      lw.post_norm, lw.gate_up, lw.down, rot, cache.k[index], cache.v[index], positions,
-                                      shape.num_heads, w.eps, shape.sliding_window or 0)
+        for index, (lw, packed) in enumerate(zip(w.layers, w.packed_for_decoding(self.kernels), strict=True)):
+            self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
+                                      lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index], cache.v[index],
+                                      positions, shape.num_heads, w.eps, shape.sliding_window or 0)
         return rms_norm(x, w.final_norm, w.eps).float() @ w.head.t()
 
 
