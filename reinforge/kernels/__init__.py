@@ -179,34 +179,34 @@ class PassGeometry:
 class _TrainLayer(torch.autograd.Function):
     """One pre-norm decoder layer (rotary attention over a `PassGeometry`, SwiGLU MLP) on tokens x
     [B S, E]: (x_out [B S, E], its rotated keys and values [B, S, kv, D]); forward and backward are
-    one op each (csrc/learner.cpp, train_layer_forward / train_layer_backward)."""
+    one op each (csrc/learner.cpp, train_layer_forward / train_layer_backward). `packs`: the
+    layer's projections packed for the forward's products and for the backward's (`pack_weight`)."""
 
     @staticmethod
-    def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv,
+    def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv, packs,
                 geometry: PassGeometry, heads: int, kv_heads: int, eps: float):
-        g = geometry
+        g, (fwd, bwd) = geometry, packs
         x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
-            x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, g.rot, g.pos0, pk, pv, g.slot, g.pre_len,
-            heads, kv_heads, g.positions, eps)
-        ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, o_w, post_norm, gate_up_w,
-                              down_w, pk, pv)
-        ctx.geometry, ctx.heads, ctx.kv_heads, ctx.eps = g, heads, kv_heads, eps
+            x, input_norm, fwd.qkv, qkv_b, fwd.o, o_b, post_norm, fwd.gate_up, fwd.down, g.rot, g.pos0, pk, pv, g.slot,
+            g.pre_len, heads, kv_heads, g.positions, eps)
+        ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, post_norm, pk, pv)
+        ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = g, bwd, heads, kv_heads, eps
         ctx.biases = (qkv_b is not None, o_b is not None)
         ctx.set_materialize_grads(False)    # k and v have no gradient unless another pass reads them
         return x_out, k, v
 
     @staticmethod
     def backward(ctx, dx_out, dk, dv):
-        x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, o_w, post_norm, gate_up_w, down_w, pk, pv = ctx.saved_tensors
-        g, (qkv_bias, o_bias) = ctx.geometry, ctx.biases
+        x, q, k, v, attn, lse, x_mid, gate_up, input_norm, post_norm, pk, pv = ctx.saved_tensors
+        g, bwd, (qkv_bias, o_bias) = ctx.geometry, ctx.packs, ctx.biases
         if dx_out is None:
             dx_out = torch.zeros_like(x)
         dx, d_in, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post, d_gate_up_w, d_down_w, dpk, dpv = load_cpu_kernels().train_layer_backward(
-            dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, qkv_w, qkv_bias, o_w, o_bias,
-            post_norm, gate_up_w, down_w, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
+            dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, bwd.qkv, qkv_bias, bwd.o, o_bias,
+            post_norm, bwd.gate_up, bwd.down, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
             g.positions, ctx.eps)
         return (dx, d_in, d_qkv_w, d_qkv_b if qkv_bias else None, d_o_w, d_o_b if o_bias else None, d_post, d_gate_up_w,
-                d_down_w, dpk if pk is not None else None, dpv if pv is not None else None, None, None, None, None)
+                d_down_w, dpk if pk is not None else None, dpv if pv is not None else None, None, None, None, None, None)
 
 
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
@@ -218,11 +218,14 @@ def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
             and all(_plain(t) for t in weights) and load_cpu_kernels() is not None)
 
 
-def train_layer(x: torch.Tensor, layer, geometry: PassGeometry, prefix: tuple[torch.Tensor, torch.Tensor] | None,
-                heads: int, kv_heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def train_layer(x: torch.Tensor, layer, packs: tuple[Any, Any | None], geometry: PassGeometry,
+                prefix: tuple[torch.Tensor, torch.Tensor] | None, heads: int, kv_heads: int,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decoder layer of a learner pass, fused (see `_TrainLayer`; check `fused_layer_ok` first):
-    x [B S, E] -> (x_out [B S, E], keys, values [B, S, kv, D]). `prefix`: the keys and values
-    [P, Lp, kv, D] that `geometry.slot` indexes."""
+    x [B S, E] -> (x_out [B S, E], keys, values [B, S, kv, D]). `packs`: the layer's projections
+    packed for w^T products and, where a backward will run, for w products
+    (`rollout.native.DecoderWeights.packed`). `prefix`: the keys and values [P, Lp, kv, D] that
+    `geometry.slot` indexes."""
     pk, pv = prefix if prefix is not None else (None, None)
     return _TrainLayer.apply(x.contiguous(), layer.input_norm, layer.qkv, layer.qkv_bias, layer.o, layer.o_bias,
-                             layer.post_norm, layer.gate_up, layer.down, pk, pv, geometry, heads, kv_heads, eps)
+                             layer.post_norm, layer.gate_up, layer.down, pk, pv, packs, geometry, heads, kv_heads, eps)

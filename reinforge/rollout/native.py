@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +157,17 @@ class DecoderWeights:
     final_norm: torch.Tensor
     head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
     eps: float
-    _packed: list[PackedProjections] | None = None
+    _packed: dict[bool, list[PackedProjections]] = field(default_factory=dict)
 
-    def packed_for_decoding(self, ops) -> list[PackedProjections]:
-        """Each layer's projections packed for the CPU decoding kernel (`ops.pack_weight`: 32-column
-        panels of w^T), made on the first decoding step of these weights and kept with them."""
-        if self._packed is None:
-            self._packed = [PackedProjections(*(ops.pack_weight(t.detach()) for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
-                            for lw in self.layers]
-        return self._packed
+    def packed(self, ops, transposed: bool = False) -> list[PackedProjections]:
+        """Each layer's projections packed for the CPU kernels (`ops.pack_weight`: 32-column panels),
+        made on first use and kept with these weights: for products with w^T (the forward), or with
+        `transposed` with w (the backward's input gradients). Snapshots: no gradient flows through them."""
+        if transposed not in self._packed:
+            self._packed[transposed] = [
+                PackedProjections(*(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+                for lw in self.layers]
+        return self._packed[transposed]
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> DecoderWeights:
@@ -279,9 +281,11 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     values: list[torch.Tensor] = []
     if fused and shape.sliding_window is None and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
         x = hidden.reshape(b * s, -1)
-        for index, lw in enumerate(w.layers):
+        ops = load_cpu_kernels()
+        packed = zip(w.packed(ops), w.packed(ops, transposed=True) if torch.is_grad_enabled() else [None] * len(w.layers), strict=True)
+        for index, (lw, packs) in enumerate(zip(w.layers, packed, strict=True)):
             layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
-            x, k, v = kernels.train_layer(x, lw, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
+            x, k, v = kernels.train_layer(x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
             keys.append(k)
             values.append(v)
         return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
@@ -654,7 +658,7 @@ class NativeEngine:
         position; the projections against weights packed once per `DecoderWeights`)."""
         shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
         rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
-        for index, (lw, packed) in enumerate(zip(w.layers, w.packed_for_decoding(self.kernels), strict=True)):
+        for index, (lw, packed) in enumerate(zip(w.layers, w.packed(self.kernels), strict=True)):
             self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
                                       lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index], cache.v[index],
                                       positions, shape.num_heads, w.eps, shape.sliding_window or 0)

@@ -7,7 +7,7 @@
 // ops per layer (norms, rotary, thousands of tiny batched GEMMs for attention, masking, softmax,
 // SwiGLU), each a dispatch and a pass over memory; the matmuls are a minority of the time. Here
 // everything between the projections is one loop over the rows, and the projections run against
-// weights packed once per generation (`pack_weight`, `gemm_packed` below).
+// weights packed once per generation (`pack_weight`, `gemm_packed` in gemm.h).
 //
 // Layouts (reinforge.rollout.native.KVCache with keys_last): k_cache [slots, kv, D, C] (keys
 // transposed: 8 key positions load as one vector), v_cache [slots, kv, C, D]; row b lives in slot
@@ -21,6 +21,7 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
+#include "gemm.h"
 #include "rows.h"
 
 #include <algorithm>
@@ -34,6 +35,8 @@ namespace {
 
 using reinforge_kernels::rms_norm_rows;
 using reinforge_kernels::swiglu_rows;
+using reinforge_kernels::gemm_packed;
+using reinforge_kernels::pack_weight;
 using reinforge_kernels::with_head_dim;
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -150,106 +153,6 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
   });
 }
 
-// ---- Projections of a decoding step: a GEMM of a few dozen rows against pre-packed weights ----
-//
-// Why: at decoding shapes (tens of rows, K of a few hundred) MKL's sgemm spent about as long
-// packing each weight matrix, at every call, as multiplying with it (perf on the 2-core CPU:
-// 10% of a generate() in sgemm_scopy against 14% in its kernel). The weights do not change
-// during a generation, so they are packed once per DecoderWeights (pack_weight) into 32-column
-// panels of w^T, and each step runs a register-blocked kernel over them: 6 rows x 32 columns of
-// accumulators, one broadcast of a and two vector loads of the panel per k. On the built-in
-// model's 16 projections of a 64-row step: 0.72-0.77 ms against 1.19-1.21 ms for at::mm.
-
-typedef float v16 __attribute__((vector_size(64)));
-inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-
-constexpr int64_t PANEL = 32;
-
-// w [N, K] -> [ceil(N / 32), K, 32]: panel p holds columns 32p..32p+31 of w^T, zero past N.
-at::Tensor pack_weight(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.device().is_cpu(), "pack_weight: a 2-D float32 CPU tensor");
-  const at::Tensor src = w.contiguous();
-  const int64_t N = w.size(0), K = w.size(1), P = (N + PANEL - 1) / PANEL;
-  auto out = at::empty({P, K, PANEL}, w.options());
-  const float* s = src.data_ptr<float>();
-  float* d = out.data_ptr<float>();
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t j = 0; j < PANEL; ++j) {
-        const int64_t n = p * PANEL + j;
-        float* col = d + p * K * PANEL + j;
-        if (n < N)
-          for (int64_t k = 0; k < K; ++k) col[k * PANEL] = s[n * K + k];
-        else
-          for (int64_t k = 0; k < K; ++k) col[k * PANEL] = 0.f;
-      }
-  });
-  return out;
-}
-
-// R rows of c (+)= a . panel (+ bias), 32 columns, `cols` of them stored (the last panel may be short).
-template <int R>
-inline void panel_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* panel, const float* bias,
-                       int64_t K, int64_t cols, bool accumulate) {
-  v16 acc[R][2];
-  float tmp[PANEL];
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) {
-      if (accumulate) {
-        std::memset(tmp, 0, sizeof tmp);
-        std::memcpy(tmp, c + r * ldc, sizeof(float) * cols);
-        acc[r][h] = load16(tmp + 16 * h);
-      } else if (bias) {
-        std::memset(tmp, 0, sizeof tmp);
-        std::memcpy(tmp, bias, sizeof(float) * cols);
-        acc[r][h] = load16(tmp + 16 * h);
-      } else {
-        acc[r][h] = v16{};
-      }
-    }
-  for (int64_t k = 0; k < K; ++k) {
-    const v16 b0 = load16(panel + k * PANEL), b1 = load16(panel + k * PANEL + 16);
-    for (int r = 0; r < R; ++r) {
-      const float x = a[r * lda + k];
-      acc[r][0] += x * b0;
-      acc[r][1] += x * b1;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    store16(tmp, acc[r][0]);
-    store16(tmp + 16, acc[r][1]);
-    std::memcpy(c + r * ldc, tmp, sizeof(float) * cols);
-  }
-}
-
-// c [M, N] (+)= a [M, K] w^T (+ bias [N]) with w packed by pack_weight; panels split over threads.
-void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, const at::Tensor& packed, const float* bias,
-                 int64_t M, int64_t N, bool accumulate) {
-  const int64_t K = packed.size(1), P = packed.size(0);
-  TORCH_CHECK(packed.is_contiguous() && packed.size(2) == PANEL && P == (N + PANEL - 1) / PANEL,
-              "decode_layer: a packed weight does not match its layer (pack_weight)");
-  const float* wp = packed.data_ptr<float>();
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = wp + p * K * PANEL;
-      const float* pb = bias ? bias + p * PANEL : nullptr;
-      const int64_t cols = std::min(PANEL, N - p * PANEL);
-      float* cp = c + p * PANEL;
-      int64_t m = 0;
-      for (; m + 6 <= M; m += 6) panel_rows<6>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate);
-      switch (M - m) {
-        case 5: panel_rows<5>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 4: panel_rows<4>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 3: panel_rows<3>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 2: panel_rows<2>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 1: panel_rows<1>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        default: break;
-      }
-    }
-  });
-}
-
 // One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
 // place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
@@ -271,7 +174,7 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   auto h = at::empty({B, E}, x.options());
   rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
   auto qkv = at::empty({B, N}, x.options());
-  gemm_packed(qkv.data_ptr<float>(), N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, B, N, false);
+  gemm_packed(qkv.data_ptr<float>(), N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, B, N, E, false);
   float* qkvp = qkv.data_ptr<float>();
   if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
     at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
@@ -301,14 +204,14 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
                                        Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
                                        B, H, 1.f / std::sqrt((float)D), window);
   });
-  gemm_packed(x.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, B, E, true);
+  gemm_packed(x.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, B, E, H * D, true);
   if (o_b) x.add_(*o_b);
   rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
   auto gu = at::empty({B, 2 * I}, x.options());          // [B, 2I]: gate | up
-  gemm_packed(gu.data_ptr<float>(), 2 * I, h.data_ptr<float>(), E, gate_up_p, nullptr, B, 2 * I, false);
+  gemm_packed(gu.data_ptr<float>(), 2 * I, h.data_ptr<float>(), E, gate_up_p, nullptr, B, 2 * I, E, false);
   auto act = at::empty({B, I}, x.options());
   swiglu_rows(act.data_ptr<float>(), gu.data_ptr<float>(), B, I);
-  gemm_packed(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, true);
+  gemm_packed(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, I, true);
 }
 
 // splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.native.mix64.
@@ -375,7 +278,7 @@ void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, do
 TORCH_LIBRARY(reinforge_kernels, m) {
   m.def("decode_attention(Tensor(o!) out, Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, float scale, int window) -> ()", &decode_attention);
-  m.def("pack_weight(Tensor w) -> Tensor", &pack_weight);
+  m.def("pack_weight(Tensor w, bool transposed=False) -> Tensor", [](const at::Tensor& w, bool t) { return pack_weight(w, t); });
   m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_p, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);

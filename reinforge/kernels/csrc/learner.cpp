@@ -17,6 +17,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include "gemm.h"
 #include "rows.h"
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 
 namespace {
 
+using reinforge_kernels::gemm_packed;
 using reinforge_kernels::with_head_dim;
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -396,7 +398,7 @@ struct LayerArgs {
   int64_t M, E, D, I, N;
 };
 
-LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Tensor& down_w, const at::Tensor& rot,
+LayerArgs layer_args(const at::Tensor& x, int64_t I, const at::Tensor& rot,
                      const at::Tensor& pos0, const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads,
                      int64_t kv_heads, int64_t S) {
   check_rows(x, "train_layer: x");
@@ -404,7 +406,7 @@ LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Ten
   TORCH_CHECK(S > 0 && M == B * S, "train_layer: x must hold B rows of S positions");
   TORCH_CHECK(rot.scalar_type() == at::kFloat && rot.is_contiguous() && rot.dim() == 3 && rot.size(2) == 2,
               "train_layer: rot must be [L, D/2, 2] float32");
-  TORCH_CHECK(qkv_w.size(0) == (heads + 2 * kv_heads) * D && heads % kv_heads == 0, "train_layer: qkv_w does not match the heads");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "train_layer: heads must be a multiple of kv_heads");
   TORCH_CHECK(pos0.scalar_type() == at::kLong && pos0.is_contiguous() && pos0.numel() == B, "train_layer: pos0 must be [B] int64");
   const int64_t* p0 = pos0.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
@@ -421,25 +423,27 @@ LayerArgs layer_args(const at::Tensor& x, const at::Tensor& qkv_w, const at::Ten
       TORCH_CHECK(g.slot[b] >= 0 && g.slot[b] < pk->size(0) && g.pre_len[b] >= 0 && g.pre_len[b] <= g.Lp,
                   "train_layer: row ", b, "'s prefix is outside the prefix keys");
   }
-  return {g, M, x.size(1), D, down_w.size(1), (heads + 2 * kv_heads) * D};
+  return {g, M, x.size(1), D, I, (heads + 2 * kv_heads) * D};
 }
 
 // x [B S, E] -> (x_out [B S, E], k, v [B, S, kv, D]: this pass's rotated keys and values, then
 // what the backward needs: q [B, S, H, D] rotated, attn [B S, H D], lse [B, S, H], x_mid [B S, E]
 // (after the attention's residual), gate_up [B S, 2I]).
 std::vector<at::Tensor> train_layer_forward(
-    const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
-    const at::Tensor& o_w, const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_w,
-    const at::Tensor& down_w, const at::Tensor& rot, const at::Tensor& pos0, const std::optional<at::Tensor>& pk,
+    const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& qkv_p, const std::optional<at::Tensor>& qkv_b,
+    const at::Tensor& o_p, const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_p,
+    const at::Tensor& down_p, const at::Tensor& rot, const at::Tensor& pos0, const std::optional<at::Tensor>& pk,
     const std::optional<at::Tensor>& pv, const std::optional<at::Tensor>& slot,
     const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads, int64_t S, double eps) {
-  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
+  const LayerArgs a = layer_args(x, down_p.size(1), rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
   auto opts = x.options();
   auto h = at::empty({M, E}, opts);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), M, E, (float)eps);
-  at::Tensor qkv = qkv_b ? at::addmm(*qkv_b, h, qkv_w.t()) : at::mm(h, qkv_w.t());   // [M, N]
+  auto qkv = at::empty({M, a.N}, opts);
+  gemm_packed(qkv.data_ptr<float>(), a.N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, M, a.N, E,
+              false);
   auto q = at::empty({g.B, S, H, D}, opts), k = at::empty({g.B, S, KV, D}, opts), v = at::empty({g.B, S, KV, D}, opts);
   const float* src = qkv.data_ptr<float>();
   const float* rp = rot.data_ptr<float>();
@@ -460,13 +464,16 @@ std::vector<at::Tensor> train_layer_forward(
     attention_forward<decltype(d)::value>(g, qp, kp, vp, pk ? pk->data_ptr<float>() : nullptr,
                                           pv ? pv->data_ptr<float>() : nullptr, attn.data_ptr<float>(), lse.data_ptr<float>());
   });
-  auto x_mid = at::addmm(x, attn, o_w.t());
+  auto x_mid = x.clone();
+  gemm_packed(x_mid.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, M, E, H * D, true);
   if (o_b) x_mid.add_(*o_b);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), nullptr, x_mid.data_ptr<float>(), post_norm.data_ptr<float>(), M, E, (float)eps);
-  auto gate_up = at::mm(h, gate_up_w.t());
+  auto gate_up = at::empty({M, 2 * a.I}, opts);
+  gemm_packed(gate_up.data_ptr<float>(), 2 * a.I, h.data_ptr<float>(), E, gate_up_p, nullptr, M, 2 * a.I, E, false);
   auto act = at::empty({M, a.I}, opts);
   reinforge_kernels::swiglu_rows(act.data_ptr<float>(), gate_up.data_ptr<float>(), M, a.I);
-  auto x_out = at::addmm(x_mid, act, down_w.t());
+  auto x_out = x_mid.clone();
+  gemm_packed(x_out.data_ptr<float>(), E, act.data_ptr<float>(), a.I, down_p, nullptr, M, E, a.I, true);
   return {x_out, k, v, q, attn, lse, x_mid, gate_up};
 }
 
@@ -478,26 +485,29 @@ std::vector<at::Tensor> train_layer_backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& dk_in, const std::optional<at::Tensor>& dv_in,
     const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attn,
     const at::Tensor& lse, const at::Tensor& x_mid, const at::Tensor& gate_up, const at::Tensor& input_norm,
-    const at::Tensor& qkv_w, bool qkv_bias, const at::Tensor& o_w, bool o_bias, const at::Tensor& post_norm,
-    const at::Tensor& gate_up_w, const at::Tensor& down_w, const at::Tensor& rot, const at::Tensor& pos0,
+    const at::Tensor& qkv_t, bool qkv_bias, const at::Tensor& o_t, bool o_bias, const at::Tensor& post_norm,
+    const at::Tensor& gate_up_t, const at::Tensor& down_t, const at::Tensor& rot, const at::Tensor& pos0,
     const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv,
     const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads,
     int64_t S, double eps) {
-  const LayerArgs a = layer_args(x, qkv_w, down_w, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
+  const LayerArgs a = layer_args(x, gate_up.size(1) / 2, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
   check_rows(dout, "train_layer_backward: dout");
   auto opts = x.options();
   // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid))))
   auto act = at::empty({M, a.I}, opts);    // recomputed in the backward's pass over gate_up
-  auto d_gate_up = swiglu_backward_into(at::mm(dout, down_w), gate_up, act.data_ptr<float>());
+  auto d_act = at::empty({M, a.I}, opts);     // dout down_w
+  gemm_packed(d_act.data_ptr<float>(), a.I, dout.data_ptr<float>(), E, down_t, nullptr, M, a.I, E, false);
+  auto d_gate_up = swiglu_backward_into(d_act, gate_up, act.data_ptr<float>());
   auto d_down_w = at::mm(dout.t(), act);
   auto h = at::empty({M, E}, opts);
   auto rstd = at::empty({M}, opts);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), rstd.data_ptr<float>(), x_mid.data_ptr<float>(),
                                    post_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_gate_up_w = at::mm(d_gate_up.t(), h);
-  auto dh = at::mm(d_gate_up, gate_up_w);
+  auto dh = at::empty({M, E}, opts);
+  gemm_packed(dh.data_ptr<float>(), E, d_gate_up.data_ptr<float>(), 2 * a.I, gate_up_t, nullptr, M, E, 2 * a.I, false);
   auto d_mid = at::empty({M, E}, opts);
   auto d_post_norm = at::empty({E}, opts);
   rms_norm_backward_rows(d_mid.data_ptr<float>(), d_post_norm.data_ptr<float>(), dh.data_ptr<float>(),
@@ -506,7 +516,8 @@ std::vector<at::Tensor> train_layer_backward(
   // attention: x_mid = x + o(attn)
   auto d_o_w = at::mm(d_mid.t(), attn);
   auto d_o_b = o_bias ? d_mid.sum(0) : at::empty({0}, opts);
-  auto d_attn = at::mm(d_mid, o_w);
+  auto d_attn = at::empty({M, H * D}, opts);
+  gemm_packed(d_attn.data_ptr<float>(), H * D, d_mid.data_ptr<float>(), E, o_t, nullptr, M, H * D, E, false);
   auto dq = at::empty({g.B, S, H, D}, opts);
   auto dk = dk_in ? dk_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
   auto dv = dv_in ? dv_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
@@ -538,7 +549,8 @@ std::vector<at::Tensor> train_layer_backward(
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), rstd.data_ptr<float>(), x.data_ptr<float>(),
                                    input_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_qkv_w = at::mm(d_qkv.t(), h);
-  auto dh1 = at::mm(d_qkv, qkv_w);
+  auto dh1 = at::empty({M, E}, opts);
+  gemm_packed(dh1.data_ptr<float>(), E, d_qkv.data_ptr<float>(), a.N, qkv_t, nullptr, M, E, a.N, false);
   auto dx = at::empty({M, E}, opts);
   auto d_input_norm = at::empty({E}, opts);
   rms_norm_backward_rows(dx.data_ptr<float>(), d_input_norm.data_ptr<float>(), dh1.data_ptr<float>(), x.data_ptr<float>(),
@@ -553,13 +565,13 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
   m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor w, Tensor rstd) -> (Tensor, Tensor)", &rms_norm_backward);
   m.def("swiglu_forward(Tensor gu) -> Tensor", &swiglu_forward);
   m.def("swiglu_backward(Tensor da, Tensor gu) -> Tensor", &swiglu_backward);
-  m.def("train_layer_forward(Tensor x, Tensor input_norm, Tensor qkv_w, Tensor? qkv_b, Tensor o_w, Tensor? o_b, "
-        "Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor pos0, Tensor? pk, "
+  m.def("train_layer_forward(Tensor x, Tensor input_norm, Tensor qkv_p, Tensor? qkv_b, Tensor o_p, Tensor? o_b, "
+        "Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor pos0, Tensor? pk, "
         "Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, float eps) -> Tensor[]",
         &train_layer_forward);
   m.def("train_layer_backward(Tensor dout, Tensor? dk_in, Tensor? dv_in, Tensor x, Tensor q, Tensor k, Tensor v, "
-        "Tensor attn, Tensor lse, Tensor x_mid, Tensor gate_up, Tensor input_norm, Tensor qkv_w, bool qkv_bias, "
-        "Tensor o_w, bool o_bias, Tensor post_norm, Tensor gate_up_w, Tensor down_w, Tensor rot, Tensor pos0, "
+        "Tensor attn, Tensor lse, Tensor x_mid, Tensor gate_up, Tensor input_norm, Tensor qkv_t, bool qkv_bias, "
+        "Tensor o_t, bool o_bias, Tensor post_norm, Tensor gate_up_t, Tensor down_t, Tensor rot, Tensor pos0, "
         "Tensor? pk, Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, "
         "float eps) -> Tensor[]", &train_layer_backward);
 }
