@@ -69,6 +69,9 @@ def from_config(model_cls, config_cls, **extra) -> torch.nn.Module:
 MODELS = {
     "qwen2": lambda micro: qwen2(micro, num_heads=2, num_kv_heads=2),
     "qwen2_gqa": lambda micro: qwen2(micro, num_heads=4, num_kv_heads=2),
+    # Widths that are not multiples of the fused layer's 32-column weight panels (qkv 120, o and
+    # down 40, gate_up 176), forward and backward.
+    "qwen2_odd_widths": lambda micro: qwen2(micro, hidden_size=40, num_heads=5, num_kv_heads=5, intermediate_size=88),
     # Untied head: the head and the embedding get separate gradients.
     "llama": lambda micro: from_config(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=False),
     "qwen3": lambda micro: from_config(Qwen3ForCausalLM, Qwen3Config, head_dim=16, tie_word_embeddings=True),
