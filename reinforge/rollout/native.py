@@ -118,7 +118,7 @@ def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PackedProjections:
-    """One layer's projection weights as csrc/decode.cpp's `decode_layer` reads them (`pack_weight`)."""
+    """One layer's projection weights as the CPU kernels read them: 32-column panels (csrc/gemm.h, `pack_weight`)."""
 
     qkv: torch.Tensor
     o: torch.Tensor
@@ -145,11 +145,13 @@ class LayerWeights:
 
 @dataclass
 class DecoderWeights:
-    """The decoder's weights for one `generate` call.
+    """The decoder's weights for one `generate` call (or one learner forward).
 
     Built per call from the live model, so it always reflects the latest
     optimizer step. Fusing costs one copy of the layer weights while the call
     runs; it halves the matmul launches, which dominate decoding small models.
+    On CPU the kernels add a packed copy (`packed`), and the learner's backward
+    a second one.
     """
 
     embed: torch.Tensor

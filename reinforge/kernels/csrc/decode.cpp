@@ -156,6 +156,7 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
 // One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
 // place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
+// qkv_p, o_p, gate_up_p, down_p: the projections' weights packed by pack_weight (gemm.h).
 void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& qkv_p, const std::optional<at::Tensor>& qkv_b,
                   const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, const at::Tensor& o_p,
                   const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_p,

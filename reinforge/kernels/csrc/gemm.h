@@ -19,7 +19,9 @@ namespace reinforge_kernels {
 // during a generation, so they are packed once per DecoderWeights (pack_weight) into 32-column
 // panels of w^T, and each step runs a register-blocked kernel over them: 6 rows x 32 columns of
 // accumulators, one broadcast of a and two vector loads of the panel per k. On the built-in
-// model's 16 projections of a 64-row step: 0.72-0.77 ms against 1.19-1.21 ms for at::mm.
+// model's 16 projections of a 64-row step: 0.72-0.77 ms against 1.19-1.21 ms for at::mm. The
+// learner's layer (learner.cpp) runs its forward products and its input gradients the same way
+// (weights packed once per forward, both ways): at 960 rows 4.2 ms against 5.1 ms per layer pass.
 
 typedef float v16 __attribute__((vector_size(64)));
 inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
