@@ -426,6 +426,12 @@ LayerArgs layer_args(const at::Tensor& x, int64_t I, const at::Tensor& rot,
   return {g, M, x.size(1), D, I, (heads + 2 * kv_heads) * D};
 }
 
+// A [n] float32 vector the kernels read through its data pointer (norm weights, biases).
+void check_vector(const at::Tensor& t, int64_t n, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "train_layer: ", name,
+              " must be a contiguous float32 vector of ", n);
+}
+
 // x [B S, E] -> (x_out [B S, E], k, v [B, S, kv, D]: this pass's rotated keys and values, then
 // what the backward needs: q [B, S, H, D] rotated, attn [B S, H D], lse [B, S, H], x_mid [B S, E]
 // (after the attention's residual), gate_up [B S, 2I]).
@@ -438,6 +444,10 @@ std::vector<at::Tensor> train_layer_forward(
   const LayerArgs a = layer_args(x, down_p.size(1), rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
+  check_vector(input_norm, E, "input_norm");
+  check_vector(post_norm, E, "post_norm");
+  if (qkv_b) check_vector(*qkv_b, a.N, "qkv_b");
+  if (o_b) check_vector(*o_b, E, "o_b");
   auto opts = x.options();
   auto h = at::empty({M, E}, opts);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), M, E, (float)eps);
@@ -493,6 +503,8 @@ std::vector<at::Tensor> train_layer_backward(
   const LayerArgs a = layer_args(x, gate_up.size(1) / 2, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
+  check_vector(input_norm, E, "input_norm");
+  check_vector(post_norm, E, "post_norm");
   check_rows(dout, "train_layer_backward: dout");
   auto opts = x.options();
   // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid))))
