@@ -16,9 +16,7 @@
 // the interleaved layout (pairs 2i, 2i + 1; `_interleave_heads` reorders the weights).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include "gemm.h"

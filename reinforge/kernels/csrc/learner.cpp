@@ -136,13 +136,14 @@ at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) { return 
 
 // ---------------------------------------------------------------------------------------------
 // One decoder layer of the learner (pre-norm attention with rotary, SwiGLU MLP), forward and
-// backward as one op each (`train_layer_forward`, `train_layer_backward`; reinforge.kernels.TrainLayer).
+// backward as one op each (`train_layer_forward`, `train_layer_backward`; reinforge.kernels._TrainLayer).
 //
 // Why: the learner's forward + backward on the built-in model at RL shapes (~1,000 tokens, 4
 // layers) took ~85 ms of which ~57 ms were matmuls: the rest was ~70 small autograd ops per layer
 // (rotary through complex views, the gathers and concatenations of shared prompt keys, batched
 // GEMMs of a few dozen keys per query, masking, softmax) and the autograd engine between them.
-// Here the projections stay ATen matmuls and the rest is a few loops.
+// Here the rest is a few loops; the forward's products and the input gradients run against packed
+// weights (gemm.h), the weight gradients as ATen matmuls.
 //
 // A pass runs B rows of S positions, tokens as rows x [B S, E]. Row b's token t sits at rotary
 // position pos0[b] + t and attends to (Geometry):
