@@ -20,11 +20,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from reinforge.errors import UserError
+
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
-class ConfigError(ValueError):
-    """A configuration problem the user can fix; the message says how."""
+class ConfigError(UserError, ValueError):
+    """A configuration problem the user can fix; the message says how. (A ValueError too, for the
+    callers that catch bad values as ValueError.)"""
 
 
 class _Section(BaseModel):
