@@ -239,6 +239,8 @@ class CheckpointConfig(_Section):
 
 class LogConfig(_Section):
     progress: bool = Field(True, description="Show a progress bar.")
+    samples_every: int = Field(10, ge=0, description="Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples).")
+    samples_per_step: int = Field(4, gt=0, description="Samples written per logged step, spread over the batch (from different prompts when there are enough).")
     tensorboard: bool = Field(False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard.")
     wandb: bool = Field(False, description="Also log the metrics to Weights & Biases.")
     wandb_project: str = Field("reinforge", description="W&B project name.")

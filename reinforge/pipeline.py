@@ -224,7 +224,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             policy.model.load_state_dict(tensors["model"])
         held_out = task.eval_split(cfg.eval.num_prompts)
         if saved is None:
-            start = _evaluate(cfg, evaluator, task, held_out)
+            start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
             recorder.log_eval(0, start)
             if cfg.train.seed is not None:
                 seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
@@ -249,12 +249,13 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             if every and record.step % every == 0 and record.step < cfg.train.steps:
                 # Under its own seed (evaluate forks the RNG): the training numbers do not change.
                 part = held_out[: cfg.eval.every_prompts or len(held_out)]
-                record.metrics.update(eval_metrics(_evaluate(cfg, evaluator, task, part)))
-            recorder.step(record.step, record.metrics)
+                record.metrics.update(eval_metrics(_evaluate(cfg, evaluator, task, part, f"eval (step {record.step})")))
+            recorder.step(record.step, record.metrics, record.samples)
             if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
                 checkpoint(state)
 
         ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
+        recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
         try:
             rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step,
                                                       saved=tensors["rl"] if tensors else None, **ranks)
@@ -265,7 +266,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
                              f"`reinforge train --resume {run_dir.path}` continues from it.") from None
         if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
             recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
-        final = start if cfg.train.steps == 0 else _evaluate(cfg, evaluator, task, held_out)   # an SFT-only run
+        final = start if cfg.train.steps == 0 else _evaluate(cfg, evaluator, task, held_out, "eval (final)")   # an SFT-only run
         recorder.log_eval(rl.steps, final)
         run_dir.export_model(policy)
         summary = {
@@ -311,9 +312,11 @@ def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> d
     if not (cfg.sft.enabled and cfg.sft.steps > 0):
         return None
     data, figures = sft_examples(cfg, engine, task)
-    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False)
+    t0 = time.perf_counter()
+    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False, dynamic_ncols=True)
 
     def sft_step(step: int, loss: float) -> None:
+        recorder.log_sft_step(step, loss)
         bar.update(1)
         if step % 10 == 0:
             bar.set_postfix(loss=f"{loss:.3f}")
@@ -322,12 +325,16 @@ def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> d
                   forward=ForwardPlan.from_config(cfg.train))
     bar.close()
     summary = {"source": cfg.sft.source, **figures, "steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
-    recorder.log({"stage": "sft", **summary})
+    recorder.sft_done(summary, time.perf_counter() - t0)
     return summary
 
 
-def _evaluate(cfg: Config, engine, task: Task, held_out) -> EvalResult:
+def _evaluate(cfg: Config, engine, task: Task, held_out, label: str = "eval") -> EvalResult:
     sampling = SamplingParams.from_config(cfg.rollout)
-    return evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples, sampling=sampling, seed=cfg.eval.seed)
+    # Its own bar, under the RL bar while RL runs; it disappears when done (leave=False).
+    with tqdm(total=len(held_out), desc=label, unit="prompt", disable=not cfg.log.progress, leave=False,
+              dynamic_ncols=True) as bar:
+        return evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples, sampling=sampling, seed=cfg.eval.seed,
+                        on_batch=bar.update)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -42,8 +43,10 @@ def evaluate(
     sampling: SamplingParams,
     seed: int,
     batch_prompts: int = 64,
+    on_batch: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Evaluate under a fixed sampling seed, leaving the caller's RNG state untouched."""
+    """Evaluate under a fixed sampling seed, leaving the caller's RNG state untouched.
+    `on_batch(n)`: after each batch of prompts, with the n prompts it held (a progress bar)."""
     correct_counts: list[int] = []
     greedy_correct = 0
     total_len = 0.0
@@ -60,6 +63,8 @@ def evaluate(
                 correct_counts.append(sum(task.reward(example, t) >= 1.0 for t in texts))
             best = engine.generate(prompts, 1, greedy)
             greedy_correct += sum(task.reward(e, t) >= 1.0 for e, t in zip(chunk, best.texts, strict=True))
+            if on_batch is not None:
+                on_batch(len(chunk))
     n = len(examples)
     return EvalResult(
         pass_at_1=sum(c / num_samples for c in correct_counts) / n,

@@ -274,7 +274,7 @@ def train_rl_async(
                 "step_seconds": seconds,
             })
             times = now
-            on_step(StepRecord(step=step, metrics=metrics), state)
+            on_step(StepRecord(step=step, metrics=metrics, samples=learner.samples), state)
             learner.check_finite(state)
     finally:
         pool.close()

@@ -110,6 +110,7 @@ class Scores:
     valid: torch.Tensor              # bool: False where a reward function failed or skipped the sample
     correct: torch.Tensor            # bool: the verifier accepted the completion (pass rate, NLL term)
     metrics: dict[str, float] = field(default_factory=dict)   # the reward step's own figures
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)   # reward function name -> [N] raw values (samples.jsonl)
 
 
 @dataclass(frozen=True)
@@ -250,12 +251,14 @@ class BatchCollector:
             if len(take):
                 rows = (take[:, None] * g + torch.arange(g)).flatten()
                 kept.append(([examples[p] for p in take.tolist()], select_rows(rollout, rows),
-                             Scores(scores.rewards[rows], scores.valid[rows], scores.correct[rows])))
+                             Scores(scores.rewards[rows], scores.valid[rows], scores.correct[rows],
+                                    parts={k: v[rows] for k, v in scores.parts.items()})))
                 counts["kept"] += len(take)
             if counts["kept"] >= target or self.cfg.refill == "none" or rounds >= self.cfg.max_rounds:
                 break
         rollout = concat_rollouts([r for _, r, _ in kept]) if kept else None
-        scores = Scores(*(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct"))) if kept else None
+        scores = Scores(*(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct")),
+                        parts={k: torch.cat([s.parts[k] for _, _, s in kept]) for k in kept[0][2].parts}) if kept else None
         row_keep = None
         if kept:
             row_keep = scores.valid & ~rollout.truncated if self.cfg.overlong_filter else scores.valid

@@ -42,6 +42,7 @@ from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example, Task
 from reinforge.telemetry.checkpoint import global_rng_state, set_global_rng_state
+from reinforge.telemetry.samples import StepSamples
 
 
 @dataclass
@@ -59,6 +60,7 @@ class StepRecord:
     step: int
     metrics: dict[str, float]
     stage: str = "rl"          # "value_pretrain": a critic pre-training step before RL (not an RL step)
+    samples: StepSamples | None = None   # the step's trained batch, for samples.jsonl (None: no update this step)
 
 
 class NonFiniteStop(RuntimeError):
@@ -154,7 +156,7 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
         correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
-        return Scores(rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics())
+        return Scores(rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts)
 
     return score
 
@@ -250,7 +252,8 @@ def train_rl(
         seconds = time.perf_counter() - t0
         if curated.rollout is not None:
             metrics["tokens_per_s"] = float(curated.rollout.completion_mask.sum()) / seconds
-        on_step(StepRecord(step=step, metrics={**metrics, "generation_seconds": t_gen, "step_seconds": seconds}), state)
+        on_step(StepRecord(step=step, metrics={**metrics, "generation_seconds": t_gen, "step_seconds": seconds},
+                           samples=learner.samples), state)
         learner.check_finite(state)
     return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)
 
@@ -271,9 +274,11 @@ class Learner:
         self.forward = ForwardPlan.from_config(cfg.train)
         tc = cfg.train
         self.old_before_update = tc.ppo_epochs * tc.mini_batches > 1 or (spec.kl_placement == "in_reward" and spec.needs_reference)
+        self.samples: StepSamples | None = None   # the latest step's batch with its advantages (samples.jsonl)
 
     def step(self, state: RLState, curated: CuratedBatch) -> dict[str, float]:
         """Update on `curated`; the step's metrics (without timings). No update when curation left nothing."""
+        self.samples = None
         if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
             return {**curated.metrics, "policy_version": state.version}
         tc, sampling, forward, dp = self.cfg.train, self.sampling, self.forward, self.dp
@@ -297,6 +302,7 @@ class Learner:
         credit = state.credit.assign(sequences, rewards, curated.scores.valid, rollout.group_ids, old_logprobs,
                                      ref_logprobs, state.generator)
         keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
+        self.samples = StepSamples(curated.examples, rollout, rewards, curated.scores.parts, credit.advantages, keep)
         batch = LearnerBatch(
             sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,

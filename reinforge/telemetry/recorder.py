@@ -1,11 +1,16 @@
 """Where a run's numbers go: metrics.jsonl (always), TensorBoard and W&B
-(`log.tensorboard`, `log.wandb`), health alerts (console and alerts.jsonl) and
-the progress bar.
+(`log.tensorboard`, `log.wandb`), health alerts (console and alerts.jsonl),
+samples of what the model writes (samples.jsonl, telemetry/samples.py), the
+SFT loss curve and the progress bar.
 
 A checkpoint stores `state_dict()`: how far metrics.jsonl and alerts.jsonl
 had been written, the alert monitor's windows and the W&B run id. A resumed
-run cuts both files back to those positions and rewrites what follows, so
-its files end up equal to an uninterrupted run's.
+run cuts both files back to those positions (and samples.jsonl back to the
+checkpoint's step) and rewrites what follows, so its files end up equal to an
+uninterrupted run's.
+
+Console output (alerts, the SFT summary) goes through `bar_safe_console`, so
+it prints above the progress bars instead of through them.
 """
 
 from __future__ import annotations
@@ -18,11 +23,19 @@ from tqdm import tqdm
 from reinforge.config import Config
 from reinforge.eval.evaluate import EvalResult
 from reinforge.telemetry.alerts import AlertLog, AlertMonitor
+from reinforge.telemetry.console import bar_safe_console
 from reinforge.telemetry.run_dir import RunDir
+from reinforge.telemetry.samples import (
+    SAMPLES_FILE,
+    SampleLog,
+    StepSamples,
+    pick_samples,
+    truncate_samples,
+)
 from reinforge.telemetry.sinks import WandbSink, build_sinks
 
 # Wall-clock figures: the only metrics a resumed run does not reproduce.
-TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
+TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds", "wall_seconds"})
 
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:
@@ -44,8 +57,11 @@ class Recorder:
         self.monitor = AlertMonitor(cfg.alerts)
         if saved:
             self.monitor.load_state_dict(saved["alerts"])
-        self.alert_log = AlertLog(run_dir.path / "alerts.jsonl", console or Console(stderr=True),
+        self.console = console or bar_safe_console()
+        self.alert_log = AlertLog(run_dir.path / "alerts.jsonl", self.console,
                                   truncate_to=saved["alerts_position"] if saved else 0)
+        truncate_samples(run_dir.path / SAMPLES_FILE, self.start_step)
+        self.samples = SampleLog(run_dir.path / SAMPLES_FILE)
         self.sinks = build_sinks(cfg.log, run_dir.path, cfg.model_dump(mode="json"), self.start_step,
                                  saved.get("wandb_id") if saved else None)
         self._bar: tqdm | None = None
@@ -65,15 +81,40 @@ class Recorder:
         self.alert_log.write(self.monitor.check(step, metrics))
         self.log({"stage": "eval", "step": step, **metrics})
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        """One RL step: alerts first (so they print above the bar), then every sink, then the bar."""
+    def log_sft_step(self, step: int, loss: float) -> None:
+        """SFT step `step` (from 0): a metrics.jsonl line of its own stage ("sft_step", its own step
+        key, so it never reads as RL step k) and the sinks' "sft/loss" on the SFT step axis."""
+        self.run_dir.log({"stage": "sft_step", "sft_step": step, "loss": loss})
+        for sink in self.sinks:
+            sink.log_sft(step, {"sft/loss": loss})
+
+    def sft_done(self, summary: dict, seconds: float) -> None:
+        """The SFT stage's metrics.jsonl line and its one-line console summary."""
+        self.log({"stage": "sft", **summary, "wall_seconds": seconds})
+        self.console.print(f"sft: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> "
+                           f"{summary['final_loss']:.3f} (mean of the last 10%), {seconds:.1f} s")
+
+    def start_rl(self, step: int) -> None:
+        """Draw the RL bar at `step` (0, or the checkpoint's step on resume) before the first RL
+        step runs, so its first rate covers a whole step."""
+        if self._bar is None:
+            self._bar = tqdm(total=self.cfg.train.steps, initial=step, desc=f"rl:{self.cfg.recipe}",
+                             disable=not self.cfg.log.progress, dynamic_ncols=True)
+
+    def step(self, step: int, metrics: dict[str, float], samples: StepSamples | None = None) -> None:
+        """One RL step: alerts first (so they print above the bar), then every sink, then the bar.
+        `samples`: the step's batch; every log.samples_every steps a few rows go to samples.jsonl."""
         self.alert_log.write(self.monitor.check(step, metrics))
         self.run_dir.log({"stage": "rl", "step": step, **metrics})
         for sink in self.sinks:
             sink.log(step, metrics)
-        if self._bar is None:
-            self._bar = tqdm(total=self.cfg.train.steps, initial=step - 1, desc=f"rl:{self.cfg.recipe}",
-                             disable=not self.cfg.log.progress)
+        every = self.cfg.log.samples_every
+        if samples is not None and every and step % every == 0:
+            records = pick_samples(step, samples, self.cfg.log.samples_per_step)
+            self.samples.write(records)
+            for sink in self.sinks:
+                sink.log_samples(step, records)
+        self.start_rl(step - 1)     # a caller that did not draw it first (tests driving the recorder)
         self._bar.update(1)
         live = {"reward": ("reward_mean", ".3f"), "len": ("response_length_mean", ".1f"), "H": ("entropy", ".3f"),
                 "kl": ("kl", ".2g"), "eval": ("eval/pass@1", ".3f")}
@@ -98,6 +139,7 @@ class Recorder:
         """metrics.jsonl and alerts.jsonl are on disk up to the positions `state_dict` reports."""
         self.run_dir.sync()
         self.alert_log.sync()
+        self.samples.sync()
 
     def close(self) -> None:
         if self._bar is not None:
@@ -105,3 +147,4 @@ class Recorder:
         for sink in self.sinks:
             sink.close()
         self.alert_log.close()
+        self.samples.close()

@@ -5,10 +5,15 @@ scalars named by their keys ("eval/pass@1" groups under "eval"); strings,
 None, booleans and non-finite numbers are left to metrics.jsonl. Both sinks
 can continue a resumed run: TensorBoard discards the events the interrupted
 run logged after the checkpoint, W&B reuses the run id.
+
+Besides scalars: the samples of an RL step (telemetry/samples.py) as text in
+TensorBoard and as a table in W&B, and the SFT loss curve (`log_sft`, its own
+step axis: SFT step k is not RL step k).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from pathlib import Path
@@ -19,6 +24,14 @@ from reinforge.config import LogConfig
 
 class Sink(Protocol):
     def log(self, step: int, metrics: dict[str, object]) -> None: ...
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """The samples.jsonl records of RL step `step`."""
+        ...
+
+    def log_sft(self, step: int, metrics: dict[str, object]) -> None:
+        """One SFT step's scalars (keys "sft/..."), on the SFT step axis."""
+        ...
 
     def close(self) -> None: ...
 
@@ -48,6 +61,15 @@ class TensorBoardSink:
     def log(self, step: int, metrics: dict[str, object]) -> None:
         for tag, value in scalars(metrics).items():
             self._writer.add_scalar(tag, value, global_step=step)
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        from reinforge.telemetry.samples import samples_markdown
+
+        self._writer.add_text("samples", samples_markdown(records), global_step=step)
+
+    def log_sft(self, step: int, metrics: dict[str, object]) -> None:
+        # TensorBoard keeps one step axis per tag, so "sft/loss" at step k never meets RL step k.
+        self.log(step, metrics)
 
     def close(self) -> None:
         self._writer.close()
@@ -82,6 +104,19 @@ class WandbSink:
 
     def log(self, step: int, metrics: dict[str, object]) -> None:
         self._run.log(scalars(metrics), step=step)
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        import wandb
+
+        columns = ["step", "prompt", "completion", "rewards", "reward", "advantage", "trained"]
+        rows = [[r["step"], r["prompt"], r["completion"], json.dumps(r["rewards"]), r["reward"], r["advantage"],
+                 r["trained"]] for r in records]
+        self._run.log({"samples": wandb.Table(columns=columns, data=rows)}, step=step)
+
+    def log_sft(self, step: int, metrics: dict[str, object]) -> None:
+        """Nothing: a W&B run has one step axis, which RL steps own (SFT steps logged on it would
+        push it past RL step 1 and W&B would drop the RL steps); the SFT curve is in
+        metrics.jsonl, TensorBoard and the report."""
 
     def close(self) -> None:
         self._run.finish()
