@@ -36,6 +36,7 @@ from reinforge.models import load_policy, resolve_device
 from reinforge.models.factory import check_model_path
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
+from reinforge.rewards.compose import RewardError
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import check_native_model_type
 from reinforge.systems import check_runnable
@@ -264,6 +265,14 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
             raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                              f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+        except RewardError as err:
+            # User code failed: one line for the console, the traceback in the run directory, and a
+            # "failed" record so the run does not pass for one still going (no summary.json, no model).
+            log = Path(run_dir.path) / "error.log"
+            if lead:
+                log.write_text(f"run failed: {err}\n\n{err.details}")
+                recorder.log({"stage": "failed", "reason": str(err)})
+            raise RunStopped(f"{err}; full traceback in {log}") from None
         if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
             recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
         final = start if cfg.train.steps == 0 else _evaluate(cfg, evaluator, task, held_out, "eval (final)")   # an SFT-only run

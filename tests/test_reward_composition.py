@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reinforge.config import ConfigError, RewardConfig, build_config, config_to_yaml
+from reinforge.data.chat import Conversation
 from reinforge.rewards.compose import (
     RewardComposer,
     RewardError,
@@ -227,8 +228,13 @@ def test_raising_function_over_the_error_rate_stops_the_run():
     with pytest.raises(RewardError) as err:       # 2 / 4 = 0.5 > 0.25
         composer.score(EXAMPLES, rollout, group_size=2)
     message = str(err.value)
-    assert "2 of 4 samples (target_distance: 2)" in message
-    assert "reward function 'target_distance' on row 1:" in message and "Traceback" in message
+    assert message == (
+        "reward function reward_fixtures.target_distance raised ValueError(\"invalid literal for int() with base 10: "
+        "'oops'\") on sample 1 (prompt '23+23=', completion 'oops'); reward functions raised on 2 of 4 samples "
+        "(target_distance: 2), more than reward.max_error_rate=0.25")
+    assert "\n" not in message
+    assert err.value.details.startswith("reward function 'target_distance' on row 1:\nTraceback")
+    assert isinstance(err.value.__cause__, ValueError)
     # Exactly at the rate is allowed: 1 / 4 = 0.25.
     out = composer.score(EXAMPLES, _rollout(["46", "oops", "7", "7"], [2, 4, 1, 1]), group_size=2)
     assert out.errors == {"target_distance": 1}
@@ -270,3 +276,110 @@ def test_config_overrides_and_yaml_round_trip(tmp_path):
 def test_config_errors_say_what_to_fix(override, message):
     with pytest.raises(ConfigError, match=message):
         build_config([override])
+
+
+# ------------------------------------------------------------------ TRL and verl conventions
+
+
+CHAT = [Example(Conversation([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]), "2",
+                {"solution": "2", "data_source": "math", "reward_model": {"ground_truth": "2", "style": "rule"},
+                 "extra_info": {"index": 0}}),
+        Example("2+3=", "5", {"solution": "5", "data_source": "arith", "extra_info": {"index": 1}})]
+
+
+def _chat_rollout(texts: list[str]) -> Rollout:
+    rollout = _rollout(texts, [len(t) or 1 for t in texts])
+    return Rollout(**{**rollout.__dict__, "completion_ids": torch.arange(4 * rollout.completion_ids.shape[1]).view(4, -1)})
+
+
+def test_trl_function_gets_the_batch_as_trl_passes_it():
+    from convention_fixtures import CALLS
+
+    CALLS.clear()
+    rollout = _chat_rollout(["2", "3", "5", " 5"])
+    out = _composer(functions=[{"name": "convention_fixtures:trl_accuracy"}]).score(CHAT, rollout, group_size=2)
+    _close(out.parts["trl_accuracy"], [1.0, 0.0, 1.0, 1.0])
+    (call,) = CALLS["trl_accuracy"]       # one call for the batch
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    # A conversational prompt goes as its messages and its completions as assistant messages; a plain one as text.
+    assert call["prompts"] == [messages, messages, "2+3=", "2+3="]
+    assert call["completions"] == [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "3"}],
+                                   "5", " 5"]
+    assert call["solution"] == ["2", "2", "5", "5"] and call["answer"] == ["2", "2", "5", "5"]
+    assert call["data_source"] == ["math", "math", "arith", "arith"]
+    assert call["reward_model"] == [{"ground_truth": "2", "style": "rule"}] * 2 + [None, None]
+    # completion_ids: the row's tokens under the completion mask (lengths 1, 1, 1, 2 of the arange rows, width 2).
+    assert call["completion_ids"] == [[0], [2], [4], [6, 7]]
+    assert "trainer_state" not in call
+
+
+def test_trl_none_is_left_out_of_the_sum_and_an_all_none_row_is_skipped():
+    # trl_length: len(text), None for "" ; verifier (ArithmeticTask on answer "46"/"7"): [1, 0, 0, 0].
+    rollout = _rollout(["46", "", "7x", ""], [2, 1, 2, 1])
+    out = _composer(functions=[{"name": "verifier"}, {"name": "convention_fixtures:trl_length", "weight": 0.5}]).score(
+        EXAMPLES, rollout, group_size=2)
+    _close(out.parts["trl_length"], [2.0, NAN, 2.0, NAN])
+    # nansum as TRL: row 1 = verifier 0 + nothing = 0 (valid); row 0 = 1 + 0.5 * 2 = 2; row 2 = 0 + 1 = 1.
+    _close(out.total, [2.0, 0.0, 1.0, 0.0])
+    assert out.valid.all() and not out.skipped.any()
+    # Alone, a None leaves the row with no reward at all: skipped (TRL would train it on 0).
+    alone = _composer(functions=[{"name": "convention_fixtures:trl_length"}]).score(EXAMPLES, rollout, group_size=2)
+    assert alone.skipped.tolist() == [False, True, False, True]
+    _close(alone.total, [2.0, NAN, 2.0, NAN])
+
+
+def test_verl_compute_score_gets_verl_keywords_and_a_dict_gives_its_score():
+    from convention_fixtures import CALLS
+
+    CALLS.clear()
+    out = _composer(functions=[{"name": "convention_fixtures:compute_score"}]).score(
+        CHAT, _chat_rollout(["2", "3", "5", "4"]), group_size=2)
+    _close(out.parts["compute_score"], [1.0, 0.0, 1.0, 0.0])
+    calls = CALLS["compute_score"]
+    assert [c["solution_str"] for c in calls] == ["2", "3", "5", "4"]
+    # ground_truth: reward_model.ground_truth where the row has one, else the answer.
+    assert [c["ground_truth"] for c in calls] == ["2", "2", "5", "5"]
+    assert [c["data_source"] for c in calls] == ["math", "math", "arith", "arith"]
+    assert [c["extra_info"] for c in calls] == [{"index": 0}, {"index": 0}, {"index": 1}, {"index": 1}]
+
+
+def test_async_functions_are_awaited():
+    out = _composer(functions=[{"name": "convention_fixtures:sample_async"},
+                               {"name": "convention_fixtures:trl_async"}]).score(
+        EXAMPLES, _rollout(["46", "4", "", "777"], [1, 1, 1, 1]), group_size=2)
+    _close(out.parts["sample_async"], [2.0, 1.0, 0.0, 3.0])
+    _close(out.parts["trl_async"], [2.0] * 4)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("trl_wrong_length", "returned 1 values for 4 completions"),
+    ("trl_raises", "ValueError: x"),
+    ("verl_no_score", "without a 'score' key"),
+])
+def test_a_broken_batch_or_verl_result_counts_as_raised(name, message):
+    with pytest.raises(RewardError) as err:
+        _composer(functions=[{"name": f"convention_fixtures:{name}"}]).score(
+            EXAMPLES, _rollout(["1", "2", "3", "4"], [1] * 4), group_size=2)
+    assert "on 4 of 4 samples" in str(err.value) and message in err.value.details
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("no_form", r"\(x, y\) fits none of the accepted forms"),
+    ("mixed_forms", r"mixes the parameters of several forms \(trl and sample\)"),
+    ("positional_only", "positional-only parameters"),
+])
+def test_a_signature_that_fits_no_form_is_refused_at_config_time(name, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        build_config([f"reward.functions=[{{name: convention_fixtures:{name}}}]"])
+    # The line shows the three accepted forms.
+    for form in ("f(prompt, completion, answer, **row)", "f(prompts, completions, **kwargs) -> list[float | None]",
+                 "compute_score(data_source, solution_str, ground_truth, extra_info=None)"):
+        assert form in str(err.value)
+
+
+def test_each_convention_passes_the_config_check():
+    names = ["trl_accuracy", "trl_length", "compute_score", "sample_async", "trl_async"]
+    cfg = build_config(["reward.functions=[" + ", ".join(f"{{name: convention_fixtures:{n}}}" for n in names) + "]"])
+    assert [f.name for f in cfg.reward.functions] == [f"convention_fixtures:{n}" for n in names]
+    with pytest.raises(ConfigError, match="'solution_str' is an input the composer passes itself"):
+        build_config(["reward.functions=[{name: convention_fixtures:compute_score, params: {solution_str: x}}]"])

@@ -1,14 +1,19 @@
 """Reward composition: the scalar reward of each completion, from several reward functions.
 
 This module owns the step between a rollout and its advantages: it calls each
-configured reward function on each completion, sums them with their weights,
+configured reward function on the completions, sums them with their weights,
 adds DAPO's overlong shaping, and reports what went wrong per function (raised,
 or declined to score) so that such samples can be dropped instead of trained on
 with a made-up reward.
 
-A reward function is a plain callable (as in TRL) called with keyword arguments
-and returning a float, or None for "do not score this sample". It receives
-only the keywords it declares (all of them if it takes **kwargs):
+A reward function is a plain callable in one of three conventions, told apart
+by its signature when the config is checked (`reinforge.rewards.conventions`):
+reinforge's per-sample form, TRL's batched form
+`f(prompts, completions, **kwargs) -> list[float]`, and verl's
+`compute_score(data_source, solution_str, ground_truth, extra_info=None)`.
+The per-sample form is called once per completion with keyword arguments and
+returns a float, or None for "do not score this sample". It receives only the
+keywords it declares (all of them if it takes **kwargs):
 
     prompt, completion, answer   the example's prompt and gold answer, the decoded completion
     length, truncated            completion tokens (eos included) and whether max_new_tokens cut it
@@ -17,6 +22,9 @@ only the keywords it declares (all of them if it takes **kwargs):
     <params>                     the function's `params` from the config (they win over meta)
 
 Built-ins are in `REWARD_FUNCTIONS`; anything else is given as 'module:function'.
+A function that raises costs its sample its gradient; past `max_error_rate` of a
+batch, `score` raises `RewardError`, whose message is one line naming the
+function, the sample and the exception (the full traceback is its `.details`).
 """
 
 from __future__ import annotations
@@ -33,12 +41,28 @@ import torch
 from torch import Tensor
 
 from reinforge.config import Config, RewardConfig
+from reinforge.data.chat import Conversation
 from reinforge.objectives.common import accepted_params, check_params, resolve
+from reinforge.rewards.conventions import (
+    SAMPLE_INPUTS,
+    TRL_INPUTS,
+    VERL_INPUTS,
+    RewardForm,
+    call_all,
+    keywords,
+    reward_form,
+    run_trl,
+    sample_value,
+    trl_values,
+    verl_value,
+)
 from reinforge.rollout.base import Rollout
 from reinforge.tasks.base import Example, Task
 
-# The keywords a reward function may receive besides the example's meta fields and its params.
-REWARD_INPUTS = ("prompt", "completion", "answer", "length", "truncated", "example", "task")
+# The keywords a per-sample reward function may receive besides the example's meta fields and its params.
+REWARD_INPUTS = SAMPLE_INPUTS
+# What each convention's caller passes itself: a param of the same name would be shadowed.
+FORM_INPUTS: dict[RewardForm, tuple[str, ...]] = {"sample": SAMPLE_INPUTS, "trl": TRL_INPUTS, "verl": VERL_INPUTS}
 
 
 # ------------------------------------------------------------------ built-in functions
@@ -95,18 +119,21 @@ REWARD_FUNCTIONS: dict[str, Callable[..., float | None]] = {
 }
 
 
-def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..., float | None]:
-    """The function named `name` (built-in or 'module:function'), after checking `params` against it.
+def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..., Any]:
+    """The function named `name` (built-in or 'module:function'), after checking it and `params` against it.
 
-    Raises ValueError for an unknown name, a parameter the function does not take,
-    a parameter that shadows one of REWARD_INPUTS, or a built-in's missing required parameter.
+    Raises ValueError for an unknown name, a signature that fits none of the three conventions
+    (the message shows them), a parameter the function does not take, a parameter that shadows
+    an input of its convention, or a built-in's missing required parameter.
     """
     fn = resolve(REWARD_FUNCTIONS, name, "reward function")
     kind = f"reward function {name!r}"
+    form = reward_form(fn, kind)
+    inputs = FORM_INPUTS[form]
     for key in params:
-        if key in REWARD_INPUTS:
-            raise ValueError(f"{kind}: parameter {key!r} is an input the composer passes itself ({', '.join(REWARD_INPUTS)})")
-    check_params(fn, params, kind, reserved=REWARD_INPUTS)
+        if key in inputs:
+            raise ValueError(f"{kind}: parameter {key!r} is an input the composer passes itself ({', '.join(inputs)})")
+    check_params(fn, params, kind, reserved=inputs)
     if name in REWARD_FUNCTIONS:   # a user function's required keywords may be meta fields, unknown here
         for p in inspect.signature(fn).parameters.values():
             if p.default is inspect.Parameter.empty and p.name not in REWARD_INPUTS and p.name not in params:
@@ -138,7 +165,22 @@ def overlong_shaping(lengths: Tensor, max_length: int, cache: int) -> Tensor:
 
 
 class RewardError(RuntimeError):
-    """Reward functions raised on more of a batch than `reward.max_error_rate` allows."""
+    """Reward functions raised on more of a batch than `reward.max_error_rate` allows.
+
+    str(err) is one line: the first failing function (as configured, ':' written '.'), the
+    exception, the sample (row of the batch, prompt and completion clipped) and the counts.
+    `details` holds the full traceback of that first exception, for a log file.
+    """
+
+    def __init__(self, message: str, details: str):
+        super().__init__(message)
+        self.details = details
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    """`text` shortened to `limit` characters, quoted on one line (repr escapes newlines)."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 @dataclass(frozen=True)
@@ -180,14 +222,23 @@ def _nanmean(values: Tensor) -> float:
 @dataclass(frozen=True)
 class _Term:
     key: str                     # name in parts and metrics: the function part of the name, made unique
-    fn: Callable[..., float | None]
+    label: str                   # the configured name as a dotted path, for messages: "my_mod.f"
+    fn: Callable[..., Any]
+    form: RewardForm             # the calling convention (reinforge.rewards.conventions)
     weight: float
     params: dict[str, Any]
     accepts: set[str] | None     # keywords the function declares; None if it takes **kwargs
 
 
+@dataclass
+class _Failure:
+    term: _Term
+    row: int | None              # None: a batched call failed as a whole
+    error: BaseException
+
+
 class RewardComposer:
-    """The configured reward functions of a run, called per completion, summed with their weights."""
+    """The configured reward functions of a run, called on each batch, summed with their weights."""
 
     def __init__(self, cfg: RewardConfig, task: Task, max_new_tokens: int) -> None:
         self.task = task
@@ -202,7 +253,8 @@ class RewardComposer:
                 i += 1
                 key = f"{base}_{i}"
             taken.add(key)
-            self.terms.append(_Term(key, fn, f.weight, dict(f.params), accepted_params(fn)))
+            form = reward_form(fn, f.name)
+            self.terms.append(_Term(key, f.name.replace(":", "."), fn, form, f.weight, dict(f.params), accepted_params(fn)))
         if not self.terms:
             raise ValueError("reward.functions is empty: give at least one reward function, e.g. [{name: verifier}]")
         self.overlong = cfg.overlong
@@ -224,52 +276,117 @@ class RewardComposer:
         n = len(rollout.texts)
         if n != len(examples) * group_size:
             raise ValueError(f"rollout has {n} rows, expected {len(examples)} examples x group_size {group_size}")
+        rows = [examples[r // group_size] for r in range(n)]
         lengths = rollout.lengths                                                       # [N]
         parts = {t.key: torch.full((n,), math.nan) for t in self.terms}
         errors = {t.key: 0 for t in self.terms}
         raised = torch.zeros(n, dtype=torch.bool)
         skipped = torch.zeros(n, dtype=torch.bool)
-        first_traceback = None
-        for r, completion in enumerate(rollout.texts):
-            example = examples[r // group_size]
-            inputs = {**example.meta, "prompt": example.prompt, "completion": completion, "answer": example.answer,
-                      "length": int(lengths[r]), "truncated": bool(rollout.truncated[r]), "example": example,
-                      "task": self.task}
-            for t in self.terms:
-                kwargs = {**inputs, **t.params}
-                if t.accepts is not None:
-                    kwargs = {k: v for k, v in kwargs.items() if k in t.accepts}
-                try:
-                    value = t.fn(**kwargs)
-                    if value is not None:
-                        value = float(value)
-                        if not math.isfinite(value):
-                            raise ValueError(f"reward is not finite: {value}")
-                except Exception:
-                    errors[t.key] += 1
-                    raised[r] = True
-                    if first_traceback is None:
-                        first_traceback = f"reward function {t.key!r} on row {r}:\n{traceback.format_exc()}"
+        declined = torch.zeros(n, dtype=torch.long)     # functions that returned None, per row
+        failures: list[_Failure] = []
+        for t in self.terms:
+            values, failed = self._call(t, rows, rollout)
+            for r, err in failed.items():
+                failures.append(_Failure(t, r, err))
+                errors[t.key] += 1
+                raised[r] = True
+            for r, value in enumerate(values):
+                if r in failed:
                     continue
                 if value is None:
-                    skipped[r] = True
+                    declined[r] += 1
+                    skipped[r] |= t.form != "trl"   # TRL's None is "not applicable": left out of the sum
                 else:
                     parts[t.key][r] = value
+        skipped |= declined == len(self.terms)          # no function scored the row: nothing to train on
         if _mean(raised) > self.max_error_rate:
-            counts = ", ".join(f"{k}: {c}" for k, c in errors.items() if c)
-            raise RewardError(
-                f"reward functions raised on {int(raised.sum())} of {n} samples ({counts}), more than "
-                f"reward.max_error_rate={self.max_error_rate}; first traceback:\n{first_traceback}"
-            )
+            raise self._error(failures, rows, rollout, raised, errors)
         total = torch.zeros(n)
         for t in self.terms:
-            total += t.weight * parts[t.key]           # NaN propagates: a row missing any part has no total
+            total += torch.nan_to_num(t.weight * parts[t.key], nan=0.0)
         if self.overlong is not None:
             parts["overlong"] = overlong_shaping(lengths, self.overlong_max_length, self.overlong_cache)
             total += self.overlong.coef * parts["overlong"]
         valid = ~(raised | skipped)
+        total = torch.where(valid, total, torch.full_like(total, math.nan))
+        first = failures[0] if failures else None
         return RewardBatch(total=total, parts=parts, valid=valid, raised=raised, skipped=skipped, errors=errors,
-                           first_traceback=first_traceback)
+                           first_traceback=self._traceback(first) if first else None)
+
+    # ------------------------------------------------------------- calling
+
+    def _call(self, t: _Term, rows: list[Example], rollout: Rollout) -> tuple[list[float | None], dict[int, BaseException]]:
+        """Term `t` on every row: values (None: declined) and the rows it raised on."""
+        n = len(rows)
+        if t.form == "trl":
+            try:
+                return trl_values(run_trl(t.fn, keywords(t.accepts, self._trl_inputs(t, rows, rollout))), n), {}
+            except Exception as err:     # the batch call failed as a whole: every row is lost
+                return [None] * n, dict.fromkeys(range(n), err)
+        inputs = [self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
+                  for r in range(n)]
+        results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
+        convert = sample_value if t.form == "sample" else verl_value
+        values: list[float | None] = []
+        failed: dict[int, BaseException] = {}
+        for r, result in enumerate(results):
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                values.append(convert(result))
+            except Exception as err:
+                failed[r] = err
+                values.append(None)
+        return values, failed
+
+    def _sample_inputs(self, example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
+        return {**example.meta, "prompt": example.prompt, "completion": rollout.texts[r], "answer": example.answer,
+                "length": int(rollout.lengths[r]), "truncated": bool(rollout.truncated[r]), "example": example,
+                "task": self.task}
+
+    @staticmethod
+    def _verl_inputs(example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
+        reward_model = example.meta.get("reward_model")
+        ground_truth = reward_model["ground_truth"] if isinstance(reward_model, Mapping) and "ground_truth" in reward_model \
+            else example.answer
+        return {"data_source": example.meta.get("data_source"), "solution_str": rollout.texts[r],
+                "ground_truth": ground_truth, "extra_info": example.meta.get("extra_info")}
+
+    @staticmethod
+    def _trl_inputs(t: _Term, rows: list[Example], rollout: Rollout) -> dict[str, Any]:
+        mask = rollout.completion_mask > 0
+        columns = dict.fromkeys(k for e in rows for k in e.meta)      # every column of the batch, in first-seen order
+        chat = [isinstance(e.prompt, Conversation) for e in rows]
+        return {
+            **{k: [e.meta.get(k) for e in rows] for k in columns},
+            "answer": [e.answer for e in rows],
+            "prompts": [e.prompt.as_list() if c else str(e.prompt) for e, c in zip(rows, chat, strict=True)],
+            "completions": [[{"role": "assistant", "content": text}] if c else text
+                            for text, c in zip(rollout.texts, chat, strict=True)],
+            "completion_ids": [rollout.completion_ids[r][mask[r]].tolist() for r in range(len(rows))],
+            **t.params,
+        }
+
+    # -------------------------------------------------------------- errors
+
+    @staticmethod
+    def _traceback(failure: _Failure) -> str:
+        where = "a batch call" if failure.row is None else f"row {failure.row}"
+        text = "".join(traceback.format_exception(type(failure.error), failure.error, failure.error.__traceback__))
+        return f"reward function {failure.term.key!r} on {where}:\n{text}"
+
+    def _error(self, failures: list[_Failure], rows: list[Example], rollout: Rollout, raised: Tensor,
+               errors: dict[str, int]) -> RewardError:
+        first = failures[0]
+        r = first.row if first.row is not None else 0
+        counts = ", ".join(f"{k}: {c}" for k, c in errors.items() if c)
+        message = (f"reward function {first.term.label} raised {first.error!r} on sample {r} "
+                   f"(prompt {_clip(rows[r].prompt)}, completion {_clip(rollout.texts[r])}); reward functions raised on "
+                   f"{int(raised.sum())} of {len(rows)} samples ({counts}), more than reward.max_error_rate="
+                   f"{self.max_error_rate}")
+        err = RewardError(message.replace("\n", " "), self._traceback(first))
+        err.__cause__ = first.error
+        return err
 
 
 __all__ = [

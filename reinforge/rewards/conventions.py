@@ -1,0 +1,154 @@
+"""The three calling conventions a reward function may follow, told apart by its signature.
+
+Users bring reward functions written for other frameworks; each is called the
+way it was written to be called, decided once, at config-check time (before
+any model loads), from the parameter names:
+
+* per-sample (reinforge): `f(prompt, completion, answer, **row) -> float | None`,
+  called once per completion with the keywords it declares (see
+  `reinforge.rewards.compose`). Recognised by declaring one of `SAMPLE_INPUTS`
+  (or only **kwargs). None: do not score this sample (no gradient).
+* TRL batched: `f(prompts, completions, **kwargs) -> list[float | None]`,
+  called once per batch, as TRL's GRPOTrainer calls it: `prompts` and
+  `completions` are lists (for a conversational prompt, `prompts[i]` is its
+  list of messages and `completions[i]` is `[{"role": "assistant", "content": ...}]`),
+  `completion_ids` the sampled token ids (eos included, as a list per row),
+  `answer` and every other dataset column a list with one entry per
+  completion, and the config's params as given. TRL's `trainer_state` is not
+  passed (there is no transformers Trainer). Recognised by `prompts` or
+  `completions`. A None entry means "not applicable" and, as in TRL, is left
+  out of the weighted sum (TRL's nansum over functions); a row on which every
+  function returns None is skipped (TRL would train it on a reward of 0).
+* verl: `compute_score(data_source, solution_str, ground_truth, extra_info=None)
+  -> float | dict`, called once per completion with keywords as verl's reward
+  manager does: `data_source` and `extra_info` are the row's columns of those
+  names (None when absent), `ground_truth` is the row's
+  `reward_model.ground_truth` when it has one, else its answer; params go in
+  as verl's `reward_kwargs`. A dict result gives its "score" (verl's rule).
+  Recognised by `solution_str`, or `data_source` with `ground_truth`.
+
+`async def` functions are awaited: per-sample and verl ones for all rows of a
+batch at once (asyncio.gather), TRL ones once per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+RewardForm = Literal["sample", "trl", "verl"]
+
+# Keywords of the per-sample form besides the example's meta fields and the function's params.
+SAMPLE_INPUTS = ("prompt", "completion", "answer", "length", "truncated", "example", "task")
+TRL_INPUTS = ("prompts", "completions", "completion_ids")
+VERL_INPUTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+FORMS_HELP = (
+    "per-sample f(prompt, completion, answer, **row) -> float | None; "
+    "TRL batched f(prompts, completions, **kwargs) -> list[float | None]; "
+    "verl compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict with 'score'"
+)
+
+
+def reward_form(fn: Callable[..., Any], kind: str) -> RewardForm:
+    """The convention `fn` follows, from its parameter names; ValueError naming the three forms when none fits."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as err:   # a builtin or extension callable without a readable signature
+        raise ValueError(f"{kind}: cannot read its signature ({err}); accepted forms: {FORMS_HELP}") from None
+    positional_only = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY
+                       and p.default is inspect.Parameter.empty]
+    if positional_only:
+        raise ValueError(f"{kind} takes positional-only parameters ({', '.join(positional_only)}): reward functions "
+                         f"are called with keywords; accepted forms: {FORMS_HELP}")
+    names = {p.name for p in parameters if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    forms = []
+    if "solution_str" in names or {"data_source", "ground_truth"} <= names:
+        forms.append("verl")
+    if names & {"prompts", "completions"}:
+        forms.append("trl")
+    # prompt and answer are also TRL column names (TRL passes `answer=[...]`): only these mark the per-sample form
+    # next to another form's names.
+    if names & (set(SAMPLE_INPUTS) - {"prompt", "answer"}) or (not forms and (names & set(SAMPLE_INPUTS)
+                                                                                or (not names and var_keyword))):
+        forms.append("sample")
+    if len(forms) == 1:
+        return forms[0]
+    shown = ", ".join(sorted(names)) + (", **kwargs" if var_keyword else "")
+    if not forms:
+        raise ValueError(f"{kind} ({shown}) fits none of the accepted forms: {FORMS_HELP}")
+    raise ValueError(f"{kind} ({shown}) mixes the parameters of several forms ({' and '.join(forms)}): "
+                     f"use the names of one; accepted forms: {FORMS_HELP}")
+
+
+def keywords(accepts: set[str] | None, available: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of `available` the function declares (all of it if it takes **kwargs)."""
+    return dict(available) if accepts is None else {k: v for k, v in available.items() if k in accepts}
+
+
+def call_all(fn: Callable[..., Any], calls: Sequence[dict[str, Any]]) -> list[Any | BaseException]:
+    """fn(**kw) for each kw; an exception becomes the entry instead of propagating. Coroutine
+    functions run concurrently in one event loop."""
+    if inspect.iscoroutinefunction(fn):
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(fn(**kw) for kw in calls), return_exceptions=True)
+
+        return list(asyncio.run(gather()))
+    out: list[Any | BaseException] = []
+    for kw in calls:
+        try:
+            out.append(fn(**kw))
+        except Exception as err:     # counted per row by the composer; KeyboardInterrupt still stops the run
+            out.append(err)
+    return out
+
+
+def sample_value(value: Any) -> float | None:
+    """A per-sample result as a float (None stays None); ValueError for anything that is not a finite number."""
+    if value is None:
+        return None
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"reward is not finite: {out}")
+    return out
+
+
+def verl_value(value: Any) -> float | None:
+    """verl's rule: a dict result's reward is its 'score' (the other keys are extra info verl logs)."""
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise ValueError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
+        value = value["score"]
+    return sample_value(value)
+
+
+def trl_values(result: Any, n: int) -> list[float | None]:
+    """A TRL batched result as n values: None (and NaN, which is what TRL turns None into) is
+    "not applicable"; ValueError for a wrong length or an infinite value."""
+    if isinstance(result, str | bytes | Mapping) or not hasattr(result, "__len__"):
+        raise ValueError(f"returned {type(result).__name__}, expected a list of {n} floats (one per completion)")
+    values = list(result)
+    if len(values) != n:
+        raise ValueError(f"returned {len(values)} values for {n} completions")
+    out: list[float | None] = []
+    for v in values:
+        f = None if v is None else float(v)
+        if f is not None and math.isinf(f):
+            raise ValueError(f"reward is not finite: {f}")
+        out.append(None if f is None or math.isnan(f) else f)
+    return out
+
+
+def run_trl(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """One batched call, awaited if `fn` is a coroutine function."""
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run(fn(**kwargs))
+    return fn(**kwargs)
+
+
+__all__ = ["FORMS_HELP", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
+           "reward_form", "run_trl", "sample_value", "trl_values", "verl_value"]
