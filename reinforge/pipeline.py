@@ -42,7 +42,7 @@ from reinforge.rollout.native import check_native_model_type
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
-from reinforge.telemetry.checkpoint import CheckpointStore
+from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 
 
@@ -198,13 +198,18 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     # The resolved config names its real run directory, not the default's null.
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
-    saved = store.latest() if resume else None
-    # Nothing to continue from: start over in place (SFT is deterministic under the seed).
-    meta = saved.meta() if saved is not None else None
+    # Read whole (and the weights loaded) before anything in the run directory changes: a damaged
+    # newest checkpoint is skipped for the one before it (one line says so), and when none loads
+    # the run stops with nothing changed. No checkpoint at all: start over in place (SFT is
+    # deterministic under the seed).
+    saved = store.load_for_resume(**({} if lead else {"report": lambda line: None})) if resume else None
+    meta = saved.meta if saved is not None else None
     if meta is not None and (meta.get("learner_ranks", 1) > 1) != (group.world_size > 1):
         # A sharded optimizer's state is saved gathered, by parameter name: not what one process loads.
         raise ConfigError(f"--resume: the checkpoint was written by {meta.get('learner_ranks', 1)} learner rank(s) and "
                           f"this run has {group.world_size}: resume {'under torchrun' if group.world_size == 1 else 'in one process'}")
+    if saved is not None:
+        policy.model.load_state_dict(saved.tensors["model"])
 
     def writers() -> tuple[RunDir, Recorder]:
         run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
@@ -221,8 +226,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             sft_summary = _sft_stage(cfg, policy, engine, task, recorder)
             tensors = None
         else:
-            sft_summary, tensors = meta["sft"], saved.tensors()
-            policy.model.load_state_dict(tensors["model"])
+            sft_summary, tensors = meta["sft"], saved.tensors
         held_out = task.eval_split(cfg.eval.num_prompts)
         if saved is None:
             start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
@@ -240,7 +244,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             record = {"step": state.step, "sft": sft_summary, "start_eval": start.to_summary(),
                       "telemetry": {"step": state.step, **recorder.state_dict()}, "learner_ranks": group.world_size}
             # policy.model is the plain model; learner ranks copy the trained shards into it after every update
-            return store.save(state.step, {"model": policy.model.state_dict(), "rl": rl_state}, record).path
+            try:
+                return store.save(state.step, {"model": policy.model.state_dict(), "rl": rl_state}, record).path
+            except CheckpointWriteError as err:     # disk full: one line, exit 2, the previous checkpoint intact
+                raise RunStopped(str(err)) from None
 
         def on_step(record: StepRecord, state: RLState) -> None:
             if record.stage != "rl":       # before RL (value pre-training): a line of its own, no checkpoint

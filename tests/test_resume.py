@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.pipeline import RunStopped, run
-from reinforge.telemetry.checkpoint import CheckpointStore
+from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 from reinforge.telemetry.errors import os_error_message
 from reinforge.telemetry.recorder import TIMING_KEYS
 
@@ -146,7 +146,7 @@ def test_checkpoints_are_atomic_and_only_the_last_k_are_kept(tmp_path: Path, mon
         real_write(path, fill)
 
     monkeypatch.setattr(ckpt, "_write", failing_write)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointWriteError, match="checkpoint of step 4 not written to .*No space left on device"):
         store.save(4, _tensors(4), {"step": 4})
     assert [c.step for c in store.all()] == [2, 3]
     assert sorted(p.name for p in store.root.iterdir()) == ["step-000002", "step-000003"]
