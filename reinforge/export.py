@@ -16,7 +16,7 @@ from pathlib import Path
 from reinforge.config import Config, ConfigError, ModelConfig
 from reinforge.models import Policy, load_policy, save_policy
 from reinforge.pipeline import resume_config
-from reinforge.telemetry.checkpoint import CheckpointStore
+from reinforge.telemetry.checkpoint import CheckpointDamaged, CheckpointStore
 
 
 def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
@@ -51,7 +51,11 @@ def _trained_policy(run_dir: Path, cfg: Config, step: int | None) -> Policy:
     if checkpoint is not None:
         # The run's own architecture (and LoRA adapters), so that the checkpoint's state_dict fits it.
         policy = load_policy(cfg.model, cfg.seed)
-        policy.model.load_state_dict(checkpoint.tensors()["model"])
+        try:     # checked against its manifest: a damaged checkpoint is named, never exported
+            tensors = checkpoint.load().tensors
+        except CheckpointDamaged as err:
+            raise ConfigError(f"checkpoint {checkpoint.path} is damaged ({err}): export another with --step") from None
+        policy.model.load_state_dict(tensors["model"])
         return policy
     final = run_dir / "model"
     if not (final / "config.json").is_file():

@@ -227,3 +227,18 @@ def test_disk_full_during_a_run_ends_with_one_line_and_exit_2_then_resume_finish
     again = runner.invoke(app, ["train", "--resume", str(out)])
     assert again.exit_code == 0, again.output
     _assert_equals_uninterrupted(out, whole)
+
+
+def test_export_names_a_damaged_checkpoint_instead_of_exporting_it(whole: Path, tmp_path: Path) -> None:
+    from reinforge.config import ConfigError
+    from reinforge.export import export_model
+
+    out = _copy(whole, tmp_path)
+    _cut(out / "checkpoints" / "step-000003" / "state.pt", 0)
+    with pytest.raises(ConfigError) as raised:
+        export_model(out, tmp_path / "exported")
+    assert str(raised.value) == (f"checkpoint {out / 'checkpoints' / 'step-000003'} is damaged (state.pt: empty, "
+                                 f"{_state_size(whole)} bytes when written): export another with --step")
+    assert not (tmp_path / "exported").exists()
+    export_model(out, tmp_path / "exported", step=2)
+    assert (tmp_path / "exported" / "model.safetensors").is_file()
