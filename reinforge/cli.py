@@ -34,8 +34,18 @@ def user_errors(*fixable: type[Exception]) -> Iterator[None]:
         raise typer.Exit(code=1) from None
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from reinforge import __version__
+
+        console.print(f"reinforge {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit")] = False,
+) -> None:
     """reinforge: RL post-training with verifiable rewards."""
     # transformers' per-file progress bars (loading and saving weights) would interleave with ours.
     from transformers.utils import logging as hf_logging
@@ -50,7 +60,10 @@ def train(
     resume: Annotated[str | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not allowed)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in output_dir")] = False,
 ) -> None:
-    """Cold-start SFT, RL with the chosen recipe, and held-out evaluation."""
+    """Cold-start SFT, RL with the chosen recipe, and held-out evaluation.
+
+    Every key=value setting, with its documentation and default: `reinforge config` (one section: `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
+    """
     from reinforge.pipeline import RunStopped, resume_config, run
 
     with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
@@ -221,6 +234,19 @@ def recipes(
     for row in recipe_rows():
         table.add_row(*(escape(getattr(row, field.name)) for field in fields(RecipeRow)))
     console.print(table)
+
+
+@app.command(name="config")
+def config_command(
+    section: Annotated[str | None, typer.Argument(help="A section (rollout, train, ...) or top-level key (seed); default every key")] = None,
+    recipe: Annotated[str | None, typer.Option("--recipe", "-r", help="Show the values this recipe resolves to (its preset over the defaults)")] = None,
+) -> None:
+    """Every config key with its type, default (or a recipe's value) and documentation: what key=value accepts."""
+    from reinforge.config_keys import config_keys, format_keys
+
+    with user_errors(ConfigError):
+        keys = config_keys(section, recipe)
+    console.print(escape(format_keys(keys, width=console.width, recipe=recipe)), soft_wrap=True, highlight=False)
 
 
 @app.command(name="export")
