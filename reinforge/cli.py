@@ -14,23 +14,35 @@ from rich.markup import escape
 from rich.table import Table
 
 from reinforge.config import ConfigError, build_config
+from reinforge.errors import UserError
 from reinforge.telemetry.errors import os_error_message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
 console = Console()
 
 
+# Errors go to stderr, so that a script reading the command's output never parses one.
+error_console = Console(stderr=True)
+
+
+def _error_line(message: str) -> None:
+    """One red line on stderr: a message that spans lines is joined, so the line is all a log shows."""
+    error_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True, highlight=False)
+
+
 @contextmanager
 def user_errors(*fixable: type[Exception]) -> Iterator[None]:
-    """Errors the user can fix end with one red line, no traceback: exit 2 for `fixable` ones (bad
-    config, missing systems), exit 1 for the operating system's (disk full, permission denied)."""
+    """Errors the user can fix end with one red line on stderr, no traceback: exit 2 for a UserError
+    (bad config or input, config.ConfigError among them) and the `fixable` ones (missing systems),
+    exit 1 for the operating system's (disk full, permission denied). Anything else is a bug and
+    keeps its traceback."""
     try:
         yield
-    except fixable as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+    except (UserError, *fixable) as err:
+        _error_line(str(err))
         raise typer.Exit(code=2) from None
     except OSError as err:
-        console.print(f"[bold red]error:[/] {escape(os_error_message(err))}", soft_wrap=True)
+        _error_line(os_error_message(err))
         raise typer.Exit(code=1) from None
 
 
@@ -158,7 +170,7 @@ def report(
                    else "has no metrics.jsonl (not a run directory, or its run has not started)"
                    if not (path / "metrics.jsonl").is_file() else None)
         if problem:
-            console.print(f"[bold red]error:[/] run directory '{escape(str(path))}' {problem}", soft_wrap=True)
+            _error_line(f"run directory '{path}' {problem}")
             raise typer.Exit(code=2)
     target = Path(out) if out else paths[0] if len(paths) == 1 else Path("report")
     with user_errors():
@@ -224,7 +236,7 @@ def recipes(
         try:
             recipe = lookup(RECIPES, name, "recipe")
         except ValueError as err:
-            console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+            _error_line(str(err))
             raise typer.Exit(code=2) from None
         console.print(escape(preset_yaml(recipe)), soft_wrap=True, highlight=False)
         return

@@ -343,24 +343,15 @@ class Config(_Section):
         from reinforge.objectives import RECIPES
 
         if self.recipe not in RECIPES:
-            raise ConfigError(_unknown_key_message("recipe", self.recipe, sorted(RECIPES), what="recipe"))
+            close = difflib.get_close_matches(self.recipe, sorted(RECIPES), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown recipe '{self.recipe}'{hint} (`reinforge recipes` lists them)")
         return self
 
 
-# Names users bring from TRL / verl, mapped to ours, so the suggestion is right
-# even when the spelling is nothing alike.
+# Names within one section that users bring from peft, so the suggestion is right even when the
+# spelling is nothing alike; names from TRL and verl, across sections, are in reinforge/synonyms.py.
 _SYNONYMS = {
-    "learning_rate": "lr",
-    "num_generations": "group_size",
-    "n_samples_per_prompt": "group_size",
-    "num_iterations": "ppo_epochs",
-    "max_completion_length": "max_new_tokens",
-    "response_length": "max_new_tokens",
-    "beta": "kl_coef",
-    "epsilon": "eps_low",
-    "epsilon_high": "eps_high",
-    "loss_type": "aggregation",
-    "max_grad_norm": "grad_clip",
     "rank": "r",             # peft's LoraConfig spells these lora_alpha, lora_dropout
     "lora_r": "r",
     "lora_alpha": "alpha",
@@ -383,13 +374,45 @@ def _optional_section(annotation: Any) -> Any:
     return annotation
 
 
+def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
+    """(dotted path, value) of every leaf under `path`: `a: {b: 1}` -> [("a.b", 1)]."""
+    if isinstance(value, dict) and value:
+        return [leaf for key, sub in value.items() for leaf in _leaves(f"{path}.{key}", sub)]
+    return [(path, value)]
+
+
+def _sections_with(key: str) -> list[str]:
+    """The full keys `section.key` of the sections of Config that have a field `key`."""
+    found = []
+    for name, info in Config.model_fields.items():
+        annotation = _optional_section(info.annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and key in annotation.model_fields:
+            found.append(f"{name}.{key}")
+    return found
+
+
+def _unknown_message(path: str, key: str, value: Any, valid: list[str], top_level: bool) -> str:
+    """The refusal of the unknown key `path`: a TRL / verl name says where reinforge has it (across
+    sections); a misspelling names the closest key of its section."""
+    from reinforge.synonyms import find_synonym, synonym_message
+
+    for leaf, leaf_value in _leaves(path, value):      # verl's nested names arrive as one unknown section
+        synonym = find_synonym(leaf)
+        if synonym is not None:
+            return synonym_message(leaf, leaf_value, synonym)
+    elsewhere = _sections_with(key) if top_level else []     # `lr=...` at the top: train.lr or sft.lr
+    if elsewhere:
+        return f"unknown config key '{path}'; did you mean {' or '.join(repr(k) for k in elsewhere)}?"
+    return _unknown_key_message(path, key, valid)
+
+
 def _check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
     """Reject unknown keys at any depth, naming the closest valid key."""
     fields = model.model_fields
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            raise ConfigError(_unknown_key_message(path, key, list(fields)))
+            raise ConfigError(_unknown_message(path, key, value, list(fields), top_level=not prefix))
         annotation = _optional_section(fields[key].annotation)
         if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             _check_keys(value, annotation, prefix=f"{path}.")
@@ -429,7 +452,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if isinstance(value, str) and _FLOAT.fullmatch(value):
             value = float(value)  # YAML 1.1 reads "3e-4" as a string; users mean a number
         if key == "model" and not isinstance(value, dict):
-            value = str(value)
+            # `model=PATH` is `model.path=PATH`, so that it composes with model.lora.r=8 and the like.
+            key, value = "model.path", str(value)
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:
@@ -441,13 +465,33 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file `path`; ConfigError (one line: file, line and column, the parser's
+    message) for a file that is missing, unreadable, not YAML, or not a mapping."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"config file '{path}' {'is a directory' if path.is_dir() else 'does not exist'}: give a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"config file '{path}' cannot be read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {err.start}): save it as UTF-8") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_error_message(path, err)) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys (lines like 'recipe: grpo'), not a {type(data).__name__}")
     return data
+
+
+def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    context, started = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and started is not None and started is not mark:
+        context = f"{context} that starts at line {started.line + 1}"
+    detail = f"{problem} ({context})" if context else problem
+    return f"config file '{path}'{where}: YAML syntax error: {' '.join(detail.split())}"
 
 
 def recipe_preset(name: str) -> dict[str, Any]:
@@ -470,18 +514,27 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
     preset = recipe_preset(str(recipe))
     _check_keys(preset, Config, prefix=f"recipes/{recipe}.yaml: ")
     try:
-        return Config.model_validate(_deep_merge(preset, merged_user))
+        cfg = Config.model_validate(_deep_merge(preset, merged_user))
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err)) from None
+    if cfg.model.path == "builtin":
+        return cfg
+    # The model folder's architecture decides the engine and the learner forward, before anything loads.
+    from reinforge.models.model_dir import fit_to_model_dir
+
+    given = {leaf for leaf, _ in _leaves("", preset)} | {leaf for leaf, _ in _leaves("", merged_user)}
+    return fit_to_model_dir(cfg, {leaf.lstrip(".") for leaf in given})
 
 
 def _format_validation_error(err: ValidationError) -> str:
-    lines = []
+    lines, located = [], False
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid configuration: " + "; ".join(lines)
+        located = located or bool(loc)
+    # A message of a whole-config check (unknown recipe) names its key itself.
+    return ("invalid configuration: " if located else "") + "; ".join(lines)
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import yaml
 from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
 from tqdm import tqdm
 
 from reinforge.config import Config, ConfigError
@@ -33,7 +35,8 @@ from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy, resolve_device
-from reinforge.models.factory import check_model_path
+from reinforge.models.factory import check_model_dir
+from reinforge.models.model_dir import architecture_plan
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError
@@ -44,6 +47,7 @@ from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 from reinforge.telemetry.recorder import Recorder, eval_metrics
+from reinforge.telemetry.run_dir import check_output_dir
 
 
 @dataclass
@@ -103,7 +107,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         if cfg.sft.corrupt_fraction > 0:
             task.corrupt_completion(first[0], rng)
     if cfg.model.path != "builtin":
-        path = check_model_path(cfg.model.path)
+        path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
         if cfg.rollout.engine == "native":
             check_native_model_type(path)
         if cfg.train.shared_prefix:
@@ -113,6 +117,11 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
         raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
                           "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
+    check_output_dir(cfg.output_dir or default_output_dir(cfg))
+    plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
+    note = plan.note(cfg.rollout.engine, cfg.train.shared_prefix) if plan is not None else None
+    if note is not None and torchrun_world_size() == 1:    # what runs the model, and why: once, last
+        Console(stderr=True).print(escape(note), soft_wrap=True, highlight=False)
     return task, spec
 
 

@@ -31,7 +31,7 @@ def test_model_shorthand_sets_the_path() -> None:
     ("override", "suggestion"),
     [
         ("trian.lr=1", "'train'"),
-        ("train.learning_rate=1", "'lr'"),
+        ("train.learning_rate=1", "'train.lr'"),
         ("rollout.temprature=0.5", "'temperature'"),
         ("task.options.digit=3", "'digits'"),
         ("recipe=grop", "'grpo'"),

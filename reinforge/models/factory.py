@@ -23,6 +23,7 @@ from transformers import (
 
 from reinforge.config import ConfigError, ModelConfig, RolloutConfig
 from reinforge.models.lora import apply_lora, merged
+from reinforge.models.model_dir import check_model_files, read_model_config
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,13 +74,32 @@ def build_tiny_qwen2(cfg: ModelConfig, seed: int) -> Policy:
 
 
 def check_model_path(path: str) -> Path:
-    """Fail early, before a run directory exists, on a path that cannot be a model."""
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise ConfigError(f"model path '{path}' does not exist or is not a directory (no hub downloads: give a local Hugging Face model directory, or model=builtin)")
-    if not (p / "config.json").is_file():
-        raise ConfigError(f"model path '{path}' has no config.json: it is not a Hugging Face model directory")
-    return p
+    """Fail early, before a run directory exists, on a path that cannot be a model: missing, no
+    (readable) config.json, no weights or no tokenizer files (models/model_dir.py)."""
+    return check_model_files(path)
+
+
+def check_model_dir(path: str) -> Path:
+    """check_model_path, and the tokenizer loads and fits the model: a tokenizer that encodes text to
+    nothing, or to ids past the model's vocabulary, fails here and not in the middle of generation."""
+    folder = check_model_files(path)
+    try:
+        tokenizer = load_tokenizer(folder)
+    except Exception as err:
+        # The tokenizers library reports a tokenizer.json it cannot parse as a plain Exception; any
+        # other kind of error is a bug, and keeps its traceback.
+        if not isinstance(err, (OSError, ValueError, TypeError)) and type(err) is not Exception:
+            raise
+        raise ConfigError(f"model path '{path}': its tokenizer does not load ({' '.join(str(err).split())}); "
+                          "save it again with tokenizer.save_pretrained(path)") from None
+    if len(tokenizer) == 0 or not tokenizer("1+1=")["input_ids"]:
+        raise ConfigError(f"model path '{path}': its tokenizer has no vocabulary (it encodes text to no tokens); "
+                          "save the model's tokenizer into it with tokenizer.save_pretrained(path)")
+    vocab = read_model_config(folder).get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(f"model path '{path}': its tokenizer has {len(tokenizer)} tokens and the model's config.json "
+                          f"vocab_size is {vocab}: the tokenizer is not this model's; save the right one into the folder")
+    return folder
 
 
 def resolve_device(name: str) -> torch.device:

@@ -46,13 +46,12 @@ from reinforge.config import ConfigError
 from reinforge.kernels import HEAD_DIMS, PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
+from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import stop_string_end
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-# Rotary variants whose frequencies do not depend on the sequence length, so one table serves a whole call.
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY     # one list, readable without torch at config check (models/model_dir.py)
 
 
 @dataclass(frozen=True)

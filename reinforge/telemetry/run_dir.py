@@ -28,6 +28,25 @@ def default_output_dir(cfg: Config) -> Path:
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.recipe}"
 
 
+def check_output_dir(path: str | Path) -> None:
+    """ConfigError, before anything is written, for an output_dir that is not a folder or cannot be
+    created: an existing file, a file on its way, or a nearest existing folder that is not writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output_dir '{path}' is a file, not a folder: choose another output_dir")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"output_dir '{path}' cannot be created: '{existing}' is a file, not a folder; choose another output_dir")
+    target = path if path.exists() else existing
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir '{path}' cannot be {'written' if target == path else 'created'}: no permission "
+                          f"to write in '{target}'; choose an output_dir you can write to")
+
+
 def holds_run(path: Path) -> bool:
     return (path / "config.yaml").exists() or (path / "metrics.jsonl").exists()
 
