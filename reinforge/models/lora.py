@@ -44,6 +44,8 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> torch.nn.M
                             target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
     with torch.random.fork_rng(), _quiet_peft(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*tie_word_embeddings", category=UserWarning)   # refused below
+        # GPT-2's Conv1D layers store W transposed: peft notices and sets fan_in_fan_out itself.
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False", category=UserWarning)
         torch.manual_seed(seed)
         try:
             wrapped = get_peft_model(model, config)

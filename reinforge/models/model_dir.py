@@ -102,15 +102,18 @@ class ArchitecturePlan:
     native_reason: str | None          # why the native engine cannot run it; None: it can
     shared_prefix_reason: str | None   # why the shared-prompt learner forward cannot; None: it can
 
-    def note(self, engine: str, shared_prefix: bool) -> str | None:
+    def note(self, engine: str, shared_prefix: bool, lora_targets: list[str] | None = None) -> str | None:
         """The one line that says what runs the model and why, for a model that one of the native
-        paths does not run; None for one they both run."""
+        paths does not run; None for one they both run. `lora_targets`: the adapters' modules, named
+        when the model is not Llama-family (its projections have other names)."""
         reason = self.native_reason or self.shared_prefix_reason
         if reason is None:
             return None
         rollout = "the transformers engine (rollout.engine=hf)" if engine == "hf" else "the native engine (rollout.engine=native)"
         learner = "the model's own forward (train.shared_prefix=false)" if not shared_prefix else "the shared-prompt forward"
-        return f"model: {reason}; rollout uses {rollout}, learner uses {learner}"
+        lora = (f", LoRA adapters on {', '.join(lora_targets)} (model.lora.target_modules)"
+                if lora_targets and self.native_reason is not None else "")
+        return f"model: {reason}; rollout uses {rollout}, learner uses {learner}{lora}"
 
 
 def architecture_plan(path: str | Path) -> ArchitecturePlan | None:
