@@ -85,6 +85,7 @@ class PromptConfig(_Section):
     chat_template: Literal["auto", "always", "never"] = Field(
         "auto", description="Wrap prompts in the tokenizer's chat template: 'auto' uses it when the tokenizer has one."
     )
+    system: str | None = Field(None, description="A system message before every prompt: a plain prompt becomes [system, user] for the chat template (the model's tokenizer must have one); a conversation from the data file (a list of messages) without a system message gets it, one with its own keeps that. None: no system message.")
 
 
 class SFTConfig(_Section):

@@ -42,6 +42,7 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import check_native_model_type
+from reinforge.rollout.prompts import check_chat_prompts
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
@@ -85,6 +86,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     check_runnable(cfg.recipe)
     try:
         task = build_task(cfg.task.name, **cfg.task.options)
+        task.system = cfg.prompt.system
         spec = objective_spec(cfg)
         # Splits too small for the prompts asked for (a small dataset, digits=1) say so now.
         task.train_split(max(cfg.train.num_prompts, cfg.sft.rejection_prompts if cfg.sft.source == "rejection" else 0))
@@ -205,6 +207,8 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     policy = load_policy(cfg.model, cfg.seed)
+    # Chat-message prompts need the tokenizer's chat template: known only now, still before anything is written.
+    check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
     # The resolved config names its real run directory, not the default's null.
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)

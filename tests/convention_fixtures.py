@@ -73,3 +73,7 @@ def mixed_forms(completion, completions):
 
 def positional_only(completion, /):
     return 0.0
+
+
+def always_raises(completion: str) -> float:
+    raise ValueError("x")

@@ -23,10 +23,12 @@ ROWS = [
     {"question": "Simplify sqrt(8).", "gold": "2*sqrt(2)", "level": 3},
 ]
 FIELDS = {"prompt": "question", "answer": "gold"}
+# The mapped fields under our names, and every column under its own name too (TRL / verl reward
+# functions read the columns they know).
 EXPECTED = [
-    {"prompt": "What is 1/2 + 1/4?", "answer": "3/4", "level": 1},
-    {"prompt": "What is 2 + 2?", "answer": "4", "level": 2},
-    {"prompt": "Simplify sqrt(8).", "answer": "2*sqrt(2)", "level": 3},
+    {"prompt": "What is 1/2 + 1/4?", "answer": "3/4", "level": 1, "question": "What is 1/2 + 1/4?", "gold": "3/4"},
+    {"prompt": "What is 2 + 2?", "answer": "4", "level": 2, "question": "What is 2 + 2?", "gold": "4"},
+    {"prompt": "Simplify sqrt(8).", "answer": "2*sqrt(2)", "level": 3, "question": "Simplify sqrt(8).", "gold": "2*sqrt(2)"},
 ]
 
 
@@ -49,7 +51,7 @@ def test_jsonl_parquet_and_saved_datasets_load_the_same_records(tmp_path: Path) 
     datasets.DatasetDict({"train": datasets.Dataset.from_list(typed[:1]),
                           "test": datasets.Dataset.from_list(typed)}).save_to_disk(str(tmp_path / "dict"))
 
-    assert load_records(jsonl, FIELDS) == EXPECTED
+    assert load_records(jsonl, FIELDS) == [{**EXPECTED[0]}, {**EXPECTED[1], "gold": 4}, EXPECTED[2]]   # JSON keeps 4
     assert load_records(tmp_path / "d.parquet", FIELDS) == EXPECTED
     assert load_records(tmp_path / "saved", FIELDS) == EXPECTED
     assert load_records(f"{tmp_path / 'dict'}::test", FIELDS) == EXPECTED
@@ -68,7 +70,11 @@ def test_jsonl_parquet_and_saved_datasets_load_the_same_records(tmp_path: Path) 
         (['{"question": "a", "gold": "1"}', '{"question": "b", "gold": '], "line 2: bad JSON"),
         (['{"question": "a", "gold": "1"}', "", '{"question": "b"}'], r"line 3: field 'answer' \(column 'gold'\) is missing"),
         (['{"question": "  ", "gold": "1"}'], "line 1: empty prompt"),
-        (['{"question": ["a"], "gold": "1"}'], "line 1: field 'prompt' must be str, got list"),
+        (['{"question": ["a"], "gold": "1"}'], "line 1: field 'prompt' must be str or a list of messages, got list"),
+        (['{"question": [{"role": "bot", "content": "a"}], "gold": "1"}'],
+         "line 1: field 'prompt' holds messages, but message 0 has role 'bot'"),
+        (['{"question": [{"role": "system", "content": "a"}], "gold": "1"}'],
+         "line 1: field 'prompt' holds messages, but no user message with text"),
         (['{"question": "a", "gold": null}'], r"line 1: field 'answer' \(column 'gold'\) is null"),
         (['["a", "1"]'], "line 1: expected an object"),
         (['[{"question": "a", "gold": "1"},'], "line 1: bad JSON.*not one JSON array"),
@@ -94,9 +100,9 @@ def test_parquet_rows_are_numbered_from_one(tmp_path: Path) -> None:
 def test_missing_file_unknown_extension_and_stray_split_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist"):
         load_records(tmp_path / "nope.jsonl")
-    (tmp_path / "d.csv").write_text("prompt\nx\n")
-    with pytest.raises(DatasetError, match=r"unknown data file extension '\.csv'"):
-        load_records(tmp_path / "d.csv")
+    (tmp_path / "d.txt").write_text("prompt\nx\n")
+    with pytest.raises(DatasetError, match=r"unknown data file extension '\.txt'"):
+        load_records(tmp_path / "d.txt")
     with pytest.raises(DatasetError, match="only applies to a datasets folder"):
         load_records(f"{MATH_SMALL}::train")
 
@@ -286,3 +292,123 @@ def test_a_dataset_without_completions_stops_before_the_run_directory_exists(tmp
                                       f"output_dir={out}"])
     assert result.exit_code == 2 and "sft.enabled=false" in result.output
     assert not out.exists()
+
+
+# ------------------------------------------------- layouts people bring (TRL, verl)
+
+VERL_ROWS = [
+    {"data_source": "openai/gsm8k",
+     "prompt": [{"role": "system", "content": "Think."}, {"role": "user", "content": f"What is {i} + 1?"}],
+     "ability": "math", "reward_model": {"ground_truth": str(i + 1), "style": "rule"},
+     "extra_info": {"index": i, "split": "train", "answer": f"#### {i + 1}"}}
+    for i in range(3)
+]
+
+
+def test_verl_parquet_layout_dotted_paths_and_messages(tmp_path: Path) -> None:
+    import datasets
+
+    from reinforge.data.chat import Conversation
+
+    datasets.Dataset.from_list(VERL_ROWS).to_parquet(str(tmp_path / "verl.parquet"))
+    records = load_records(tmp_path / "verl.parquet", {"answer": "reward_model.ground_truth", "index": "extra_info.index"},
+                           required=["prompt", "answer"])
+    assert [r["answer"] for r in records] == ["1", "2", "3"] and [r["index"] for r in records] == [0, 1, 2]
+    prompt = records[1]["prompt"]
+    assert isinstance(prompt, Conversation) and prompt == "system: Think.\nuser: What is 1 + 1?"
+    assert prompt.as_list() == VERL_ROWS[1]["prompt"]
+    # The nested columns stay whole under their own names, for verl's compute_score.
+    assert records[2]["reward_model"] == {"ground_truth": "3", "style": "rule"} and records[2]["data_source"] == "openai/gsm8k"
+    # The dataset task reads the answer from reward_model.ground_truth unasked (verl's layout), and says so.
+    task = build_task("dataset", path=str(tmp_path / "verl.parquet"), eval_path=str(tmp_path / "verl.parquet"))
+    assert [e.answer for e in task.eval_split(3)] == ["1", "2", "3"]
+    assert task.eval_split(1)[0].meta["extra_info"]["answer"] == "#### 1"
+
+
+def test_trl_solution_column_is_the_answer_and_stays_a_column(tmp_path: Path, caplog) -> None:
+    rows = [{"prompt": [{"role": "user", "content": "2+2?"}], "solution": "4"},
+            {"prompt": [{"role": "user", "content": "3+3?"}], "solution": "6"}]
+    path = _write_jsonl(tmp_path / "trl.jsonl", [json.dumps(r) for r in rows])
+    with caplog.at_level("WARNING"):
+        task = build_task("dataset", path=str(path), eval_path=str(path))
+    assert "has no 'answer' column: using 'solution' (set task.options.fields.answer to choose another)" in caplog.text
+    examples = task.eval_split(2)
+    assert [(e.answer, e.meta["solution"]) for e in examples] == [("4", "4"), ("6", "6")]
+    assert examples[0].prompt.as_list() == rows[0]["prompt"]
+
+
+def test_a_missing_field_names_the_columns_and_the_mapping_that_fixes_it(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps({"question": "1+1?", "meta": {"gold": "2", "level": 1}})])
+    with pytest.raises(DatasetError) as err:
+        build_task("dataset", path=str(path), eval_path=str(path))
+    assert str(err.value) == (
+        f"'{path}', line 1: field 'prompt' is missing; the row's columns: question, meta, meta.gold, meta.level; "
+        "map one with task.options.fields.prompt=question")
+    with pytest.raises(DatasetError) as err:
+        build_task("dataset", path=str(path), eval_path=str(path), fields={"prompt": "question", "answer": "gold"})
+    assert str(err.value) == (
+        f"'{path}', line 1: field 'answer' (column 'gold') is missing; the row's columns: question, meta, meta.gold, "
+        "meta.level; fix task.options.fields.answer=meta")
+    # The fix the message points at, as a dotted path.
+    task = build_task("dataset", path=str(path), eval_path=str(path), fields={"prompt": "question", "answer": "meta.gold"})
+    assert task.eval_split(1)[0].answer == "2"
+
+
+def test_csv_arrow_json_array_and_a_folder_of_data_files(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"question": "a?", "gold": "1"}, {"question": "b?", "gold": "2"}]
+    expected = [{"prompt": "a?", "answer": "1", "question": "a?", "gold": "1"},
+                {"prompt": "b?", "answer": "2", "question": "b?", "gold": "2"}]
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_csv(str(tmp_path / "d.csv"), index=False)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "d.arrow").write_bytes(next((tmp_path / "saved").glob("*.arrow")).read_bytes())
+    (tmp_path / "d.json").write_text(json.dumps(rows, indent=1))
+    (tmp_path / "folder").mkdir()
+    ds.to_parquet(str(tmp_path / "folder" / "train.parquet"))
+    ds.select([1]).to_parquet(str(tmp_path / "folder" / "test.parquet"))
+    # CSV has no types: pandas reads the column of digits as integers (our answer is still text).
+    assert load_records(tmp_path / "d.csv", FIELDS) == [{**e, "gold": int(e["gold"])} for e in expected]
+    assert load_records(tmp_path / "d.arrow", FIELDS) == expected
+    assert load_records(tmp_path / "d.json", FIELDS) == expected
+    assert load_records(f"{tmp_path / 'folder'}::test", FIELDS) == expected[1:]
+    with pytest.raises(DatasetError, match=r"several splits \(.*\): pick one with"):
+        load_records(tmp_path / "folder", FIELDS)
+    # An empty CSV cell is a missing value, not NaN.
+    (tmp_path / "holes.csv").write_text("question,gold\na?,\n")
+    with pytest.raises(DatasetError, match=r"row 1: field 'answer' \(column 'gold'\) is null"):
+        load_records(tmp_path / "holes.csv", FIELDS)
+
+
+def test_a_loading_script_folder_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "myset").mkdir()
+    (tmp_path / "myset" / "myset.py").write_text("import datasets\n")
+    with pytest.raises(DatasetError, match="datasets loading script: the pinned datasets 5.x no longer runs loading "
+                                           "scripts; convert the data to Parquet or JSONL"):
+        load_records(tmp_path / "myset")
+
+
+def test_prompt_system_makes_every_prompt_a_conversation(tmp_path: Path) -> None:
+    from reinforge.data.chat import Conversation
+
+    path = _write_jsonl(tmp_path / "d.jsonl", [
+        json.dumps({"prompt": "1+1?", "answer": "2"}),
+        json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}),
+        json.dumps({"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}], "answer": "6"}),
+    ])
+    task = build_task("dataset", path=str(path), eval_path=str(path))
+    assert not isinstance(task.eval_split(1)[0].prompt, Conversation)
+    task.system = "Be brief."
+    prompts = [e.prompt.as_list() for e in task.eval_split(3)]
+    assert prompts == [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}],      # its own system message stays
+    ]
+    sft = build_task("arithmetic")
+    sft.system = "Add."
+    (trace,) = sft.sft_examples(1, corrupt_fraction=0.0, seed=0)
+    assert trace.prompt.as_list()[0] == {"role": "system", "content": "Add."}
+    with pytest.raises(DatasetError, match="line 2: the prompt is a list of messages, which prompt_template"):
+        build_task("dataset", path=str(path), eval_path=str(path), prompt_template="Q: {prompt}")

@@ -330,11 +330,13 @@ class RewardComposer:
         values: list[float | None] = []
         failed: dict[int, BaseException] = {}
         for r, result in enumerate(results):
+            if isinstance(result, BaseException):      # raised inside the function: its own traceback
+                failed[r] = result
+                values.append(None)
+                continue
             try:
-                if isinstance(result, BaseException):
-                    raise result
                 values.append(convert(result))
-            except Exception as err:
+            except Exception as err:                    # returned something that is not a reward
                 failed[r] = err
                 values.append(None)
         return values, failed

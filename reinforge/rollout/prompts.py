@@ -1,8 +1,17 @@
-"""Prompt text -> token ids, with the tokenizer's chat template where it has one."""
+"""Prompt text -> token ids, with the tokenizer's chat template where it has one.
+
+A plain prompt goes to the template as one user message; a conversation
+(`reinforge.data.chat.Conversation`: TRL / verl message lists, or a prompt
+with prompt.system) goes as its messages, unchanged. Either way the template
+adds the generation prompt (add_generation_prompt=True), as TRL does.
+"""
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
+
+from reinforge.config import ConfigError
+from reinforge.data.chat import Conversation
 
 
 def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
@@ -11,13 +20,25 @@ def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
     return mode == "always" or (mode == "auto" and bool(tokenizer.chat_template))
 
 
+def check_chat_prompts(tokenizer: PreTrainedTokenizerBase, mode: str, prompts: list[str]) -> None:
+    """ConfigError when some prompt is a conversation but no chat template will format it: a
+    conversation has no text form of its own to fall back on."""
+    if any(isinstance(p, Conversation) for p in prompts) and not use_chat_template(tokenizer, mode):
+        why = "prompt.chat_template=never" if mode == "never" else "the model's tokenizer has no chat template"
+        raise ConfigError(f"the prompts are chat messages (a list of messages in the data file, or prompt.system), but "
+                          f"{why}: use a model whose tokenizer has a chat_template, or give plain text prompts "
+                          "without prompt.system")
+
+
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode: str = "auto") -> list[list[int]]:
     """Token ids of each prompt; no special tokens beyond what the chat template adds."""
     if use_chat_template(tokenizer, mode):
         texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            tokenizer.apply_chat_template(p.as_list() if isinstance(p, Conversation) else [{"role": "user", "content": p}],
+                                          tokenize=False, add_generation_prompt=True)
             for p in prompts
         ]
     else:
+        check_chat_prompts(tokenizer, mode, prompts)
         texts = prompts
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -93,13 +93,24 @@ class Task(ABC):
 
     # ----------------------------------------------------------------- splits
 
+    # prompt.system (set by the pipeline): a system message put before every prompt the splits and
+    # SFT hand out, which makes each a chat conversation (reinforge.data.chat.with_system).
+    system: str | None = None
+
     def train_split(self, n: int) -> list[Example]:
         """The first `n` examples of the train split."""
-        return self._take("train", n)
+        return self._with_system(self._take("train", n))
 
     def eval_split(self, n: int) -> list[Example]:
         """The first `n` examples of the held-out split."""
-        return self._take("eval", n)
+        return self._with_system(self._take("eval", n))
+
+    def _with_system(self, examples: list[Example]) -> list[Example]:
+        if self.system is None:
+            return examples
+        from reinforge.data.chat import with_system
+
+        return [Example(with_system(e.prompt, self.system), e.answer, e.meta) for e in examples]
 
     def _which_split(self, example: Example) -> Split:
         key = f"{self.name}\0{self._split_key(example)}".encode()
@@ -165,8 +176,9 @@ class Task(ABC):
                 order = list(pool)
                 rng.shuffle(order)
             example = order.pop()
+            prompt = self._with_system([example])[0].prompt
             if rng.random() < corrupt_fraction:
-                out.append(SFTExample(example.prompt, self.corrupt_completion(example, rng), False))
+                out.append(SFTExample(prompt, self.corrupt_completion(example, rng), False))
             else:
-                out.append(SFTExample(example.prompt, self.teacher_completion(example, rng), True))
+                out.append(SFTExample(prompt, self.teacher_completion(example, rng), True))
         return out

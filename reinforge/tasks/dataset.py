@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from reinforge.data.chat import Conversation
 from reinforge.data.loading import DatasetError, read_records
 from reinforge.tasks.base import Example, Split, Task
 
@@ -63,6 +64,10 @@ def _exact(completion: str, example: Example, _timeout_s: float) -> float:
     return 1.0 if completion.strip() == example.answer.strip() else 0.0
 
 
+# Where a file without an `answer` column (and no fields.answer) keeps its gold answer: verl's
+# parquet layout, then TRL's `solution` column (a warning names the column taken).
+ANSWER_COLUMNS = ("reward_model.ground_truth", "solution")
+
 VERIFIERS: dict[str, Verifier] = {
     "math": Verifier("answer", _math),        # last \boxed{} / "answer is" / last number vs gold, by math-verify
     "code": Verifier("tests", _code),         # sandboxed program vs the row's top-level asserts, all must pass
@@ -83,12 +88,17 @@ class DatasetTask(Task):
     * `path`: the data file (train split, or both splits without `eval_path`);
       a `datasets` folder with several splits as `folder::split`.
     * `eval_path`: a separate held-out file; None: hash split of `path`.
-    * `fields`: our field name -> column name, e.g. {prompt: question, answer: gold}.
+    * `fields`: our field name -> column name, e.g. {prompt: question, answer: gold};
+      a nested column by dotted path, e.g. {answer: reward_model.ground_truth}.
+      Without a mapping and without an `answer` column, the answer is read from
+      `reward_model.ground_truth` (verl's layout), else `solution` (TRL's).
     * `verifier`: one of `VERIFIERS` (math, code, integer, exact). math,
       integer and exact need an `answer` field; code needs `tests`.
     * `prompt_template`: e.g. "Question: {prompt}\\nAnswer:"; any record field
       may be used; None: the prompt as is. A tokenizer's chat template, when
       the model has one, is applied later by the rollout as for every task.
+      A prompt given as a list of messages (TRL's conversational layout,
+      verl's) goes to the chat template as it is; it takes no prompt_template.
     * `seed`: kept for the Task interface; nothing here is random.
     * `eval_fraction`: the hash split's held-out share (ignored with `eval_path`).
     * `code_timeout_s`: wall-clock limit per program of the code verifier.
@@ -151,8 +161,10 @@ class DatasetTask(Task):
         """(raw prompt, example) per valid row of `path`, in file order."""
         # Template fields are required too, so a row without one fails (or is skipped) at load.
         template_fields = _PLACEHOLDER.findall(self.prompt_template or "")
-        required = ["prompt", VERIFIERS[self.verifier].field, *filter(None, template_fields)]
-        loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid)
+        field = VERIFIERS[self.verifier].field
+        required = ["prompt", field, *filter(None, template_fields)]
+        defaults = {field: ANSWER_COLUMNS} if field == "answer" else None
+        loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid, defaults=defaults)
         if loaded.skipped:
             self.skipped[str(path)] = len(loaded.skipped)
             for message in loaded.skipped:
@@ -166,6 +178,9 @@ class DatasetTask(Task):
                 raise DatasetError(f"{where}: fields must be JSON data ({err})") from None
             if self.verifier == "code":
                 _check_tests(record["tests"], where)
+            if self.prompt_template is not None and isinstance(record["prompt"], Conversation):
+                raise DatasetError(f"{where}: the prompt is a list of messages, which prompt_template (text) cannot "
+                                   "wrap: drop task.options.prompt_template (the chat template formats messages)")
             example = Example(self._render(record), record.get("answer", ""), meta)
             out.append((record["prompt"], example))
         return out
