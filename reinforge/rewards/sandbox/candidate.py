@@ -1,0 +1,197 @@
+"""The candidate process: locks itself down, runs the untrusted program, and serves calls.
+
+Runs as `python -I -S -B -c CODEC + GUARD + CANDIDATE ARGS...`, started by the
+judge (under `unshare` when namespaces are in use: then it is PID 1 of its
+own PID namespace, with its own /proc, no network and no view of the judge).
+Each step needs a privilege the next one gives up, so the order matters:
+
+1. rlimits (CPU, address space, file size, core 0, 256 descriptors, no new
+   processes), SIGXFSZ ignored (an oversize write fails instead of killing),
+   an alarm as last resort.
+2. prctl(PR_SET_NO_NEW_PRIVS) through ctypes, then ctypes is dropped from
+   sys.modules: the program's own `import ctypes` raises the import event
+   the guard refuses.
+3. The program arrives (first request) and the guard (audit hook) goes in.
+4. If the stdlib cannot be read by other users (Python under /root, say),
+   the modules the program imports are imported now, still as root but
+   with the guard in force: after step 5 the program could not reach them.
+5. setgroups([]), setgid, setuid to the uid the caller chose for this run
+   (unused by anything else): no capabilities, no access to other users'
+   files or processes, /proc/<judge>/mem unreadable. Fails closed.
+6. os.pidfd_open and signal.pidfd_send_signal (no audit events) are removed.
+7. The program runs; the names the tests need are reported; calls are
+   served until the judge closes the pipe.
+"""
+
+import json
+import os
+import sys
+
+try:  # in the sandbox these names come from codec.py and guard.py, prepended to this source
+    from .codec import decode, encode, recv, send
+    from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, make_hook
+except ImportError:
+    pass
+
+MAX_FD = 256
+# Imported lazily by the stdlib itself, so not visible in a program's imports.
+LAZY_STDLIB = ("_strptime", "linecache", "tokenize", "encodings.latin_1", "encodings.ascii",
+               "encodings.idna", "unicodedata")
+
+
+def no_new_privs():
+    """True once exec can never again gain privileges (setuid binaries, file capabilities)."""
+    try:
+        import ctypes
+
+        ok = ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    except Exception:
+        ok = False
+    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]
+    return ok
+
+
+def readable_by_others(path):
+    """Whether a uid with no groups can reach `path`: x on every ancestor, r and x on it."""
+    import stat
+
+    path = os.path.realpath(path)
+    try:
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return False
+        while True:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+            if path == "/":
+                return True
+            path = os.path.dirname(path)
+    except OSError:
+        return True  # nothing there to import from
+
+
+def program_imports(program):
+    """Absolute module names the program's import statements name (parents first)."""
+    import ast
+
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def preload(names):
+    count = 0
+    for name in names:
+        try:
+            __import__(name)
+            count += 1
+        except BaseException:  # noqa: B036 - a missing or refused module is the program's problem
+            pass
+    return count
+
+
+def drop_privileges(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getegid() != uid or os.getgroups():
+        raise PermissionError(f"still uid {os.geteuid()} after dropping to {uid}")
+
+
+def serve():
+    import resource
+    import signal
+
+    (req_fd, resp_fd, cpu_s, mem, fsize, wall, limit, max_global, max_error,
+     uid) = map(int, sys.argv[1:11])
+    workdir = os.path.realpath(os.getcwd())
+    for res, value in ((resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)), (resource.RLIMIT_AS, (mem, mem)),
+                       (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_NOFILE, (MAX_FD, MAX_FD)),
+                       (resource.RLIMIT_NPROC, (0, 0))):
+        resource.setrlimit(res, value)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.alarm(wall)  # last resort if the judge is gone and nothing else kills us
+    layers = {"no_new_privs": no_new_privs(), "uid": False}
+
+    def describe(exc):
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+        except BaseException:  # noqa: B036 - str() of the program's exception may raise anything
+            text = type(exc).__name__
+        return text[:max_error]
+
+    request = recv(req_fd, limit)
+    stdlib = [os.path.realpath(p) for p in sys.path if p]
+    read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
+    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD))
+    if uid >= 0:
+        if not all(readable_by_others(p) for p in stdlib):
+            layers["preloaded"] = preload([*LAZY_STDLIB, *program_imports(request["program"])])
+        try:
+            drop_privileges(uid)
+        except OSError as exc:
+            send(resp_fd, {"id": request["id"], "ok": False, "layers": layers,
+                           "error": f"sandbox: could not drop privileges: {exc}"})
+            return
+        layers["uid"] = True
+    for module, name in ((os, "pidfd_open"), (sys.modules.get("posix"), "pidfd_open"),
+                         (signal, "pidfd_send_signal"),
+                         (sys.modules.get("_signal"), "pidfd_send_signal")):
+        if hasattr(module, name):
+            delattr(module, name)
+
+    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    try:
+        exec(compile(request["program"], "<candidate>", "exec"), namespace)
+    except BaseException as exc:  # noqa: B036 - SystemExit and KeyboardInterrupt are failures too
+        send(resp_fd, {"id": request["id"], "ok": False, "error": describe(exc), "layers": layers})
+        return
+    names = {}
+    for name in request["names"]:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        if callable(value):
+            names[name] = ["callable"]
+            continue
+        try:
+            encoded = encode(value)
+        except (TypeError, RecursionError):
+            continue
+        if len(json.dumps(encoded)) <= max_global:
+            names[name] = encoded
+    send(resp_fd, {"id": request["id"], "ok": True, "names": names, "layers": layers})
+    while True:
+        try:
+            request = recv(req_fd, limit)
+        except EOFError:
+            return
+        try:
+            args = [decode(a) for a in request["args"]]
+            kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
+            reply = {"ok": True, "value": encode(namespace[request["name"]](*args, **kwargs))}
+        except BaseException as exc:  # noqa: B036 - every failure of the program is reported
+            reply = {"ok": False, "exc": type(exc).__name__, "error": describe(exc)}
+        send(resp_fd, {"id": request["id"], **reply})
+
+
+if __name__ == "__main__":
+    try:
+        serve()
+    finally:
+        try:  # os._exit skips interpreter shutdown, so flush what the program printed
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: B036 - the program may have replaced or closed them
+            pass
+        os._exit(0)

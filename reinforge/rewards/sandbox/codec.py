@@ -1,0 +1,97 @@
+"""The wire format between judge and candidate: plain-data values and length-prefixed JSON.
+
+Runs inside both sandbox subprocesses (its source is prepended to theirs), so
+it imports nothing from reinforge. The candidate encodes with it, the judge
+decodes strictly with it: a decoded value is always a fresh object of an
+exact builtin type, so nothing the candidate returns can carry behaviour
+(`__eq__`, `__hash__`, `__len__`...) into the process that holds the tests.
+"""
+
+import json as _json
+import os as _os
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def encode(x, depth=0):
+    if depth > 200:
+        raise TypeError("value nested too deeply")
+    if x is None:
+        return ["N"]
+    if isinstance(x, bool):
+        return ["B", bool(x)]
+    if isinstance(x, int):
+        return ["I", hex(int(x))]  # hex: str(int) is capped at 4300 digits
+    if isinstance(x, float):
+        return ["F", float(x).hex()]  # exact, and covers inf and nan
+    if isinstance(x, complex):
+        return ["C", x.real.hex(), x.imag.hex()]
+    if isinstance(x, str):
+        return ["S", str.__str__(x)]
+    if isinstance(x, (bytes, bytearray)):
+        return ["Y", bytes(x).hex()]
+    for kind, tag in ((tuple, "T"), (list, "L"), (frozenset, "Z"), (set, "E")):
+        if isinstance(x, kind):
+            return [tag, [encode(v, depth + 1) for v in x]]
+    if isinstance(x, dict):
+        return ["D", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]]
+    raise TypeError(f"a {type(x).__name__} cannot cross the sandbox boundary (plain data only)")
+
+
+def decode(x):
+    # Strict: anything unexpected is a protocol error, never code.
+    if type(x) is not list or not x or type(x[0]) is not str:
+        raise ProtocolError("bad value")
+    tag, rest = x[0], x[1:]
+    try:
+        if tag == "N" and not rest:
+            return None
+        if tag == "B" and type(rest[0]) is bool:
+            return rest[0]
+        if tag == "I" and type(rest[0]) is str:
+            return int(rest[0], 16)
+        if tag == "F" and type(rest[0]) is str:
+            return float.fromhex(rest[0])
+        if tag == "C" and type(rest[0]) is str and type(rest[1]) is str:
+            return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+        if tag == "S" and type(rest[0]) is str:
+            return rest[0]
+        if tag == "Y" and type(rest[0]) is str:
+            return bytes.fromhex(rest[0])
+        if tag in ("T", "L", "Z", "E") and type(rest[0]) is list:
+            items = [decode(v) for v in rest[0]]
+            return {"T": tuple, "L": list, "Z": frozenset, "E": set}[tag](items)
+        if tag == "D" and type(rest[0]) is list:
+            return {decode(k): decode(v) for k, v in rest[0]}
+    except (IndexError, TypeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"bad {tag} value: {exc}") from None
+    raise ProtocolError(f"bad tag {tag!r}")
+
+
+def send(fd, obj):
+    data = _json.dumps(obj).encode()
+    data = len(data).to_bytes(8, "big") + data
+    while data:
+        data = data[_os.write(fd, data):]
+
+
+def recv(fd, limit):
+    def exactly(n):
+        chunks, left = [], n
+        while left:
+            chunk = _os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                raise EOFError("peer closed the pipe")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    size = int.from_bytes(exactly(8), "big")
+    if size > limit:
+        raise ProtocolError(f"message of {size} bytes is over the {limit} byte limit")
+    try:
+        return _json.loads(exactly(size))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"bad message: {exc}") from None

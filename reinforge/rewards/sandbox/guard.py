@@ -1,0 +1,237 @@
+"""The candidate's audit hook (PEP 578): which paths it may open and which events it refuses.
+
+Runs inside the candidate process (this source is concatenated into the
+candidate's), installed before the program runs. It is one layer of several
+(docs/security.md): the kernel layers (own PID and mount namespace with a
+fresh /proc, an unused uid) hold even where this hook is fooled.
+
+Paths are decided on where they lead, not on how they are written
+-------------------------------------------------------------------
+Every path in an event is resolved the way the kernel walks it: relative to
+the work directory (the cwd; `chdir` is refused so it never moves), every
+symlink followed, `..` applied after the symlink before it. Magic links
+under /proc/self/fd resolve to what `readlink` says, so a pipe never lands on
+an allowed path. `os.open` can take a `dir_fd` that its event does not show,
+so a relative `os.open` must be allowed relative to the cwd *and* relative
+to every directory the process holds open (found with fstat on each fd).
+
+* Reading (open without write flags, listdir, scandir, getxattr): the
+  resolved path is in the work directory, under a read-only root (the
+  interpreter's stdlib, /usr/lib, /usr/share/zoneinfo...), or one of a few
+  device files (/dev/null, /dev/urandom...). Everything else, /proc
+  included, is refused: an allow-list, not a deny-list.
+* Writing (write flags, remove, rename, mkdir, chmod, utime...): the
+  resolved path is in the work directory (or is /dev/null). Symlinks and
+  hard links cannot be made at all; path arguments must be str or bytes (a
+  path object's `__fspath__` could answer differently to the hook and to the
+  kernel); with a dir_fd the path is resolved from that directory; chmod,
+  chown, utime and xattrs on a descriptor are refused (it may be open for reading only).
+
+Tamper-proofing
+---------------
+The hook and its helpers read no globals and no builtins: everything they
+call is bound as a default argument (C functions, tuples, frozensets, str),
+so patching `os`, `builtins` or any module changes nothing here, and a
+default cannot be rebound without an `object.__setattr__` event, which is
+refused for `__defaults__`, `__kwdefaults__` and `__code__`. Arguments from
+events are normalised to exact `str` before any method is called on them (a
+`str` subclass could override `startswith`). Any exception inside the hook
+aborts the audited operation: the hook fails closed.
+"""
+
+import os as _os
+import stat as _stat
+
+# Opening with any of these flags can change the file: judged by the write rule.
+_WRITE_FLAGS = _os.O_WRONLY | _os.O_RDWR | _os.O_APPEND | _os.O_CREAT | _os.O_TRUNC
+# "No dir_fd" as the events report it: None, or AT_FDCWD / -1 depending on the call.
+_NO_DIR_FD = (None, -1, -100)
+
+REFUSED_EVENTS = frozenset((
+    # new processes, and signals to processes other than this one
+    "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
+    "subprocess.Popen", "pty.spawn", "os.startfile", "os.kill", "os.killpg",
+    "signal.pthread_kill",
+    # the cwd, the root, limits and hooks stay as the sandbox set them
+    "os.chdir", "os.chroot", "resource.setrlimit", "resource.prlimit", "sys.addaudithook",
+    # links could make a path inside the work directory lead outside it
+    "os.link", "os.symlink", "os.lchmod", "os.chflags", "os.lchflags",
+    # hunting objects, forging bytecode, interpreters without this hook
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+    "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks",
+))
+REFUSED_EVENT_PREFIXES = ("socket.", "ctypes.", "sqlite3.", "syslog.", "winreg.", "_winapi.")
+# C modules that reach memory, processes, files or the network without audit events.
+REFUSED_IMPORTS = frozenset((
+    "ctypes", "_ctypes", "_ctypes_test", "_posixsubprocess", "multiprocessing",
+    "_multiprocessing", "_posixshmem", "_xxsubinterpreters", "_xxinterpchannels",
+    "_testcapi", "_testinternalcapi", "_testbuffer", "_testmultiphase",
+    "_testimportmultiple", "_testclinic", "_xxtestfuzz", "sqlite3", "_sqlite3", "dbm",
+    "_dbm", "_gdbm", "readline", "ssl", "_ssl", "syslog", "nis", "spwd", "ossaudiodev",
+    "_tkinter",
+))
+# Function attributes whose rebinding would change what the hook does.
+REFUSED_SETATTR = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+# event -> ((index of a path argument, index of its dir_fd argument or -1), ...); write rule.
+WRITE_PATH_EVENTS = {
+    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
+    "os.rename": ((0, 2), (1, 3)), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
+    "os.utime": ((0, 3),), "os.truncate": ((0, -1),), "os.mkfifo": ((0, 2),),
+    "os.mknod": ((0, 3),), "os.setxattr": ((0, -1),), "os.removexattr": ((0, -1),),
+}
+READ_PATH_EVENTS = frozenset(("os.listdir", "os.scandir", "os.getxattr", "os.listxattr"))
+# Read-only system locations a program may legitimately read, besides the stdlib.
+SYSTEM_READ_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/share/zoneinfo")
+SYSTEM_READ_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
+
+
+def resolve(path, cwd, lstat=_os.lstat, readlink=_os.readlink, islink=_stat.S_ISLNK,
+            oserror=OSError, perm=PermissionError):
+    """Where the exact-str `path` leads from `cwd`: symlinks followed, `..` after them.
+
+    A component that does not exist (or cannot be examined) is kept as
+    written: the kernel would fail on it too, or create exactly that name.
+    """
+    if not path.startswith("/"):
+        path = cwd + "/" + path
+    pending = path.split("/")
+    pending.reverse()
+    resolved, links = "", 0
+    while pending:
+        name = pending.pop()
+        if name == "" or name == ".":
+            continue
+        if name == "..":
+            resolved = resolved[: resolved.rfind("/")]
+            continue
+        step = resolved + "/" + name
+        try:
+            link = islink(lstat(step).st_mode)
+        except oserror:
+            link = False
+        if not link:
+            resolved = step
+            continue
+        links += 1
+        if links > 40:
+            raise perm("sandbox: too many levels of symbolic links")
+        try:
+            target = readlink(step)
+        except oserror:
+            raise perm(f"sandbox: cannot tell where {step} leads") from None
+        parts = target.split("/")
+        parts.reverse()
+        pending.extend(parts)
+        if target.startswith("/"):
+            resolved = ""
+    return resolved or "/"
+
+
+def as_path(obj, call_fspath, type_=type, issubclass_=issubclass, str_=str, bytes_=bytes,
+            int_=int, to_str=str.__str__, decode=bytes.decode, fspath=_os.fspath,
+            perm=PermissionError):
+    """The exact-str path of an event argument, or None for a file descriptor.
+
+    `type_` and `issubclass_`, not isinstance: an object can fake `__class__`.
+    """
+    kind = type_(obj)
+    if issubclass_(kind, int_):
+        return None
+    if issubclass_(kind, str_):
+        return to_str(obj)
+    if issubclass_(kind, bytes_):
+        return decode(obj, "utf-8", "surrogateescape")
+    if call_fspath and obj is not None:
+        return as_path(fspath(obj), False)
+    raise perm(f"sandbox: a {kind.__name__} path is not allowed here (use str)")
+
+
+def fd_path(fd, readlink=_os.readlink, oserror=OSError, perm=PermissionError):
+    """Where descriptor `fd` (an exact int) of this process points, as the kernel names it."""
+    try:
+        return readlink(f"/proc/self/fd/{fd}")
+    except oserror:
+        raise perm(f"sandbox: cannot tell where descriptor {fd} points") from None
+
+
+def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, oserror=OSError,
+                  fd_path=fd_path):
+    """Paths of the directories this process holds open (any may be an os.open dir_fd)."""
+    found = []
+    for fd in range_(max_fd):
+        try:
+            is_dir = isdir(fstat(fd).st_mode)
+        except oserror:
+            continue
+        if is_dir:
+            found.append(fd_path(fd))
+    return tuple(found)
+
+
+def make_hook(workdir, read_roots, read_files, max_fd):
+    """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved)."""
+
+    def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
+             read_exact=frozenset((*read_roots, *read_files)), write_prefix=workdir + "/",
+             write_exact=frozenset((workdir, "/dev/null")), refused=REFUSED_EVENTS,
+             refused_prefixes=REFUSED_EVENT_PREFIXES, refused_imports=REFUSED_IMPORTS,
+             refused_setattr=REFUSED_SETATTR, write_events=WRITE_PATH_EVENTS,
+             read_events=READ_PATH_EVENTS, no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS,
+             max_fd=max_fd, resolve=resolve, as_path=as_path, directory_fds=directory_fds,
+             fd_path=fd_path, to_str=str.__str__, len_=len, int_type=int, type_=type,
+             perm=PermissionError, import_error=ImportError):
+        if event in refused or event.startswith(refused_prefixes):
+            raise perm(f"sandbox: {event} is not allowed")
+        if event == "import":
+            name = to_str(args[0])
+            if name in refused_imports or name.split(".")[0] in refused_imports:
+                # ImportError, so that `try: import x / except ImportError` fallbacks still work.
+                raise import_error(f"sandbox: importing {name} is not allowed")
+            return
+        if event == "object.__setattr__":
+            if to_str(args[1]) in refused_setattr:
+                raise perm(f"sandbox: setting {to_str(args[1])} is not allowed")
+            return
+        writing = False
+        if event == "open":
+            path = as_path(args[0], False)
+            if path is None:
+                return  # a descriptor already held: judged when it was opened
+            writing = (args[2] & write_flags) != 0
+            bases = (cwd,)
+            if args[1] is None and not path.startswith("/"):
+                bases = (cwd, *directory_fds(max_fd))  # os.open: the dir_fd is not in the event
+        elif event in read_events:
+            path = as_path("." if args[0] is None else args[0], True)
+            if path is None:
+                return
+            bases = (cwd,)
+        elif event in write_events:
+            for i, j in write_events[event]:
+                path = as_path(args[i], False)
+                if path is None:
+                    if event == "os.truncate":
+                        continue  # ftruncate needs a descriptor open for writing
+                    raise perm(f"sandbox: {event} on a file descriptor is not allowed")
+                base = cwd
+                if j >= 0 and j < len_(args) and args[j] not in no_dir_fd:
+                    if type_(args[j]) is not int_type:
+                        raise perm(f"sandbox: {event} with this dir_fd is not allowed")
+                    base = fd_path(args[j])
+                full = resolve(path, base)
+                if not (full in write_exact or full.startswith(write_prefix)):
+                    raise perm(f"sandbox: {event} outside the work directory is not allowed")
+            return
+        else:
+            return
+        for base in bases:
+            full = resolve(path, base)
+            if writing:
+                ok = full in write_exact or full.startswith(write_prefix)
+            else:
+                ok = full in read_exact or full.startswith(read_prefixes)
+            if not ok:
+                verb = "writing" if writing else "reading"
+                raise perm(f"sandbox: {verb} {full} is not allowed")
+
+    return hook
