@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from math_verify.errors import TimeoutException
@@ -192,7 +195,7 @@ ALL_CASES = [(c, g) for c, g, _ in NOTATIONS] + HACKS + [(c, "1") for c in CRASH
 
 
 def test_thread_gives_the_same_scores_as_main_thread() -> None:
-    # Off the main thread math-verify's signal.alarm would raise; we pass None timeouts.
+    # Off the main thread every answer is judged in a worker process (where the alarm works).
     main = [verify(c, g) for c, g in ALL_CASES]
     off_main: list[float] = []
     worker = threading.Thread(target=lambda: off_main.extend(verify(c, g) for c, g in ALL_CASES))
@@ -220,3 +223,126 @@ def test_verify_many_ten_megabytes_within_timeout() -> None:
     filler = "x" * 10_000_000
     pairs = [(filler + " \\boxed{\\frac{1}{2}}", "0.5"), (filler + " \\boxed{2}", "0.5")]
     assert verify_many(pairs, workers=2, timeout_s=10.0) == [1.0, 0.0]
+
+
+# Parse bombs that, judged in a thread of this process, held the GIL for minutes (each ran past a
+# 20 s join with a counter thread barely moving: 35 increments in 26 s).
+BOMBS = [
+    "\\boxed{9^{9^{9^{9^{9}}}}}",
+    "\\boxed{10^{10^{10^{10}}}}",
+    "\\boxed{2^{2^{2^{2^{2^{2}}}}}}",
+    "\\boxed{(100!)!}",
+]
+
+
+def _in_thread(fn: Callable[[], float]) -> float:
+    out: list[float] = []
+    worker = threading.Thread(target=lambda: out.append(fn()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+class _Ticker:
+    """A thread that ticks every millisecond, recording the longest gap between two ticks."""
+
+    def __init__(self) -> None:
+        self.ticks, self.longest_gap, self._stop = 0, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(0.001):
+            now = time.monotonic()
+            self.ticks, self.longest_gap, last = self.ticks + 1, max(self.longest_gap, now - last), now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_parse_bomb_in_a_thread_is_bounded_and_other_threads_run(bomb: str) -> None:
+    verifier = MathVerifier(timeout_s=1.0)
+    # A right answer first, from a thread: judged correctly, and the worker is started (start-up
+    # is not part of an answer's bound).
+    assert _in_thread(lambda: verifier("\\boxed{\\frac{1}{2}}", "0.5")) == 1.0
+    assert _in_thread(lambda: verifier("\\boxed{\\frac{1}{3}}", "0.5")) == 0.0
+    ticker = _Ticker()
+    t0 = time.monotonic()
+    score = _in_thread(lambda: verifier(bomb, "2"))
+    elapsed = time.monotonic() - t0
+    ticker.stop()
+    assert score == 0.0
+    assert elapsed < 1.0 + 2.0  # the bound, plus killing the worker and some slack for a loaded machine
+    assert ticker.ticks > 100  # about 1000 if nothing stalls it; a frozen process gives a handful
+    assert ticker.longest_gap < 0.5
+
+
+def test_main_thread_with_another_thread_alive_uses_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The async loop's case: rewards on the main thread while the sampler thread runs. The alarm
+    # would bound the parse, but the GIL held inside sympy would stall the sampler meanwhile.
+    inline = _spy_inline(monkeypatch)
+    ticker = _Ticker()
+    try:
+        t0 = time.monotonic()
+        assert MathVerifier(timeout_s=1.0)(BOMBS[0], "2") == 0.0
+        elapsed = time.monotonic() - t0
+        assert verify("\\boxed{\\frac{1}{2}}", "0.5") == 1.0
+    finally:
+        ticker.stop()
+    assert inline == []
+    assert elapsed < 30.0 + 1.0 + 2.0  # a worker's start (up to ~30 s on a loaded machine), the bound, slack
+    assert ticker.longest_gap < 0.5
+    # Alone on the main thread: judged here, bounded by math-verify's alarm.
+    assert verify("\\boxed{\\frac{1}{2}}", "0.5") == 1.0
+    assert inline == [("$0.5$",), ("$\\frac{1}{2}$",)]  # the gold's parse, then the answer's
+
+
+def test_isolation_process_always_uses_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    inline = _spy_inline(monkeypatch)
+    assert MathVerifier(isolation="process")("\\boxed{\\frac{1}{2}}", "0.5") == 1.0
+    assert inline == []
+    with pytest.raises(ValueError, match="isolation must be 'auto' or 'process', got 'thread'"):
+        MathVerifier(isolation="thread")
+    with pytest.raises(ValueError, match="timeout_s must be > 0, got 0"):
+        MathVerifier(timeout_s=0)
+
+
+def _spy_inline(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Records math-verify parses made in this process (a worker's parses are its own)."""
+    parse, calls = math_rewards.parse, []
+    monkeypatch.setattr(math_rewards, "parse", lambda *args, **kwargs: calls.append(args) or parse(*args, **kwargs))
+    math_rewards._parse_gold.cache_clear()
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(micro_overrides, monkeypatch, mode) -> None:
+    # The async loop computes rewards on the main thread while its sampler thread decodes: the
+    # default must judge in a worker there. The synchronous loop is alone on the main thread.
+    import torch
+
+    from reinforge.config import build_config
+    from reinforge.loops.async_rl import train_rl_async
+    from reinforge.loops.rl import train_rl
+    from reinforge.models import load_policy
+    from reinforge.pipeline import objective_spec
+    from reinforge.rollout import build_engine
+    from reinforge.tasks import build_task
+
+    path = str(Path(math_rewards.__file__).parent.parent / "data" / "math_small.jsonl")
+    cfg = build_config([*micro_overrides, f"train.mode={mode}", "train.steps=1", "rollout.max_new_tokens=12",
+                        "task.name=dataset", f"task.options.path={path}", "model.max_positions=160"])
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(cfg.model, cfg.seed)
+    task = build_task(cfg.task.name, **cfg.task.options)
+    inline = _spy_inline(monkeypatch)
+    remote: list[tuple] = []
+    pool_call = math_rewards._POOL.call
+    monkeypatch.setattr(math_rewards._POOL, "call", lambda fn, args, timeout_s: remote.append(args) or pool_call(fn, args, timeout_s))
+    trainer = train_rl_async if mode == "async" else train_rl
+    trainer(cfg, policy, build_engine(cfg.rollout, policy), task, objective_spec(cfg), lambda record, state: None)
+    judged = remote if mode == "async" else inline
+    assert len(judged) > 0 and (inline if mode == "async" else remote) == []

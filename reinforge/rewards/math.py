@@ -28,30 +28,35 @@ Anti-hacking rules (RL optimises whatever the verifier accepts):
   bare braces take about 5 s, 40 about 8 s).
 * Never raises on model output: any exception from math-verify scores 0.0.
 
-Timeouts. math-verify bounds its own parse and compare with `signal.alarm`,
-which only works in the main thread (elsewhere it raises). Off the main thread
-we pass `parsing_timeout=None` / `timeout_seconds=None`, and nothing inside this
-process bounds the time. A signal is also only handled between Python bytecodes,
-so one long C call can overrun it. `verify_many(workers > 0)` is the real bound:
-each item runs in a worker process that is killed after `timeout_s`.
+Time bound. math-verify bounds its own parse and compare with `signal.alarm`,
+which works only in the main thread, and only between bytecodes; off the main
+thread a parse bomb (`\\boxed{9^{9^{9^{9}}}}`) runs unbounded inside sympy
+holding the GIL, freezing every thread of the process for minutes. So the
+extracted answer is judged in this process only when that is safe: called
+from the main thread while it is the process's only Python thread (the
+alarm bounds it, and there is no other thread to stall). Every other call
+(a reward thread, the async loop whose sampler thread is running, or
+`isolation="process"`) is judged in a persistent worker process
+(`reinforge.rewards.bounded`) that is killed past `timeout_s`; the call then
+scores 0.0. Extraction and the size caps run in the caller (cheap), so only
+the short answer and the gold cross the pipe.
 """
 
 from __future__ import annotations
 
 import functools
-import multiprocessing
+import os
 import re
 import threading
-import time
-from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 
 from math_verify import LatexExtractionConfig, parse
 from math_verify import verify as _math_verify
 from math_verify.errors import TimeoutException
+
+from reinforge.rewards.bounded import BoundedPool
 
 # Only LaTeX extraction: the answer is handed over whole, wrapped in `$...$`.
 # ExprExtractionConfig would, on a failed parse, pick a bare number out of the
@@ -86,9 +91,22 @@ class MathVerifier:
     """An answer with ({[ nested deeper than this scores 0.0 without parsing."""
     library_timeout_s: int | None = 5
     """math-verify's own bound per parse and per compare, in whole seconds
-    (`signal.alarm` takes ints). Used on the main thread only; None disables it."""
+    (`signal.alarm` takes ints), in whichever process's main thread judges the
+    answer; None disables it (then only `timeout_s` bounds a worker)."""
+    timeout_s: float = 10.0
+    """Wall-clock bound of one answer judged in a worker process: past it the
+    worker is killed and the answer scores 0.0. Above 2 x library_timeout_s, so
+    the library's own alarm normally ends a slow answer first and the worker
+    survives."""
+    isolation: str = "auto"
+    """"auto": in this process when called from the main thread while it is the
+    only Python thread, else in a worker process; "process": always in a worker."""
 
     def __post_init__(self) -> None:
+        if self.isolation not in ("auto", "process"):
+            raise ValueError(f"isolation must be 'auto' or 'process', got {self.isolation!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
         # A broken pattern is a config error: raise now, not 0.0 on every sample.
         if self.pattern is not None and re.compile(self.pattern).groups < 1:
             raise ValueError(f"pattern needs a capture group for the answer: {self.pattern!r}")
@@ -114,23 +132,23 @@ class MathVerifier:
         return None
 
     def __call__(self, completion: str, gold: str) -> float:
+        answer = self._checked_answer(completion, gold)
+        if answer is None:
+            return 0.0
+        if self.isolation == "auto" and _alone_on_main_thread():
+            return _judge(answer, gold, self.library_timeout_s)
+        return self._judge_in_worker(answer, gold, self.timeout_s)
+
+    def _judge_in_worker(self, answer: str, gold: str, timeout_s: float) -> float:
+        outcome = _POOL.call(_judge, (answer, gold, self.library_timeout_s), timeout_s)
+        return outcome.value if outcome.ok else 0.0  # killed past the bound, or the worker died: 0.0
+
+    def _checked_answer(self, completion: object, gold: object) -> str | None:
+        """The answer to judge, or None when the pair scores 0.0 without parsing."""
         if not isinstance(completion, str) or not isinstance(gold, str):
-            return 0.0
+            return None
         answer = self.extract(completion)
-        if answer is None or not self._within_caps(answer):
-            return 0.0
-        timeout = self.library_timeout_s if _signals_usable() else None
-        try:
-            gold_parsed = _parse_gold(gold, timeout)
-            answer_parsed = parse(
-                _as_math(answer), extraction_config=_PARSE_CONFIG, parsing_timeout=timeout
-            )
-            if not gold_parsed or not answer_parsed:
-                return 0.0
-            same = _math_verify(list(gold_parsed), answer_parsed, timeout_seconds=timeout)
-            return 1.0 if same else 0.0
-        except (Exception, TimeoutException):  # TimeoutException is a BaseException
-            return 0.0
+        return answer if answer is not None and self._within_caps(answer) else None
 
     def _within_caps(self, answer: str) -> bool:
         if len(answer) > self.max_answer_chars:
@@ -192,57 +210,35 @@ def _parse_gold(gold: str, timeout: int | None) -> tuple[object, ...]:
     return tuple(parse(_as_math(text), extraction_config=_PARSE_CONFIG, parsing_timeout=timeout))
 
 
-def _signals_usable() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-# --- process pool: the time bound that works everywhere -----------------------
-
-# spawn: a forked child of a process with threads (torch, tokenizers) can deadlock.
-_CONTEXT = multiprocessing.get_context("spawn")
-
-
-@dataclass
-class _Worker:
-    process: BaseProcess
-    conn: Connection
-    ready: bool = False  # set once the worker has imported and warmed the parser
-    item: int | None = None  # index of the pair in flight
-    deadline: float = 0.0  # time.monotonic() after which the item is abandoned
-    dead: bool = False  # its pipe closed: the process exited or crashed
-
-
-def _worker_main(conn: Connection, verifier: MathVerifier) -> None:
-    # Warm the parser first so an item's timeout does not pay for start-up.
-    verifier("\\boxed{1}", "1")
-    conn.send(None)
+def _judge(answer: str, gold: str, library_timeout_s: int | None) -> float:
+    """1.0 iff math-verify finds `answer` equal to `gold`; never raises. Bounded by the library's
+    alarm only on a main thread; off it, only a worker process's kill bounds it."""
+    timeout = library_timeout_s if threading.current_thread() is threading.main_thread() else None
     try:
-        while (message := conn.recv()) is not None:
-            index, completion, gold = message
-            conn.send((index, verifier(completion, gold)))
-    except EOFError:
-        pass  # parent went away
+        gold_parsed = _parse_gold(gold, timeout)
+        answer_parsed = parse(_as_math(answer), extraction_config=_PARSE_CONFIG, parsing_timeout=timeout)
+        if not gold_parsed or not answer_parsed:
+            return 0.0
+        same = _math_verify(list(gold_parsed), answer_parsed, timeout_seconds=timeout)
+        return 1.0 if same else 0.0
+    except (Exception, TimeoutException):  # TimeoutException is a BaseException
+        return 0.0
 
 
-def _start_worker(verifier: MathVerifier) -> _Worker:
-    parent_conn, child_conn = _CONTEXT.Pipe()
-    process = _CONTEXT.Process(target=_worker_main, args=(child_conn, verifier), daemon=True)
-    process.start()
-    child_conn.close()
-    return _Worker(process, parent_conn)
+def _alone_on_main_thread() -> bool:
+    # Another Python thread (the async loop's sampler, a reward thread) would stall while sympy holds
+    # the GIL, and off the main thread no alarm can end the parse: both need a worker process.
+    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
 
 
-def _stop_worker(worker: _Worker, graceful: bool) -> None:
-    if graceful:
-        try:
-            worker.conn.send(None)
-        except OSError:
-            pass
-        worker.process.join(timeout=1.0)
-    if worker.process.is_alive():
-        worker.process.kill()
-    worker.process.join()
-    worker.conn.close()
+def _warm_up() -> None:
+    # Run once by each worker: imports math-verify and sympy's parser before the first timed call.
+    _judge("1", "1", 5)
+
+
+# The workers persist between calls and are shared by every MathVerifier (the options travel with
+# each call). Size: one per CPU; verify_many raises it to the parallelism it is asked for.
+_POOL = BoundedPool(warmup=_warm_up, max_workers=os.cpu_count() or 1)
 
 
 def verify_many(
@@ -253,56 +249,19 @@ def verify_many(
 ) -> list[float]:
     """Scores of `(completion, gold)` pairs, in order.
 
-    `workers == 0`: serial, in this process (bounded only by math-verify's
-    signal timeouts, on the main thread). `workers > 0`: that many spawned
-    worker processes for this call; an item that takes longer than `timeout_s`
-    (counted from when its worker receives it) scores 0.0 and its worker is
-    killed and replaced. A worker that dies mid-item also scores it 0.0.
+    `workers == 0`: one by one, each as `verifier(completion, gold)` decides.
+    `workers > 0`: up to that many items at once, each in a worker process of
+    the shared pool (kept for later calls); an item that takes longer than
+    `timeout_s` (counted from when its worker receives it) scores 0.0 and its
+    worker is killed and replaced. A worker that dies mid-item also scores it 0.0.
     """
     if workers <= 0:
         return [verifier(completion, gold) for completion, gold in pairs]
-    scores = [0.0] * len(pairs)
-    todo = deque(range(len(pairs)))
-    remaining = len(pairs)
-    pool = [_start_worker(verifier) for _ in range(min(workers, len(pairs)))]
-    try:
-        while remaining:
-            for worker in pool:
-                if worker.ready and worker.item is None and todo:
-                    index = todo.popleft()
-                    worker.item = index
-                    try:
-                        worker.conn.send((index, *pairs[index]))
-                    except OSError:  # died while idle: replaced below, the item scores 0.0
-                        worker.dead = True
-                    worker.deadline = time.monotonic() + timeout_s
-            deadlines = [w.deadline for w in pool if w.item is not None]
-            wait_s = max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
-            for conn in wait([w.conn for w in pool], timeout=wait_s):
-                worker = next(w for w in pool if w.conn is conn)
-                try:
-                    message = conn.recv()
-                except EOFError:  # the worker died (segfault, out of memory)
-                    if not worker.ready:
-                        raise RuntimeError("math verifier worker died during start-up") from None
-                    worker.dead = True  # replaced below; its item, if any, scores 0.0
-                    continue
-                if message is None:
-                    worker.ready = True
-                else:
-                    index, score = message
-                    scores[index] = score
-                    worker.item = None
-                    remaining -= 1
-            now = time.monotonic()
-            for worker in [w for w in pool if w.dead or (w.item is not None and w.deadline <= now)]:
-                _stop_worker(worker, graceful=False)
-                if worker.item is not None:
-                    remaining -= 1  # its score stays 0.0
-                pool.remove(worker)
-                if todo:  # the busy workers finish the rest otherwise
-                    pool.append(_start_worker(verifier))
-    finally:
-        for worker in pool:
-            _stop_worker(worker, graceful=True)
-    return scores
+    _POOL.max_workers = max(_POOL.max_workers, workers)
+
+    def one(pair: tuple[str, str]) -> float:
+        answer = verifier._checked_answer(*pair)
+        return 0.0 if answer is None else verifier._judge_in_worker(answer, pair[1], timeout_s)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify-many") as threads:
+        return list(threads.map(one, pairs))
