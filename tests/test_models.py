@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM
+import json
+from pathlib import Path
 
-from reinforge.config import ModelConfig
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from reinforge.cli import app
+from reinforge.config import ModelConfig, build_config
 from reinforge.models import load_policy
 from reinforge.models.charset import CHARSET
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
+
+runner = CliRunner()
 
 
 def test_char_tokenizer_round_trip_next_to_a_qwen2_config(tiny_model_dir: str) -> None:
@@ -67,3 +76,96 @@ def test_a_sequence_batch_moves_every_tensor() -> None:
     assert moved.input_ids.shape == batch.input_ids.shape == (2, 4)
     without_groups = build_sequences([[1]], torch.tensor([[2]]), torch.tensor([[1.0]]), 0)
     assert without_groups.to(torch.device("meta")).group_ids is None
+
+
+# Models other than Llama-family: the engine and the learner forward are decided from config.json at
+# config check (issue 21.4), said in one line, and an explicit setting the model cannot run is refused.
+
+GPT2_NOTE = ("model: gpt2 is not Llama-family (llama, mistral, qwen2, qwen3); rollout uses the transformers engine "
+             "(rollout.engine=hf), learner uses the model's own forward (train.shared_prefix=false)")
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory) -> str:
+    """A tiny GPT-2 with the char tokenizer, saved as a Hugging Face folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=len(tok),
+                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                                       pad_token_id=tok.pad_token_id))
+    path = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _run_settings(micro: list[str]) -> list[str]:
+    return [o for o in micro if not o.startswith("model.")]    # sizes of the built-in model
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gpt2_trains_with_one_line_saying_what_runs_it(tmp_path: Path, micro_overrides, gpt2_dir: str, lora: bool) -> None:
+    out = tmp_path / "run"
+    extra = ["model.lora.r=4"] if lora else []
+    result = runner.invoke(app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", *extra, f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith("model:")]
+    # peft's default targets for GPT-2 (its projections are not named as Llama's)
+    assert notes == [GPT2_NOTE + (", LoRA adapters on c_attn (model.lora.target_modules)" if lora else "")]
+    assert "error" not in result.stderr.lower() and "Warning" not in result.stderr
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["rollout"]["engine"], saved["train"]["shared_prefix"]) == ("hf", False)
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("rollout.engine=native", "rollout.engine=native cannot run '{path}': gpt2 is not Llama-family (llama, mistral, qwen2, "
+                              "qwen3); remove rollout.engine=native (the transformers engine is chosen for this model) "
+                              "or set rollout.engine=hf"),
+    ("train.shared_prefix=true", "train.shared_prefix=true cannot run '{path}': gpt2 is not Llama-family (llama, mistral, "
+                                 "qwen2, qwen3); remove it (the model's own forward is chosen for this model) or set "
+                                 "train.shared_prefix=false"),
+    ("recipe=areal", "train.mode=async samples with the native engine, which cannot run '{path}': gpt2 is not "
+                     "Llama-family (llama, mistral, qwen2, qwen3); use train.mode=sync and a recipe that is not asynchronous"),
+])
+def test_gpt2_with_a_setting_it_cannot_run_is_one_config_error(tmp_path: Path, micro_overrides, gpt2_dir: str,
+                                                               setting: str, message: str) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", setting, f"output_dir={out}"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {message.format(path=gpt2_dir)}\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("config", "native", "shared_prefix"), [
+    ({"model_type": "qwen2"}, None, None),
+    ({"model_type": "phi"}, "phi is not Llama-family (llama, mistral, qwen2, qwen3)", "phi is not Llama-family (llama, mistral, qwen2, qwen3)"),
+    ({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+     "llama with rope_type 'dynamic' is not one the native decoder implements (default, linear, llama3, yarn)", ...),
+    ({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}}, None, None),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096},
+     "qwen2 uses sliding-window layers, which the native decoder does not model", ...),
+    ({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4096}, None, None),
+    ({"model_type": "mistral", "sliding_window": 4096}, None,
+     "mistral uses sliding-window attention, which the shared-prompt learner forward does not model"),
+    ({"model_type": "llama", "attention_dropout": 0.1}, None,
+     "llama applies attention dropout, which the shared-prompt learner forward does not"),
+])
+def test_what_the_native_paths_run_is_read_from_config_json(config: dict, native, shared_prefix) -> None:
+    from reinforge.models.model_dir import native_refusal, shared_prefix_refusal
+
+    assert native_refusal(config) == native
+    assert shared_prefix_refusal(config) == (native if shared_prefix is ... else shared_prefix)
+
+
+def test_a_mistral_window_keeps_the_native_engine_and_drops_the_shared_prompt_forward(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral", "sliding_window": 16}))
+    cfg = build_config([f"model={tmp_path}"])
+    assert (cfg.rollout.engine, cfg.train.shared_prefix) == ("native", False)
+    from reinforge.models.model_dir import architecture_plan
+
+    assert architecture_plan(tmp_path).note(cfg.rollout.engine, cfg.train.shared_prefix) == (
+        "model: mistral uses sliding-window attention, which the shared-prompt learner forward does not model; "
+        "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward (train.shared_prefix=false)")
