@@ -383,3 +383,21 @@ def test_each_convention_passes_the_config_check():
     assert [f.name for f in cfg.reward.functions] == [f"convention_fixtures:{n}" for n in names]
     with pytest.raises(ConfigError, match="'solution_str' is an input the composer passes itself"):
         build_config(["reward.functions=[{name: convention_fixtures:compute_score, params: {solution_str: x}}]"])
+
+
+def test_a_function_from_a_file_path_or_the_working_directory(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))       # the working directory is put on it
+    (tmp_path / "verl_reward_file.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str == ground_truth)}\n")
+    (tmp_path / "cwd_reward_mod.py").write_text("def shout(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config([f"reward.functions=[{{name: {tmp_path / 'verl_reward_file.py'}:compute_score}}, "
+                        "{name: cwd_reward_mod:shout}]"])
+    out = RewardComposer(cfg.reward, ArithmeticTask(), 8).score(EXAMPLES, _rollout(["46", "4", "7", "7"], [1] * 4), 2)
+    _close(out.parts["compute_score"], [1.0, 0.0, 1.0, 1.0])
+    _close(out.parts["shout"], [1.0] * 4)
+    with pytest.raises(ConfigError, match="file 'nope.py' does not exist"):
+        build_config(["reward.functions=[{name: nope.py:f}]"])

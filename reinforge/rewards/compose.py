@@ -21,7 +21,8 @@ keywords it declares (all of them if it takes **kwargs):
     <meta fields>                each key of example.meta not named above, e.g. target, numbers
     <params>                     the function's `params` from the config (they win over meta)
 
-Built-ins are in `REWARD_FUNCTIONS`; anything else is given as 'module:function'.
+Built-ins are in `REWARD_FUNCTIONS`; anything else is given as 'module:function'
+(a module importable, or in the working directory) or 'path/to/file.py:function'.
 A function that raises costs its sample its gradient; past `max_error_rate` of a
 batch, `score` raises `RewardError`, whose message is one line naming the
 function, the sample and the exception (the full traceback is its `.details`).
@@ -49,6 +50,7 @@ from reinforge.rewards.conventions import (
     VERL_INPUTS,
     RewardForm,
     call_all,
+    import_user_function,
     keywords,
     reward_form,
     run_trl,
@@ -126,7 +128,7 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
     (the message shows them), a parameter the function does not take, a parameter that shadows
     an input of its convention, or a built-in's missing required parameter.
     """
-    fn = resolve(REWARD_FUNCTIONS, name, "reward function")
+    fn = import_user_function(name) or resolve(REWARD_FUNCTIONS, name, "reward function")
     kind = f"reward function {name!r}"
     form = reward_form(fn, kind)
     inputs = FORM_INPUTS[form]
@@ -254,7 +256,8 @@ class RewardComposer:
                 key = f"{base}_{i}"
             taken.add(key)
             form = reward_form(fn, f.name)
-            self.terms.append(_Term(key, f.name.replace(":", "."), fn, form, f.weight, dict(f.params), accepted_params(fn)))
+            label = f.name if f.name.rpartition(":")[0].endswith(".py") else f.name.replace(":", ".")
+            self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn)))
         if not self.terms:
             raise ValueError("reward.functions is empty: give at least one reward function, e.g. [{name: verifier}]")
         self.overlong = cfg.overlong

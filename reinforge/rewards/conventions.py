@@ -34,9 +34,14 @@ batch at once (asyncio.gather), TRL ones once per batch.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib
+import importlib.util
 import inspect
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 RewardForm = Literal["sample", "trl", "verl"]
@@ -51,6 +56,48 @@ FORMS_HELP = (
     "TRL batched f(prompts, completions, **kwargs) -> list[float | None]; "
     "verl compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict with 'score'"
 )
+
+
+def import_user_function(name: str) -> Callable[..., Any] | None:
+    """The function of a 'path/to/file.py:function' name (verl's custom_reward_function.path form),
+    or of a 'module:function' whose module lies in the working directory; None for any other name
+    (the registry's resolver handles those, and its errors)."""
+    module_name, sep, attr = name.rpartition(":")
+    if not sep or not module_name:
+        return None
+    if module_name.endswith(".py"):
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise ValueError(f"reward function {name!r}: file '{module_name}' does not exist")
+        module = _module_from_file(path)
+    else:
+        # `reinforge` is a console script: unlike `python -m`, it does not put the working directory on
+        # sys.path, so my_rewards.py next to the user's data would not import.
+        root = module_name.split(".")[0]
+        if importlib.util.find_spec(root) is not None or not (Path.cwd() / f"{root}.py").is_file() \
+                and not (Path.cwd() / root / "__init__.py").is_file():
+            return None
+        sys.path.insert(0, str(Path.cwd()))
+        module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ValueError(f"reward function {name!r}: '{module_name}' has no function '{attr}'")
+    return fn
+
+
+def _module_from_file(path: Path) -> Any:
+    """The module of a file, loaded once per process (the composer resolves names again after the config check)."""
+    key = f"reinforge_user_rewards_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    return sys.modules[key]
 
 
 def reward_form(fn: Callable[..., Any], kind: str) -> RewardForm:
@@ -150,5 +197,5 @@ def run_trl(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     return fn(**kwargs)
 
 
-__all__ = ["FORMS_HELP", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
+__all__ = ["FORMS_HELP", "import_user_function", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
            "reward_form", "run_trl", "sample_value", "trl_values", "verl_value"]
