@@ -1,0 +1,49 @@
+"""Reward functions handed to `reinforge.train` as Python objects, registered here by name.
+
+A function defined in a notebook or a script's `__main__` has no import path,
+yet the config names every reward function by a string. `register` puts the
+function in this module, and the config names it
+`reinforge.user_rewards:<name>`, which the reward composer imports like any
+'module:function': the same resolution, so every calling convention it
+accepts works for these too.
+
+The registry lives in the process: a run resumed from another process
+(`reinforge train --resume`) must register its functions again (call
+`reinforge.train` with them, or `register`); until then the name fails to
+resolve with a message that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register(fn: Callable, name: str | None = None) -> str:
+    """Register `fn` (under `name`, default its `__name__`) and return the import path the config
+    names it by. The same function registered again keeps its name; another function with a name
+    already taken gets a suffix (`_2`, `_3`, ...)."""
+    if not callable(fn):
+        raise TypeError(f"a reward function must be callable, got {type(fn).__name__}")
+    for taken, other in _REGISTERED.items():
+        if other is fn and (name is None or name == taken):
+            return f"{__name__}:{taken}"
+    base = name or getattr(fn, "__name__", "")
+    if not base.isidentifier():            # a lambda ("<lambda>") or a callable object without a name
+        base = "reward"
+    key, i = base, 1
+    while key in _REGISTERED or key in globals():
+        i += 1
+        key = f"{base}_{i}"
+    _REGISTERED[key] = fn
+    return f"{__name__}:{key}"
+
+
+def __getattr__(name: str) -> Callable:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    raise AttributeError(
+        f"no reward function {name!r} is registered in this process: it was a Python function given to "
+        "reinforge.train(reward_funcs=[...]) in another one; call reinforge.train with it again (or "
+        "reinforge.user_rewards.register), or give it by import path 'module:function'")
