@@ -133,3 +133,20 @@ def test_wandb_gets_the_samples_as_a_table(tmp_path, wandb_offline) -> None:  # 
     assert table["columns"] == ["step", "prompt", "completion", "rewards", "reward", "advantage", "trained"]
     assert table["data"] == [[3, "p0", "ab", '{"verifier": 1.0}', 1.0, 0.5, True],
                              [3, "p1", "def", '{"verifier": null}', None, 0.0, False]]
+
+
+def test_report_shows_the_sft_loss_curve_and_the_last_samples(sampled_run, tmp_path) -> None:
+    import html
+
+    from reinforge.telemetry.report import load_runs, write_report
+
+    page = write_report([sampled_run], tmp_path).read_text()
+    assert (tmp_path / "report-sft_loss.png").is_file() and 'src="report-sft_loss.png"' in page
+    (run_data,) = load_runs([sampled_run])
+    records = [json.loads(x) for x in (sampled_run / "samples.jsonl").read_text().splitlines()]
+    assert run_data.samples == [r for r in records if r["step"] == 4]            # the last logged step only
+    samples = page[page.index("<h2>Samples</h2>"):page.index("<h2>Alerts</h2>")]
+    assert "<p>RL step 4</p>" in samples
+    for r in run_data.samples:
+        assert f"<td>{html.escape(r['completion'])}</td>" in samples
+        assert f"verifier: {r['rewards']['verifier']:.3f}, format: {r['rewards']['format']:.3f}" in samples
