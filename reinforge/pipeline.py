@@ -122,7 +122,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     check_output_dir(cfg.output_dir or default_output_dir(cfg))
     plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
     lora_targets = list(cfg.model.lora.target_modules) if cfg.model.lora is not None else None
-    note = plan.note(cfg.rollout.engine, cfg.train.shared_prefix, lora_targets) if plan is not None else None
+    note = (plan.note(cfg.rollout.engine, cfg.train.shared_prefix, lora_targets, cfg.train.logprob_chunk_size)
+            if plan is not None else None)
     if note is not None and torchrun_world_size() == 1:    # what runs the model, and why: once, last
         Console(stderr=True).print(escape(note), soft_wrap=True, highlight=False)
     return task, spec

@@ -169,3 +169,21 @@ def test_a_mistral_window_keeps_the_native_engine_and_drops_the_shared_prompt_fo
     assert architecture_plan(tmp_path).note(cfg.rollout.engine, cfg.train.shared_prefix) == (
         "model: mistral uses sliding-window attention, which the shared-prompt learner forward does not model; "
         "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward (train.shared_prefix=false)")
+
+
+def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> None:
+    """The chunked log-prob head assumes logits = lm_head(hidden); Gemma 2 caps them after it."""
+    from reinforge.config import ConfigError
+    from reinforge.models.model_dir import architecture_plan
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}))
+    cfg = build_config([f"model={tmp_path}"])
+    assert (cfg.rollout.engine, cfg.train.shared_prefix, cfg.train.logprob_chunk_size) == ("hf", False, 0)
+    assert architecture_plan(tmp_path).note("hf", False, None, 0) == (
+        "model: gemma2 is not Llama-family (llama, mistral, qwen2, qwen3); rollout uses the transformers engine "
+        "(rollout.engine=hf), learner uses the model's own forward (train.shared_prefix=false) with full logits "
+        "(train.logprob_chunk_size=0: gemma2 soft-caps its logits after the LM head)")
+    with pytest.raises(ConfigError) as err:
+        build_config([f"model={tmp_path}", "train.logprob_chunk_size=512"])
+    assert str(err.value) == (f"train.logprob_chunk_size=512 cannot run '{tmp_path}': gemma2 soft-caps its logits after "
+                              "the LM head; remove it (full logits are chosen for this model) or set it to 0")

@@ -94,6 +94,16 @@ def shared_prefix_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
+def chunked_head_refusal(config: dict[str, Any]) -> str | None:
+    """Why the chunked log-prob path (train.logprob_chunk_size > 0: the LM head applied to the
+    decoder's hidden states, learner/logprobs.py) cannot run the model of `config`, or None."""
+    if config.get("final_logit_softcapping") is not None:
+        return f"{config.get('model_type')} soft-caps its logits after the LM head"
+    if config.get("logit_scale") not in (None, 1.0):
+        return f"{config.get('model_type')} rescales its logits after the LM head"
+    return None
+
+
 @dataclass(frozen=True)
 class ArchitecturePlan:
     """What runs a model folder's architecture, decided from its config.json before anything loads."""
@@ -101,8 +111,10 @@ class ArchitecturePlan:
     model_type: str
     native_reason: str | None          # why the native engine cannot run it; None: it can
     shared_prefix_reason: str | None   # why the shared-prompt learner forward cannot; None: it can
+    head_reason: str | None = None     # why the chunked log-prob head cannot; None: it can
 
-    def note(self, engine: str, shared_prefix: bool, lora_targets: list[str] | None = None) -> str | None:
+    def note(self, engine: str, shared_prefix: bool, lora_targets: list[str] | None = None,
+             logprob_chunk_size: int = 0) -> str | None:
         """The one line that says what runs the model and why, for a model that one of the native
         paths does not run; None for one they both run. `lora_targets`: the adapters' modules, named
         when the model is not Llama-family (its projections have other names)."""
@@ -111,6 +123,8 @@ class ArchitecturePlan:
             return None
         rollout = "the transformers engine (rollout.engine=hf)" if engine == "hf" else "the native engine (rollout.engine=native)"
         learner = "the model's own forward (train.shared_prefix=false)" if not shared_prefix else "the shared-prompt forward"
+        if self.head_reason is not None and logprob_chunk_size == 0:
+            learner += f" with full logits (train.logprob_chunk_size=0: {self.head_reason})"
         lora = (f", LoRA adapters on {', '.join(lora_targets)} (model.lora.target_modules)"
                 if lora_targets and self.native_reason is not None else "")
         return f"model: {reason}; rollout uses {rollout}, learner uses {learner}{lora}"
@@ -123,7 +137,12 @@ def architecture_plan(path: str | Path) -> ArchitecturePlan | None:
         config = read_model_config(path)
     except ConfigError:
         return None
-    return ArchitecturePlan(config["model_type"], native_refusal(config), shared_prefix_refusal(config))
+    return _plan(config)
+
+
+def _plan(config: dict[str, Any]) -> ArchitecturePlan:
+    return ArchitecturePlan(config["model_type"], native_refusal(config), shared_prefix_refusal(config),
+                            chunked_head_refusal(config))
 
 
 # Built-in-model sizes (model.*) and the names a config.json gives them.
@@ -158,7 +177,7 @@ def fit_to_model_dir(cfg: Config, given: set[str]) -> Config:
     except ConfigError:
         return cfg
     _check_builtin_sizes(cfg, given, config)
-    plan = ArchitecturePlan(config["model_type"], native_refusal(config), shared_prefix_refusal(config))
+    plan = _plan(config)
     path = cfg.model.path
     rollout, train, model = {}, {}, {}
     if plan.native_reason is not None:
@@ -175,6 +194,11 @@ def fit_to_model_dir(cfg: Config, given: set[str]) -> Config:
             raise ConfigError(f"train.shared_prefix=true cannot run '{path}': {plan.shared_prefix_reason}; "
                               "remove it (the model's own forward is chosen for this model) or set train.shared_prefix=false")
         train["shared_prefix"] = False
+    if plan.head_reason is not None and cfg.train.logprob_chunk_size > 0:
+        if "train.logprob_chunk_size" in given:
+            raise ConfigError(f"train.logprob_chunk_size={cfg.train.logprob_chunk_size} cannot run '{path}': "
+                              f"{plan.head_reason}; remove it (full logits are chosen for this model) or set it to 0")
+        train["logprob_chunk_size"] = 0
     if cfg.model.lora is not None and plan.native_reason is not None and "model.lora.target_modules" not in given:
         model["lora"] = cfg.model.lora.model_copy(update={"target_modules": _lora_targets(plan.model_type, path)})
     return cfg.model_copy(update={
