@@ -5,9 +5,9 @@ Two kinds behind one interface; the objective decides which (`spec.needs_critic`
 - `GroupCredit`: a group-relative estimator (GRPO, Dr.GRPO, RLOO, MaxRL, ...)
   and its transforms, one advantage per sample;
 - `CriticCredit`: a learned critic and GAE (PPO, VC-PPO, VAPO), one advantage
-  per token. The outcome reward sits on the last token, the KL penalty (k1,
-  detached) on every token when it is placed in the reward (InstructGPT,
-  arXiv 2203.02155, eq. 2); decoupled lambdas for the actor and the critic
+  per token. The outcome reward sits on the last token, the KL penalty (the
+  spec's estimator, detached) on every token when it is placed in the reward
+  (InstructGPT, arXiv 2203.02155, eq. 2, with k1); decoupled lambdas for the actor and the critic
   (VC-PPO arXiv 2503.01491), VAPO's length-adaptive actor lambda (arXiv
   2504.05118). The critic trains on the batch after the policy update.
 
@@ -25,25 +25,31 @@ from reinforge.learner.critic import Critic
 from reinforge.learner.forward import ForwardPlan
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
-from reinforge.objectives.kl import adaptive_kl_coef
+from reinforge.objectives.kl import adaptive_kl_coef, reward_kl_terms
 from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards
 
 
 class RewardKL:
     """The coefficient of a KL placed in the reward: fixed, or adapted toward a target KL
     (`train.kl_target`, objectives.kl.adaptive_kl_coef). Reports it as `kl_coef` and the
-    batch's mean sequence KL as `kl_in_reward`."""
+    batch's mean sequence KL (sum_t k_t with the spec's estimator, the penalty per unit of
+    beta) as `kl_in_reward`."""
 
     def __init__(self, spec: ObjectiveSpec, target: float | None):
         self.active = spec.kl_placement == "in_reward" and spec.needs_reference
+        self.estimator = spec.kl_estimator
         self.coef, self.target = spec.kl_coef, target
+
+    def terms(self, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[N, T] sg(k_t), 0 on padding: what each token's reward is charged, per unit of beta."""
+        return reward_kl_terms(self.estimator, old_logprobs, ref_logprobs, mask)
 
     def observe(self, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
                 valid: torch.Tensor) -> dict[str, float]:
         """After this batch's rewards are shaped with the current coefficient: adapt it for the next."""
         if not self.active:
             return {}
-        kl = float(((old_logprobs - ref_logprobs) * mask).sum(dim=1)[valid].mean()) if valid.any() else 0.0
+        kl = float(self.terms(old_logprobs, ref_logprobs, mask).sum(dim=1)[valid].mean()) if valid.any() else 0.0
         used = self.coef
         if self.target is not None:
             self.coef = adaptive_kl_coef(self.coef, kl, self.target)
@@ -99,7 +105,7 @@ class CriticCredit:
                generator: torch.Generator) -> AdvantageResult:
         mask = sequences.completion_mask
         v = self.spec.value
-        kl = old_logprobs - ref_logprobs if self.reward_kl.active else None    # k1 per token (PPO), detached inside
+        kl = self.reward_kl.terms(old_logprobs, ref_logprobs, mask) if self.reward_kl.active else None   # [N, T]
         token_rewards = outcome_token_rewards(torch.where(valid, rewards, 0.0), mask, kl, self.reward_kl.coef)
         kl_metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, mask, valid)
         values = self.critic.values(sequences, self.plan)      # [N, T] V of the critic that sees this rollout

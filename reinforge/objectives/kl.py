@@ -15,8 +15,12 @@ and sits in `KL_ESTIMATORS`. Terms are not masked: the aggregation weights
 are 0 on padding.
 
 Placement (ALGORITHMS.md, "KL to the reference"): in the loss (GRPO), or in
-the reward, r <- r - beta sg(k1) (PPO / InstructGPT, arXiv 2203.02155), see
-`sequence_kl_penalty`. Reference kinds: the frozen initial policy, or an EMA
+the reward, r_t <- r_t - beta sg(k_t) (PPO / InstructGPT, arXiv 2203.02155,
+with k1), see `sequence_kl_penalty`. In the reward the estimator is a value
+estimate of the sequence's KL, not a gradient: k1 and k3 are unbiased for
+KL(pi || ref) under pi (E_pi[exp(-delta)] = 1), k3 with lower variance
+(verl's "low_var_kl"); k2 is biased (second order in delta; verl's "mse").
+All three are allowed; `objective.kl_estimator` picks one in either placement. Reference kinds: the frozen initial policy, or an EMA
 of the policy (T1, arXiv 2501.11651), see `ema_update_`.
 """
 
@@ -63,20 +67,31 @@ def kl_terms(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return resolve(KL_ESTIMATORS, name, "KL estimator")(logprobs=logprobs, ref_logprobs=ref_logprobs)
 
 
+def reward_kl_terms(
+    estimator: str,            # key of KL_ESTIMATORS (or "module:function")
+    old_logprobs: Tensor,      # [N, T] log pi_old of the sampled tokens (the policy that sampled them)
+    ref_logprobs: Tensor,      # [N, T] log pi_ref
+    mask: Tensor,              # [N, T]
+) -> Tensor:
+    """sg(k_t) per token, [N, T], 0 on padding: the KL estimate a reward is charged per token."""
+    k = kl_terms(estimator, old_logprobs.detach(), ref_logprobs.detach())
+    return torch.where(mask.bool(), k, torch.zeros_like(k))
+
+
 def sequence_kl_penalty(
     old_logprobs: Tensor,      # [N, T] log pi_old of the sampled tokens (the policy that sampled them)
     ref_logprobs: Tensor,      # [N, T] log pi_ref
     mask: Tensor,              # [N, T]
     kl_coef: float,
+    estimator: str = "k1",
 ) -> Tensor:
-    """beta * sum_t sg(k1_t) per sequence, [N]: the KL placed in the reward.
+    """beta * sum_t sg(k_t) per sequence, [N]: the KL placed in the reward.
 
-    With one outcome reward per sequence, r_t <- r_t - beta sg(k1_t) on every
-    token sums to R_i - beta sum_t k1_it for a critic-free advantage; a
+    With one outcome reward per sequence, r_t <- r_t - beta sg(k_t) on every
+    token sums to R_i - beta sum_t k_it for a critic-free advantage; a
     critic's GAE takes the per-token form (value.outcome_token_rewards).
     """
-    k = k1(logprobs=old_logprobs.detach(), ref_logprobs=ref_logprobs.detach())
-    return kl_coef * torch.where(mask.bool(), k, torch.zeros_like(k)).sum(dim=1)
+    return kl_coef * reward_kl_terms(estimator, old_logprobs, ref_logprobs, mask).sum(dim=1)
 
 
 @torch.no_grad()

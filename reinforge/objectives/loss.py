@@ -145,12 +145,12 @@ def shaped_rewards(
     ref_logprobs: Tensor | None,         # [N, T] log pi_ref; None when the spec has no KL term
     mask: Tensor,                        # [N, T]
 ) -> Tensor:
-    """The rewards the advantage sees: R_i - beta sum_t sg(k1_it) with the KL placed in the
-    reward (kl_placement="in_reward", PPO / InstructGPT), else R unchanged."""
+    """The rewards the advantage sees: R_i - beta sum_t sg(k_it), k the spec's kl_estimator, with
+    the KL placed in the reward (kl_placement="in_reward", PPO / InstructGPT), else R unchanged."""
     if spec.kl_placement != "in_reward" or not spec.needs_reference:
         return rewards
     return rewards - sequence_kl_penalty(old_logprobs, _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
-                                         mask, spec.kl_coef)
+                                         mask, spec.kl_coef, spec.kl_estimator)
 
 
 def _required(tensor: Tensor | None, what: str) -> Tensor:

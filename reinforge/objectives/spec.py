@@ -82,7 +82,7 @@ class ObjectiveSpec:
     correction_params: Mapping[str, object] = field(default_factory=dict, hash=False)  # e.g. {"cap": 2.0}
     aggregation: str = "seq_mean_token_mean"                # key of AGGREGATIONS
     kl_estimator: str | None = "k3"                         # key of KL_ESTIMATORS; None = no KL term, no reference model
-    kl_placement: Literal["in_loss", "in_reward"] = "in_loss"   # J -= beta agg(k), or r_t -= beta sg(k1_t)
+    kl_placement: Literal["in_loss", "in_reward"] = "in_loss"   # J -= beta agg(k), or r_t -= beta sg(k_t)
     kl_coef: float = 0.04                                   # beta
     reference: Literal["fixed", "ema"] = "fixed"            # frozen initial policy, or ref <- ema ref + (1 - ema) theta (T1)
     reference_ema: float = 0.99                             # the ema of an EMA reference
