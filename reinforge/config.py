@@ -501,8 +501,11 @@ def recipe_preset(name: str) -> dict[str, Any]:
     return load_yaml(path) if path.is_file() else {}
 
 
-def build_config(overrides: list[str] | None = None, config_file: str | None = None) -> Config:
-    """Resolve defaults, recipe preset, YAML file and overrides into one validated Config."""
+def build_config(overrides: list[str] | None = None, config_file: str | None = None, *,
+                 architecture_of: str | None = None) -> Config:
+    """Resolve defaults, recipe preset, YAML file and overrides into one validated Config, fitted to
+    its model folder's architecture (models/model_dir.py). `architecture_of`: where to read that
+    architecture when model.path is written later (a pipeline stage's model, made by the stage before)."""
     user = load_yaml(config_file) if config_file else {}
     cli = parse_overrides(overrides or [])
     if isinstance(cli.get("model"), str):
@@ -518,13 +521,13 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
         cfg = Config.model_validate(_deep_merge(preset, merged_user))
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err)) from None
-    if cfg.model.path == "builtin":
+    if (architecture_of or cfg.model.path) == "builtin":
         return cfg
     # The model folder's architecture decides the engine and the learner forward, before anything loads.
     from reinforge.models.model_dir import fit_to_model_dir
 
     given = {leaf for leaf, _ in _leaves("", preset)} | {leaf for leaf, _ in _leaves("", merged_user)}
-    return fit_to_model_dir(cfg, {leaf.lstrip(".") for leaf in given})
+    return fit_to_model_dir(cfg, {leaf.lstrip(".") for leaf in given}, architecture_of)
 
 
 def _format_validation_error(err: ValidationError) -> str:

@@ -118,8 +118,10 @@ def stage_configs(spec: PipelineSpec, overrides: list[str], out_dir: Path) -> li
     for k, stage in enumerate(spec.stages):
         chain = [] if previous is None else [f"model.path={previous / 'model'}"]
         try:
+            # A later stage's model is the first stage's architecture, trained: it decides the engine.
             cfg = build_config([*_as_overrides(spec.settings), *common, *_as_overrides(stage.settings),
-                                *per_stage[stage.name], *chain, f"output_dir={out_dir / f'{k + 1}-{stage.name}'}"])
+                                *per_stage[stage.name], *chain, f"output_dir={out_dir / f'{k + 1}-{stage.name}'}"],
+                               architecture_of=configs[0].model.path if configs else None)
         except ConfigError as err:
             raise ConfigError(f"stage '{stage.name}': {err}") from None
         configs.append(cfg)

@@ -187,3 +187,13 @@ def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> N
         build_config([f"model={tmp_path}", "train.logprob_chunk_size=512"])
     assert str(err.value) == (f"train.logprob_chunk_size=512 cannot run '{tmp_path}': gemma2 soft-caps its logits after "
                               "the LM head; remove it (full logits are chosen for this model) or set it to 0")
+
+
+def test_a_pipelines_later_stages_run_the_first_stages_architecture(tmp_path: Path, gpt2_dir: str) -> None:
+    """Stage 2 trains stage 1's GPT-2, whose folder does not exist yet when the stages are checked."""
+    from reinforge.multistage import PipelineSpec, stage_configs
+
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "two", "stages": [{"name": "a"}, {"name": "b"}]}))
+    a, b = stage_configs(PipelineSpec.load(str(tmp_path / "p.yaml")), [f"model={gpt2_dir}"], tmp_path / "out")
+    assert b.model.path == str(tmp_path / "out" / "1-a" / "model")
+    assert [(c.rollout.engine, c.train.shared_prefix) for c in (a, b)] == [("hf", False), ("hf", False)]

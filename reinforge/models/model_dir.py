@@ -166,14 +166,16 @@ def _check_builtin_sizes(cfg: Config, given: set[str], config: dict[str, Any]) -
                               f"{has} (its config.json): remove model.{name}")
 
 
-def fit_to_model_dir(cfg: Config, given: set[str]) -> Config:
+def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None = None) -> Config:
     """`cfg` with the rollout engine, the learner forward and the LoRA targets its model folder's
     architecture needs, decided from config.json before anything loads. `given`: the dotted keys the
     user (or the recipe preset) set; a setting given explicitly that the model cannot run is a
     ConfigError, a default is changed (and the run says so in one line, see ArchitecturePlan.note).
-    A folder whose config.json cannot be read is returned unchanged: the run's input check says why."""
+    `architecture_of`: a folder of the same architecture to read instead, for a model.path that a
+    pipeline's earlier stage has yet to write. A folder whose config.json cannot be read is returned
+    unchanged: the run's input check says why."""
     try:
-        config = read_model_config(cfg.model.path)
+        config = read_model_config(architecture_of or cfg.model.path)
     except ConfigError:
         return cfg
     _check_builtin_sizes(cfg, given, config)
