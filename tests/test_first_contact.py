@@ -160,3 +160,7 @@ def test_a_reward_function_that_raises_ends_the_run_with_one_line(llama_dir: Pat
     assert not (out / "summary.json").exists() and not (out / "model").exists()
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["stage"] == "failed" and last["reason"] == line.removeprefix("error: ").split("; full traceback")[0]
+    from reinforge.telemetry.report import load_runs, run_table
+
+    header, (row,) = run_table(load_runs([out]))
+    assert row[header.index("status")] == "failed in step 1"
