@@ -76,7 +76,7 @@ def test_tensorboard_has_the_samples_text_and_the_sft_loss_curve(sampled_run) ->
     assert [x["sft_step"] for x in sft if x["stage"] == "sft_step"] == [0, 1, 2]
     assert [(e.step, e.value) for e in acc.Scalars("sft/loss")] == [(k, pytest.approx(v, rel=1e-6)) for k, v in enumerate(losses)]
     summary = next(x for x in sft if x["stage"] == "sft")
-    assert summary["first_loss"] == losses[0] and summary["wall_seconds"] > 0
+    assert summary["first_loss"] == losses[0] and summary["steps"] == 3
 
 
 def _batch(advantages: torch.Tensor) -> StepSamples:
@@ -150,3 +150,28 @@ def test_report_shows_the_sft_loss_curve_and_the_last_samples(sampled_run, tmp_p
     for r in run_data.samples:
         assert f"<td>{html.escape(r['completion'])}</td>" in samples
         assert f"verifier: {r['rewards']['verifier']:.3f}, format: {r['rewards']['format']:.3f}" in samples
+
+
+def test_resume_rewrites_the_samples_after_its_checkpoint(tmp_path) -> None:
+    """An interrupted run (its step-4 checkpoint lost, samples of steps 3-4 already written) resumed
+    from step 2 ends with the samples.jsonl of an uninterrupted run: nothing twice, nothing lost."""
+    import shutil
+
+    from conftest import MICRO
+
+    from reinforge.pipeline import resume_config
+
+    def config(name: str):
+        return build_config([*MICRO, "train.steps=4", "log.samples_every=1", "log.samples_per_step=2",
+                             "checkpoint.every=2", "checkpoint.keep_last=2", f"output_dir={tmp_path / name}"])
+
+    run(config("whole"))
+    run(config("cut"))
+    cut = tmp_path / "cut"
+    (newest,) = [p for p in (cut / "checkpoints").iterdir() if p.name.endswith("4")]
+    shutil.rmtree(newest)
+    (cut / "samples.jsonl").write_text((cut / "samples.jsonl").read_text() + '{"step": 5, "torn')
+    run(resume_config(cut), resume=True)
+    whole = (tmp_path / "whole" / "samples.jsonl").read_text()
+    assert [json.loads(x)["step"] for x in whole.splitlines()] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert (cut / "samples.jsonl").read_text() == whole

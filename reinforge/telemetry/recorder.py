@@ -35,7 +35,7 @@ from reinforge.telemetry.samples import (
 from reinforge.telemetry.sinks import WandbSink, build_sinks
 
 # Wall-clock figures: the only metrics a resumed run does not reproduce.
-TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds", "wall_seconds"})
+TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
 
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:
@@ -89,8 +89,9 @@ class Recorder:
             sink.log_sft(step, {"sft/loss": loss})
 
     def sft_done(self, summary: dict, seconds: float) -> None:
-        """The SFT stage's metrics.jsonl line and its one-line console summary."""
-        self.log({"stage": "sft", **summary, "wall_seconds": seconds})
+        """The SFT stage's metrics.jsonl line and its one-line console summary (the time only there:
+        metrics.jsonl holds what the seed reproduces, wall-clock figures aside)."""
+        self.log({"stage": "sft", **summary})
         self.console.print(f"sft: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> "
                            f"{summary['final_loss']:.3f} (mean of the last 10%), {seconds:.1f} s")
 
