@@ -412,3 +412,13 @@ def test_prompt_system_makes_every_prompt_a_conversation(tmp_path: Path) -> None
     assert trace.prompt.as_list()[0] == {"role": "system", "content": "Add."}
     with pytest.raises(DatasetError, match="line 2: the prompt is a list of messages, which prompt_template"):
         build_task("dataset", path=str(path), eval_path=str(path), prompt_template="Q: {prompt}")
+    # A conversation survives pickling (async sampler, Ray workers) and `reinforge filter`'s file.
+    import pickle
+
+    from reinforge.loops.difficulty import write_filtered
+
+    examples = task.eval_split(3)
+    assert pickle.loads(pickle.dumps(examples[0].prompt)).as_list() == prompts[0]
+    write_filtered(tmp_path / "kept.jsonl", examples, [0.5, 0.5, 0.5], 0.1, 0.9)
+    again = build_task("dataset", path=str(tmp_path / "kept.jsonl"), eval_path=str(tmp_path / "kept.jsonl"))
+    assert [e.prompt.as_list() for e in again.eval_split(3)] == prompts

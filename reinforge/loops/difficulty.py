@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from reinforge.data.chat import Conversation
 from reinforge.rollout import RolloutEngine, SamplingParams
 from reinforge.tasks import Example, Task
 
@@ -50,7 +51,9 @@ def write_filtered(path: Path, examples: list[Example], rates: list[float], lo: 
     with path.open("w") as out:
         for example, rate in zip(examples, rates, strict=True):
             if lo <= rate <= hi:
-                out.write(json.dumps({"prompt": example.prompt, "answer": example.answer, "pass_rate": rate,
+                # A chat prompt is written as its messages, so that the file reads back as the same conversation.
+                prompt = example.prompt.as_list() if isinstance(example.prompt, Conversation) else example.prompt
+                out.write(json.dumps({"prompt": prompt, "answer": example.answer, "pass_rate": rate,
                                       **example.meta}) + "\n")
                 kept += 1
     return DifficultyReport(kept=kept, too_easy=sum(r > hi for r in rates), too_hard=sum(r < lo for r in rates),
