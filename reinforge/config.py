@@ -520,7 +520,7 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
     try:
         cfg = Config.model_validate(_deep_merge(preset, merged_user))
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err)) from None
     if (architecture_of or cfg.model.path) == "builtin":
         return cfg
     # The model folder's architecture decides the engine and the learner forward, before anything loads.
@@ -530,7 +530,7 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
     return fit_to_model_dir(cfg, {leaf.lstrip(".") for leaf in given}, architecture_of)
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError) -> str:
     lines, located = [], False
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])

@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
-from reinforge.config import Config, ConfigError
+from reinforge.config import Config, ConfigError, format_validation_error, load_yaml
 from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
 from reinforge.eval.evaluate import EvalResult, evaluate
@@ -157,9 +156,9 @@ def resume_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise ConfigError(f"--resume: '{run_dir}' holds no run (no config.yaml)")
     try:
-        cfg = Config.model_validate(yaml.safe_load(path.read_text()))
+        cfg = Config.model_validate(load_yaml(path))     # a damaged file: one line with its line and column
     except ValidationError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"--resume: {path} is not a valid config ({format_validation_error(err)})") from None
     return cfg.model_copy(update={"output_dir": str(run_dir)})
 
 

@@ -136,3 +136,20 @@ def test_a_real_bug_keeps_its_traceback(tmp_path: Path, micro_overrides, monkeyp
     result = runner.invoke(app, ["train", *micro_overrides, f"output_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
     assert "error:" not in result.stderr
+
+
+def test_resume_from_a_damaged_config_yaml_is_one_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\ntrain: {steps: 3\n")
+    before = sorted(p.name for p in run.iterdir())
+    result = runner.invoke(app, ["train", "--resume", str(run)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.startswith(f"error: config file '{run / 'config.yaml'}', line 3, column 1: YAML syntax error: ")
+    assert len(result.stderr.splitlines()) == 1
+    (run / "config.yaml").write_text("seed: 0\ntrain: {steps: -1}\n")
+    result = runner.invoke(app, ["train", "--resume", str(run)])
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: --resume: {run / 'config.yaml'} is not a valid config (invalid configuration: train.steps: "
+        "Input should be greater than or equal to 0)\n")
+    assert sorted(p.name for p in run.iterdir()) == before
