@@ -258,6 +258,7 @@ class AlertConfig(_Section):
     truncation_rate_max: float = Field(0.5, gt=0, le=1, description="Length blow-up: the current truncation rate exceeds this fraction.")
     hacking_eval_drop: float = Field(0.05, gt=0, description="Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward rose over the same steps.")
     is_weight_max: float = Field(10.0, gt=1, description="Exploding IS weights: the largest per-token ratio pi_learner / pi_sampler of a step exceeds this.")
+    no_gradient_steps: int = Field(5, gt=0, description="Training on nothing: this many steps in a row took no update because curation dropped every sampled group (RL) or no preference pair formed (DPO).")
 
 
 class RewardFunctionConfig(_Section):

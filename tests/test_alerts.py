@@ -275,3 +275,58 @@ def test_alert_log_writes_json_lines_prints_and_truncates(tmp_path) -> None:
 def test_alert_to_json() -> None:
     alert = Alert(40, "entropy_collapse", "msg", {"entropy": 0.012})
     assert alert.to_json() == {"step": 40, "alert": "entropy_collapse", "message": "msg", "values": {"entropy": 0.012}}
+
+
+# --- no gradient: steps in a row with nothing to train on (no_gradient_steps 3) ---------------
+
+NO_GRADIENT = AlertConfig(window=3, no_gradient_steps=3)
+CURATION_FIXES = ("(training on nothing: consider an easier task (task.options) or an SFT stage first (sft.enabled=true), "
+                  "a larger train.group_size, more refill rounds (curation.refill=dynamic or active, curation.max_rounds), "
+                  "or no filter (remove zero_variance from curation.filters))")
+
+
+def kept(n: int, reward: float = 0.0) -> dict:
+    """An RL step's curation figures: `n` prompts kept (0: every group dropped by the zero-variance filter)."""
+    return {"curation/prompts_kept": n, "curation/dropped_zero_variance": 4 - n, "reward_mean": reward}
+
+
+def test_no_gradient_fires_once_at_the_nth_empty_step_with_what_to_change() -> None:
+    alerts = run([kept(0)] * 8, NO_GRADIENT)
+    assert [(a.step, a.name) for a in alerts] == [(3, "no_gradient")]
+    assert alerts[0].message == (
+        "step 3: 3 steps in a row took no update: curation dropped every sampled group (filter zero_variance: "
+        "each group's samples had identical rewards, so zero advantage; mean reward 0) " + CURATION_FIXES)
+    assert alerts[0].values == {"steps": 3.0, "no_gradient_steps": 3.0, "reward_mean": 0.0}
+
+
+def test_no_gradient_needs_n_empty_steps_in_a_row_and_rearms_after_an_update() -> None:
+    # Empty, empty, update, then 4 empty: the streak restarts at step 4 and reaches 3 at step 6.
+    # After another update (step 8) three more empty steps fire it again (step 11).
+    stream = [kept(0), kept(0), kept(2), kept(0), kept(0), kept(0), kept(0), kept(4), kept(0), kept(0), kept(0)]
+    assert [(a.step, a.name) for a in run(stream, NO_GRADIENT)] == [(6, "no_gradient"), (11, "no_gradient")]
+    assert run([kept(0), kept(0), kept(1)] * 5, NO_GRADIENT) == []
+    # Steps that report neither count (an evaluation) neither extend nor break the streak.
+    assert [a.step for a in run([kept(0), {"eval/pass@1": 0.1}, kept(0), kept(0)], NO_GRADIENT)] == [4]
+
+
+def test_no_gradient_for_dpo_and_for_all_correct_groups() -> None:
+    dpo = run([{"dpo/pairs": 0, "reward_mean": 0.0}] * 3, NO_GRADIENT)
+    assert dpo[0].message == (
+        "step 3: 3 steps in a row took no update: no prompt gave a preference pair (each prompt's train.group_size "
+        "samples were all correct or all wrong; mean reward 0) (training on nothing: consider an easier task "
+        "(task.options) or an SFT stage first (sft.enabled=true), a larger train.group_size, or pairs from a file "
+        "(dpo.pairs=dataset))")
+    assert run([{"dpo/pairs": 0}, {"dpo/pairs": 2}, {"dpo/pairs": 0}, {"dpo/pairs": 0}], NO_GRADIENT) == []
+    # Every sample right: the advice turns to a harder task.
+    easy = run([kept(0, reward=1.0)] * 3, NO_GRADIENT)
+    assert "mean reward 1) (training on nothing: consider a harder task (task.options), a larger" in easy[0].message
+
+
+def test_no_gradient_streak_survives_a_resume() -> None:
+    whole = run([kept(0)] * 5, NO_GRADIENT)
+    first = AlertMonitor(NO_GRADIENT)
+    assert [a for s in (1, 2) for a in first.check(s, kept(0))] == []
+    second = AlertMonitor(NO_GRADIENT)
+    second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    resumed = [a for s in (3, 4, 5) for a in second.check(s, kept(0))]
+    assert resumed == whole and [a.step for a in resumed] == [3]

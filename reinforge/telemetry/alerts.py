@@ -19,6 +19,12 @@ Why each signal:
   ratios mean the sampler's numbers no longer match the learner's (Yao et
   al. 2025, "Your efficient RL framework secretly brings you off-policy RL
   training", truncated importance sampling).
+- `no_gradient` (`curation/prompts_kept`, `dpo/pairs`): `no_gradient_steps`
+  steps in a row took no update because there was nothing to train on:
+  curation's filters dropped every sampled group (the zero-variance filter
+  on a model that gets every sample of every prompt wrong, or right), or no
+  prompt gave DPO a correct and an incorrect sample. Such a run spends its
+  whole budget sampling and its weights never move.
 
 Invariants: a key that is missing, None or NaN on a step is skipped; every
 signal but the per-step IS weight is a mean over `window` steps that have it,
@@ -81,12 +87,14 @@ class AlertMonitor:
         self._last: dict[str, deque[float]] = {k: deque(maxlen=cfg.window) for k in _RECENT_KEYS}
         self._best_eval: dict | None = None     # {"step", "pass@1", "reward_mean"} of the best held-out eval so far
         self._active: set[str] = set()          # alerts whose condition held when last evaluated
+        self._empty_streak = 0                  # steps in a row, up to the last, that took no update for lack of data
         # name -> (metrics that re-evaluate it, rule returning the alert while its condition holds)
         self._rules: dict[str, tuple[tuple[str, ...], Callable[[int, dict[str, float]], Alert | None]]] = {
             "entropy_collapse": (("entropy",), self._entropy_collapse),
             "length_blowup": (("response_length_mean", "truncation_rate"), self._length_blowup),
             "reward_hacking": (("eval/pass@1",), self._reward_hacking),
             "is_weight_explosion": (("is_weight_max",), self._is_weight_explosion),
+            "no_gradient": (("curation/prompts_kept", "dpo/pairs"), self._no_gradient),
         }
 
     def check(self, step: int, metrics: dict[str, float | None]) -> list[Alert]:
@@ -183,6 +191,33 @@ class AlertMonitor:
                      "or truncate the IS weights)",
                      {"is_weight_max": weight, "threshold": limit})
 
+    def _no_gradient(self, step: int, fresh: dict[str, float]) -> Alert | None:
+        # Called once per step that reports either count: an RL step with no group left after curation,
+        # or a DPO step without a pair, took no update (loops/rl.py Learner.step, loops/dpo.py).
+        empty = fresh.get("curation/prompts_kept") == 0 or fresh.get("dpo/pairs") == 0
+        self._empty_streak = self._empty_streak + 1 if empty else 0
+        limit = self.cfg.no_gradient_steps
+        if self._empty_streak < limit:
+            return None
+        reward = fresh.get("reward_mean", math.nan)
+        # Identical rewards everywhere: all wrong (too hard for the model) or all right (too easy).
+        difficulty = ("an easier task (task.options) or an SFT stage first (sft.enabled=true)" if not reward > 0.5
+                      else "a harder task (task.options)")
+        if "dpo/pairs" in fresh:
+            what = ("no prompt gave a preference pair (each prompt's train.group_size samples were all correct "
+                    f"or all wrong; mean reward {reward:.3g})")
+            fixes = f"{difficulty}, a larger train.group_size, or pairs from a file (dpo.pairs=dataset)"
+        else:
+            dropped = [k.removeprefix("curation/dropped_") for k, v in fresh.items() if k.startswith("curation/dropped_") and v > 0]
+            why = ": each group's samples had identical rewards, so zero advantage" if "zero_variance" in dropped else ""
+            what = f"curation dropped every sampled group (filter {', '.join(dropped)}{why}; mean reward {reward:.3g})"
+            fixes = (f"{difficulty}, a larger train.group_size, more refill rounds (curation.refill=dynamic or active, "
+                     "curation.max_rounds), or no filter (remove zero_variance from curation.filters)")
+        return Alert(step, "no_gradient",
+                     f"step {step}: {self._empty_streak} steps in a row took no update: {what} "
+                     f"(training on nothing: consider {fixes})",
+                     {"steps": float(self._empty_streak), "no_gradient_steps": float(limit), "reward_mean": reward})
+
     def state_dict(self) -> dict:
         """Everything `check` remembers, JSON-serialisable (infinite values as JSON's Infinity)."""
         return {
@@ -190,6 +225,7 @@ class AlertMonitor:
             "last": {k: list(v) for k, v in self._last.items()},
             "best_eval": None if self._best_eval is None else dict(self._best_eval),
             "active": sorted(self._active),
+            "empty_streak": self._empty_streak,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -197,6 +233,7 @@ class AlertMonitor:
         self._last = {k: deque(map(float, state["last"].get(k, [])), maxlen=self.cfg.window) for k in _RECENT_KEYS}
         self._best_eval = None if state["best_eval"] is None else dict(state["best_eval"])
         self._active = set(state["active"])
+        self._empty_streak = int(state.get("empty_streak", 0))   # checkpoints from before this alert have none
 
 
 class AlertLog:
