@@ -12,7 +12,8 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import Config, ConfigError, _optional_section, build_config
+from reinforge.config import Config, ConfigError, build_config
+from reinforge.config_input import optional_section
 from reinforge.synonyms import TRL_NAMES, VERL_NAMES
 
 runner = CliRunner()
@@ -106,7 +107,7 @@ def _is_key(dotted: str) -> bool:
     for part in dotted.split("."):
         if part not in model.model_fields:
             return False
-        annotation = _optional_section(model.model_fields[part].annotation)
+        annotation = optional_section(model.model_fields[part].annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return True
         model = annotation
