@@ -12,9 +12,9 @@ Each step needs a privilege the next one gives up, so the order matters:
    sys.modules: the program's own `import ctypes` raises the import event
    the guard refuses.
 3. The program arrives (first request) and the guard (audit hook) goes in.
-4. If the stdlib cannot be read by other users (Python under /root, say),
-   the modules the program imports are imported now, still as root but
-   with the guard in force: after step 5 the program could not reach them.
+4. If the stdlib cannot be reached by other users (Python under /root,
+   say), it is opened now and imported through /proc/self/fd/N (see
+   `stdlib_through_fds`): after step 5 its path would be closed.
 5. setgroups([]), setgid, setuid to the uid the caller chose for this run
    (unused by anything else): no capabilities, no access to other users'
    files or processes, /proc/<judge>/mem unreadable. Fails closed.
@@ -34,9 +34,6 @@ except ImportError:
     pass
 
 MAX_FD = 256
-# Imported lazily by the stdlib itself, so not visible in a program's imports.
-LAZY_STDLIB = ("_strptime", "linecache", "tokenize", "encodings.latin_1", "encodings.ascii",
-               "encodings.idna", "unicodedata")
 
 
 def no_new_privs():
@@ -70,33 +67,35 @@ def readable_by_others(path):
         return True  # nothing there to import from
 
 
-def program_imports(program):
-    """Absolute module names the program's import statements name (parents first)."""
-    import ast
+def stdlib_through_fds(stdlib):
+    """Make stdlib directories the dropped uid cannot reach by path reachable through fds.
 
-    try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    Python may live under a directory only root can enter (/root/.pyenv).
+    Each such sys.path entry is opened now, as root, and sys.path and the
+    `__path__` of loaded packages are rewritten to /proc/self/fd/N/...: the
+    kernel follows that magic link straight to the directory, so only the
+    directory's own (world-readable) mode is checked. Returns the fds.
+    """
+    moved = {}
+    for path in sorted(set(stdlib), key=len, reverse=True):
+        if os.path.isdir(path) and not readable_by_others(path):
+            moved[path] = f"/proc/self/fd/{os.open(path, os.O_RDONLY | os.O_DIRECTORY)}"
+    if not moved:
+        return ()
 
+    def move(entry):
+        for old, new in moved.items():  # longest first: lib-dynload before its parent
+            if entry == old or entry.startswith(old + "/"):
+                return new + entry[len(old):]
+        return entry
 
-def preload(names):
-    count = 0
-    for name in names:
-        try:
-            __import__(name)
-            count += 1
-        except BaseException:  # noqa: B036 - a missing or refused module is the program's problem
-            pass
-    return count
+    sys.path[:] = [move(os.path.realpath(p)) for p in sys.path]
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if type(search) is list:
+            search[:] = [move(os.path.realpath(p)) for p in search]
+    sys.path_importer_cache.clear()
+    return tuple(int(new.rsplit("/", 1)[1]) for new in moved.values())
 
 
 def drop_privileges(uid):
@@ -133,10 +132,9 @@ def serve():
     request = recv(req_fd, limit)
     stdlib = [os.path.realpath(p) for p in sys.path if p]
     read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
-    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD))
+    own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
+    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds))
     if uid >= 0:
-        if not all(readable_by_others(p) for p in stdlib):
-            layers["preloaded"] = preload([*LAZY_STDLIB, *program_imports(request["program"])])
         try:
             drop_privileges(uid)
         except OSError as exc:

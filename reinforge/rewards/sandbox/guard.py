@@ -32,8 +32,10 @@ Tamper-proofing
 The hook and its helpers read no globals and no builtins: everything they
 call is bound as a default argument (C functions, tuples, frozensets, str),
 so patching `os`, `builtins` or any module changes nothing here, and a
-default cannot be rebound without an `object.__setattr__` event, which is
-refused for `__defaults__`, `__kwdefaults__` and `__code__`. Arguments from
+helper's defaults or code cannot be rebound without an `object.__setattr__`
+event, which is refused for them. The hook itself is referenced by nothing
+the program can reach (no frame, no global; gc hunting is refused), and
+CPython pauses tracing inside audit hooks, so a tracer cannot jump in it. Arguments from
 events are normalised to exact `str` before any method is called on them (a
 `str` subclass could override `startswith`). Any exception inside the hook
 aborts the audited operation: the hook fails closed.
@@ -70,7 +72,8 @@ REFUSED_IMPORTS = frozenset((
     "_dbm", "_gdbm", "readline", "ssl", "_ssl", "syslog", "nis", "spwd", "ossaudiodev",
     "_tkinter",
 ))
-# Function attributes whose rebinding would change what the hook does.
+# Attributes of the hook's helper functions whose rebinding would change what the hook does
+# (dataclasses and others set them on their own functions, so only the helpers are guarded).
 REFUSED_SETATTR = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 # event -> ((index of a path argument, index of its dir_fd argument or -1), ...); write rule.
 WRITE_PATH_EVENTS = {
@@ -156,7 +159,7 @@ def fd_path(fd, readlink=_os.readlink, oserror=OSError, perm=PermissionError):
 
 def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, oserror=OSError,
                   fd_path=fd_path):
-    """Paths of the directories this process holds open (any may be an os.open dir_fd)."""
+    """(fd, path) of each directory this process holds open (any may be an os.open dir_fd)."""
     found = []
     for fd in range_(max_fd):
         try:
@@ -164,12 +167,19 @@ def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, os
         except oserror:
             continue
         if is_dir:
-            found.append(fd_path(fd))
+            found.append((fd, fd_path(fd)))
     return tuple(found)
 
 
-def make_hook(workdir, read_roots, read_files, max_fd):
-    """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved)."""
+def make_hook(workdir, read_roots, read_files, max_fd, own_fds=()):
+    """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved).
+
+    `own_fds` are the stdlib directories the sandbox holds open (only when the
+    candidate runs as its own uid, see candidate.py): a relative os.open is
+    resolved from them too, and must land on a readable path; the kernel
+    refuses that uid any write there.
+    """
+    guarded_ids = [id(f) for f in (resolve, as_path, fd_path, directory_fds)]
 
     def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
              read_exact=frozenset((*read_roots, *read_files)), write_prefix=workdir + "/",
@@ -177,8 +187,10 @@ def make_hook(workdir, read_roots, read_files, max_fd):
              refused_prefixes=REFUSED_EVENT_PREFIXES, refused_imports=REFUSED_IMPORTS,
              refused_setattr=REFUSED_SETATTR, write_events=WRITE_PATH_EVENTS,
              read_events=READ_PATH_EVENTS, no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS,
-             max_fd=max_fd, resolve=resolve, as_path=as_path, directory_fds=directory_fds,
-             fd_path=fd_path, to_str=str.__str__, len_=len, int_type=int, type_=type,
+             max_fd=max_fd, own_fds=frozenset(own_fds), resolve=resolve, as_path=as_path,
+             directory_fds=directory_fds, fd_path=fd_path,
+             guarded=frozenset(guarded_ids), id_=id,
+             to_str=str.__str__, len_=len, int_type=int, type_=type,
              perm=PermissionError, import_error=ImportError):
         if event in refused or event.startswith(refused_prefixes):
             raise perm(f"sandbox: {event} is not allowed")
@@ -189,23 +201,24 @@ def make_hook(workdir, read_roots, read_files, max_fd):
                 raise import_error(f"sandbox: importing {name} is not allowed")
             return
         if event == "object.__setattr__":
-            if to_str(args[1]) in refused_setattr:
+            if id_(args[0]) in guarded and to_str(args[1]) in refused_setattr:
                 raise perm(f"sandbox: setting {to_str(args[1])} is not allowed")
             return
-        writing = False
         if event == "open":
             path = as_path(args[0], False)
             if path is None:
                 return  # a descriptor already held: judged when it was opened
             writing = (args[2] & write_flags) != 0
-            bases = (cwd,)
+            bases = ((cwd, writing),)  # (where a relative path starts, judged by the write rule)
             if args[1] is None and not path.startswith("/"):
-                bases = (cwd, *directory_fds(max_fd))  # os.open: the dir_fd is not in the event
+                # os.open: the event does not show the dir_fd, so every open directory counts.
+                for fd, where in directory_fds(max_fd):
+                    bases = (*bases, (where, writing and fd not in own_fds))
         elif event in read_events:
             path = as_path("." if args[0] is None else args[0], True)
             if path is None:
                 return
-            bases = (cwd,)
+            bases = ((cwd, False),)
         elif event in write_events:
             for i, j in write_events[event]:
                 path = as_path(args[i], False)
@@ -224,7 +237,7 @@ def make_hook(workdir, read_roots, read_files, max_fd):
             return
         else:
             return
-        for base in bases:
+        for base, writing in bases:
             full = resolve(path, base)
             if writing:
                 ok = full in write_exact or full.startswith(write_prefix)

@@ -1,0 +1,431 @@
+"""Adversarial candidates: none passes falsely, none touches anything outside its sandbox.
+
+Every attack runs with namespaces on and off. The tests' expected values
+live only in the judge, so an attack that reached the judge's memory, a
+test name or a builtin would pass; one that reached the host would kill the
+canary process, change the canary file (world-writable on purpose: only the
+sandbox stands between it and the candidate) or print the secret this test
+puts in its own environment. Correct programs run in the same modes and
+must all pass: no false negatives either.
+
+Attack sources name the things they go after with placeholders that
+`_fill` replaces: CANARY_PID, TEST_PID, CANARY_FILE, CANARY_DIR, SECRET_NAME.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import pytest
+
+from reinforge.rewards.code import CodeResult, run_many
+
+# Expected values exist only here and in the judge; every attack's f returns None
+# (or whatever it stole), so any passed case means the attack worked.
+TESTS = (
+    "def close(a, b):\n    return abs(a - b) < 1e-9\n"
+    "assert f(3) == 7919\n"
+    "assert close(f(4), 104729)\n"
+    "assert len(str(f(5))) == 6 and f(5) == 224737\n"
+    "assert sorted([f(6), 1]) == [1, 350377]\n"
+    "assert abs(f(7) - 479909) < 1\n"
+)
+STOLEN = "{3: 7919, 4: 104729, 5: 224737, 6: 350377, 7: 479909}"
+
+# Reads every readable mapping of a process through /proc/PID/mem and takes the
+# answers out of the assert sources it finds; works on an unprotected process.
+MEMSCAN = r'''
+import os, re
+def scan(base):
+    found = {}
+    with open(base + "/maps") as maps:
+        regions = [line.split() for line in maps]
+    with open(base + "/mem", "rb", 0) as mem:
+        for fields in regions:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if fields[1][0] != "r" or hi - lo > 1 << 26:
+                continue
+            try:
+                mem.seek(lo)
+                chunk = mem.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                continue
+            for m in re.finditer(rb"f\((\d+)\)[^\n]{0,12}?(\d{4,})", chunk):
+                found[int(m[1])] = int(m[2])
+    print("stole", found)
+    return found
+'''
+
+
+def _scan_attack(path_expr: str) -> str:
+    return MEMSCAN + f"ANSWERS = scan({path_expr})\ndef f(n):\n    return ANSWERS.get(n)\n"
+
+
+def _read_attack(path_expr: str, mode: str = "r") -> str:
+    # Reads a file, prints it and raises with it: whatever leaks must show up in output/error.
+    return (f"data = open({path_expr}, {mode!r}).read()\nprint(data)\n"
+            "raise RuntimeError(repr(data)[:400])\n")
+
+
+ATTACKS: dict[str, str] = {
+    # --- the judge's memory, every spelling ---
+    "mem_ppid": _scan_attack("'/proc/%d' % os.getppid()"),
+    "mem_double_slash": _scan_attack("'//proc/%d' % os.getppid()"),
+    "mem_dot_segments": _scan_attack("'/./proc/./%d/.' % os.getppid()"),
+    "mem_dotdot_chain": _scan_attack("'../' * 30 + 'proc/%d' % os.getppid()"),
+    "mem_self_dotdot": _scan_attack("'/proc/self/../%d' % os.getppid()"),
+    "mem_dev_fd_dotdot": _scan_attack("'/dev/fd/../../%d' % os.getppid()"),
+    "mem_symlink_in_tmp": "import os\nos.symlink('/proc', 'p')\n" + _scan_attack(
+        "'p/%d' % os.getppid()"),
+    "mem_every_pid": MEMSCAN + (
+        "ANSWERS = {}\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
+        "            ANSWERS.update(scan('/proc/' + pid))\n        except OSError:\n"
+        "            pass\ndef f(n):\n    return ANSWERS.get(n)\n"),
+    "mem_test_process": _scan_attack("'/proc/TEST_PID'"),
+    "mem_bytes_path": (
+        "import os\nfd = os.open(b'/proc/%d/mem' % os.getppid(), os.O_RDONLY)\n"
+        "def f(n):\n    return None\n"),
+    "mem_str_subclass": (
+        "import os\nclass S(str):\n    def startswith(self, *a):\n        return False\n"
+        "    def split(self, *a):\n        return ['tmp']\n    def __eq__(self, o):\n"
+        "        return True\n    __hash__ = str.__hash__\n"
+        "data = open(S('/proc/%d/environ' % os.getppid()), 'rb').read()\n"
+        "raise RuntimeError(repr(data))\n"),
+    "mem_fspath_switch": (
+        "import io, os\nclass P:\n    n = 0\n    def __fspath__(self):\n        P.n += 1\n"
+        "        return '/proc/%d/environ' % os.getppid() if P.n == 1 else 'harmless'\n"
+        "data = io.FileIO(P()).read()\nraise RuntimeError(repr(data))\n"),
+    "mem_os_open_dir_fd_root": (
+        "import os\nroot = os.open('/', os.O_RDONLY)\n"
+        "fd = os.open('proc/%d/environ' % os.getppid(), os.O_RDONLY, dir_fd=root)\n"
+        "raise RuntimeError(repr(os.read(fd, 4096)))\n"),
+    "mem_os_open_dir_fd_allowed_dir": (
+        "import os\nlib = os.open('/usr/lib', os.O_RDONLY)\n"
+        "fd = os.open('../../proc/%d/environ' % os.getppid(), os.O_RDONLY, dir_fd=lib)\n"
+        "raise RuntimeError(repr(os.read(fd, 4096)))\n"),
+    "mem_io_fileio": "import io, os\n" + _read_attack("'/proc/%d/cmdline' % os.getppid()", "r"),
+    "mem_pathlib": (
+        "import os, pathlib\n"
+        "data = (pathlib.Path('/proc') / str(os.getppid()) / 'environ').read_bytes()\n"
+        "raise RuntimeError(repr(data))\n"),
+    "mem_importlib_loader": (
+        "import os, importlib.machinery\npath = '/proc/%d/environ' % os.getppid()\n"
+        "data = importlib.machinery.SourceFileLoader('x', path).get_data(path)\n"
+        "raise RuntimeError(repr(data))\n"),
+    "mem_mmap": (
+        "import mmap, os\nfd = os.open('/proc/%d/mem' % os.getppid(), os.O_RDONLY)\n"
+        "m = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)\ndef f(n):\n    return None\n"),
+    # --- environments and files of other processes ---
+    "environ_test_process": "import os\n" + _read_attack("'/proc/TEST_PID/environ'"),
+    "environ_all": (
+        "import os\nout = []\nfor pid in os.listdir('/proc'):\n    try:\n"
+        "        out.append(open('/proc/%s/environ' % pid, 'rb').read())\n    except OSError:\n"
+        "        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"),
+    "environ_via_glob": (
+        "import glob\nout = [open(p, 'rb').read() for p in glob.glob('/proc/*/environ')]\n"
+        "print(out)\nraise RuntimeError(repr(out)[:400])\n"),
+    "judge_cwd_files": (
+        "import os\nd = '/proc/%d/cwd' % os.getppid()\n"
+        "out = {n: open(os.path.join(d, n)).read() for n in os.listdir(d)}\n"
+        "print(out)\nraise RuntimeError(repr(out))\n"),
+    "judge_fds": (
+        "import os\nd = '/proc/%d/fd' % os.getppid()\nout = []\nfor n in os.listdir(d):\n"
+        "    try:\n        out.append(os.read(os.open(os.path.join(d, n), os.O_RDONLY), 1 << 16))\n"
+        "    except OSError:\n        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"),
+    "readlink_then_open": (
+        "import os\ntarget = os.readlink('/proc/TEST_PID/cwd')\n"
+        "print(os.listdir(target))\nraise RuntimeError(target)\n"),
+    "stdin_payload": (
+        "import os, sys\ndata = sys.stdin.read() + os.read(0, 1 << 16).decode()\n"
+        "def f(n):\n    import re\n    m = re.search(r'f\\(%d\\) == (\\d+)' % n, data)\n"
+        "    return int(m[1]) if m else None\n"),
+    "tests_file_hunt": (
+        "import os\nfound = {}\nfor d in ('.', '..', '/tmp'):\n    for n in os.listdir(d):\n"
+        "        try:\n            found[n] = open(os.path.join(d, n)).read()\n"
+        "        except OSError:\n            pass\nprint(found)\ndef f(n):\n    return None\n"),
+    "etc_shadow": _read_attack("'/etc/shadow'"),
+    # --- the test's own meaning: builtins, helpers, values ---
+    "shadow_builtins": (
+        "def abs(x):\n    return 0\ndef len(x):\n    return 6\ndef str(x):\n    return 'xxxxxx'\n"
+        "def sorted(x):\n    return [1, 350377]\ndef close(a, b):\n    return True\n"
+        "class AssertionError(Exception):\n    pass\ndef f(n):\n    return None\n"),
+    "patch_builtins_module": (
+        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.len = lambda x: 6\n"
+        "builtins.sorted = lambda x: [1, 350377]\nbuiltins.AssertionError = type('A', (Exception,), {})\n"
+        "def f(n):\n    return None\n"),
+    "sys_modules_tampering": (
+        "import sys, types\nfake = types.ModuleType('builtins')\nfake.abs = lambda x: 0\n"
+        "sys.modules['builtins'] = fake\nsys.modules['json'] = fake\ndef f(n):\n    return None\n"),
+    "always_equal_object": (
+        "class Any:\n    def __eq__(self, o):\n        return True\n    def __lt__(self, o):\n"
+        "        return True\n    def __sub__(self, o):\n        return 0\n    def __len__(self):\n"
+        "        return 6\n    def __hash__(self):\n        return 0\ndef f(n):\n    return Any()\n"),
+    "int_subclass_eq": (
+        "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+        "def f(n):\n    return I(0)\n"),
+    "str_and_list_subclasses": (
+        "class S(str):\n    def __eq__(self, o):\n        return True\n    __hash__ = str.__hash__\n"
+        "class L(list):\n    def __eq__(self, o):\n        return True\n"
+        "def f(n):\n    return S('x') if n % 2 else L([0])\n"),
+    "index_lies": (
+        "class N:\n    def __index__(self):\n        return 7919\n    def __int__(self):\n"
+        "        return 7919\n    def __float__(self):\n        return 7919.0\n"
+        "def f(n):\n    return N()\n"),
+    # --- the verdict channel ---
+    "fake_verdicts_stdout": (
+        "import json, sys\nfor i in range(5):\n    print(json.dumps({'kind': 'case', 'index': i, 'ok': True}))\n"
+        "print(json.dumps({'kind': 'done', 'error': None}))\nsys.stdout.flush()\n"
+        "def f(n):\n    return None\n"),
+    "fake_verdicts_every_fd": (
+        "import json, os\nline = ''.join(json.dumps({'kind': 'case', 'index': i, 'ok': True, 'id': 1,"
+        " 'value': ['I', '0x1eef']}) + '\\n' for i in range(5)) + json.dumps({'kind': 'done'}) + '\\n'\n"
+        "for fd in range(256):\n    try:\n        os.write(fd, line.encode())\n    except OSError:\n"
+        "        pass\ndef f(n):\n    return None\n"),
+    "proc_self_fd_write": (
+        "open('/proc/self/fd/1', 'w').write('{\"kind\": \"done\"}\\n')\ndef f(n):\n    return None\n"),
+    # --- other processes: the parent, the judge, the canary ---
+    "kill_parent": "import os\nos.kill(os.getppid(), 9)\ndef f(n):\n    return None\n",
+    "kill_canary": "import os\nos.kill(CANARY_PID, 9)\n",
+    "kill_everything": "import os\nos.kill(-1, 9)\n",
+    "killpg_canary": "import os\nos.killpg(os.getpgid(CANARY_PID), 9)\n",
+    "pidfd_canary": (
+        "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(CANARY_PID), 9)\n"),
+    "pidfd_fresh_posix": (
+        "import _imp, importlib.machinery, signal\n"
+        "posix = _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))\n"
+        "sig = _imp.create_builtin(importlib.machinery.ModuleSpec('_signal', None))\n"
+        "fd = posix.pidfd_open(CANARY_PID)\nsig.pidfd_send_signal(fd, 9)\n"
+        "sig.pidfd_send_signal(posix.pidfd_open(TEST_PID), 9)\n"),
+    "pthread_kill": "import signal, threading\nsignal.pthread_kill(threading.get_ident(), 9)\n",
+    "setuid_root": "import os\nos.setuid(0)\nos.kill(CANARY_PID, 9)\n",
+    "ctypes_kill": "import ctypes\nctypes.CDLL(None).kill(CANARY_PID, 9)\n",
+    "ctypes_fresh_extension": (
+        "import _imp, importlib.util\nspec = importlib.util.find_spec('_ctypes')\n"
+        "_ctypes = _imp.create_dynamic(spec)\nlibc = _ctypes.dlopen(None)\n"
+        "raise RuntimeError('loaded')\n"),
+    "process_vm_readv": (
+        "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64)\n"
+        "libc.process_vm_readv(TEST_PID, 0, 0, 0, 0, 0)\n"),
+    "posixsubprocess": "import _posixsubprocess\n",
+    "subprocess_cat": (
+        "import subprocess\nprint(subprocess.run(['cat', '/proc/TEST_PID/environ'],"
+        " capture_output=True).stdout)\n"),
+    "os_system": "import os\nos.system('kill -9 CANARY_PID; cat /proc/TEST_PID/environ')\n",
+    "posix_spawn": "import os\nos.posix_spawn('/bin/kill', ['kill', '-9', 'CANARY_PID'], {})\n",
+    "socket_out": "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
+    "subinterpreter": "import _xxsubinterpreters as s\ns.run_string(s.create(), 'import os')\n",
+    "forged_code_object": (
+        "def g():\n    return 1\ng.__code__ = g.__code__.replace(co_code=bytes(len(g.__code__.co_code)))\n"),
+    "gc_hunting": (
+        "import gc\nfound = [o for o in gc.get_objects() if isinstance(o, str) and '7919' in o]\n"
+        "def f(n):\n    return None\n"),
+    "frame_walking": (
+        "import sys, inspect\nframes, frame = [], sys._getframe()\nwhile frame:\n"
+        "    frames.append(frame)\n    frame = frame.f_back\nseen = repr([fr.f_locals for fr in frames])\n"
+        "stack = repr([fr.frame.f_locals for fr in inspect.stack()])\nimport re\n"
+        "def f(n):\n    m = re.search(r'f\\(%d\\) == (\\d+)' % n, seen + stack)\n"
+        "    return int(m[1]) if m else None\n"),
+    "rebind_hook_defaults": (
+        "import sys\nframe = sys._getframe()\nwhile frame.f_back:\n    frame = frame.f_back\n"
+        "for v in list(frame.f_globals.values()):\n    if callable(v) and getattr(v, '__defaults__', None):\n"
+        "        v.__defaults__ = tuple(() for _ in v.__defaults__)\n"
+        + _read_attack("'/proc/TEST_PID/environ'")),
+    "raise_rlimits": "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (-1, -1))\n",
+    "chdir_root": "import os\nos.chdir('/')\n" + _read_attack("'proc/TEST_PID/environ'"),
+    # --- the canary file outside the work directory ---
+    "write_canary": "open('CANARY_FILE', 'w').write('pwned')\n",
+    "append_canary_dotdot": "open('../../../../..' + 'CANARY_FILE', 'a').write('pwned')\n",
+    "remove_canary": "import os\nos.remove('CANARY_FILE')\n",
+    "rename_canary": "import os\nos.rename('CANARY_FILE', 'stolen')\n",
+    "chmod_canary": "import os\nos.chmod('CANARY_FILE', 0o000)\n",
+    "truncate_canary": "import os\nos.truncate('CANARY_FILE', 0)\n",
+    "rmtree_canary_dir": "import shutil\nshutil.rmtree('CANARY_DIR')\n",
+    "fchmod_read_fd": "import os\nos.fchmod(os.open('CANARY_FILE', os.O_RDONLY), 0)\n",
+    "pathlib_unlink": "import pathlib\npathlib.Path('CANARY_FILE').unlink()\n",
+    "symlink_then_write": "import os\nos.symlink('CANARY_DIR', 'out')\nopen('out/canary', 'w').write('x')\n",
+    "dir_fd_write": (
+        "import os\nd = os.open('CANARY_DIR', os.O_RDONLY)\n"
+        "os.unlink('canary', dir_fd=d)\n"),
+    # --- exits, signals and resource bombs ---
+    "os_exit_at_import": "import os\nos._exit(0)\n",
+    "sys_exit_in_call": "import sys\ndef f(n):\n    sys.exit(0)\n",
+    "exception_at_import": "raise ImportError('nope')\n",
+    "sigkill_self_in_call": "import os, signal\ndef f(n):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    "alarm_self": "import signal\nsignal.alarm(1)\ndef f(n):\n    while True:\n        pass\n",
+    "infinite_loop": "while True:\n    pass\n",
+    "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
+    "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n",
+    "output_flood": "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 10 ** 6)\ndef f(n):\n    return None\n",
+    "huge_return_value": "def f(n):\n    return 'x' * (64 * 2 ** 20)\n",
+}
+
+
+def _fill(source: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        source = source.replace(key, value)
+    return source
+
+
+@pytest.fixture
+def canaries(monkeypatch):
+    """A process, a world-writable file outside /tmp's sandboxes, and a secret in os.environ."""
+    secret = f"canary-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("REINFORGE_CANARY_SECRET", secret)
+    canary_dir = tempfile.mkdtemp(prefix="reinforge-canary-")
+    os.chmod(canary_dir, 0o777)
+    canary_file = os.path.join(canary_dir, "canary")
+    with open(canary_file, "w") as fh:
+        fh.write("original")
+    os.chmod(canary_file, 0o666)
+    process = subprocess.Popen(["sleep", "300"])
+    values = {"CANARY_PID": str(process.pid), "TEST_PID": str(os.getpid()),
+              "CANARY_FILE": canary_file, "CANARY_DIR": canary_dir,
+              "SECRET_NAME": "REINFORGE_CANARY_SECRET"}
+    yield values, secret
+    process.kill()
+    process.wait()
+    for path in (canary_file, os.path.join(canary_dir, "stolen")):
+        if os.path.exists(path):
+            os.chmod(path, 0o600)
+            os.remove(path)
+    os.rmdir(canary_dir)
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
+def test_attacks_never_pass_and_leave_the_host_alone(canaries, namespaces: bool):
+    values, secret = canaries
+    names = list(ATTACKS)
+    programs = [_fill(ATTACKS[n], values) for n in names]
+    results = run_many([(p, TESTS) for p in programs], timeout_s=2.0, workers=2,
+                       namespaces=namespaces)
+    assert len(names) >= 40
+    for name, result in zip(names, results, strict=True):
+        assert (result.passed, result.passed_count, result.total) == (False, 0, 5), (name, result)
+        assert secret not in result.output and secret not in (result.error or ""), name
+        assert len(result.output) <= 64 * 1024, name
+    # The host: the canary process, the canary file (world-writable: only the sandbox guards it).
+    canary_pid = int(values["CANARY_PID"])
+    assert os.waitpid(canary_pid, os.WNOHANG) == (0, 0), "the canary process was killed"
+    with open(values["CANARY_FILE"]) as fh:
+        assert fh.read() == "original"
+    assert stat.S_IMODE(os.stat(values["CANARY_FILE"]).st_mode) == 0o666
+    assert sorted(os.listdir(values["CANARY_DIR"])) == ["canary"]
+
+
+def test_the_memory_scan_attack_works_on_an_unprotected_process(tmp_path):
+    # The attack is real: run directly (no sandbox) against a process holding the tests,
+    # it takes the answers out. The sandbox is what stops it above.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys, time\ntests = {TESTS!r}\nprint('ready', flush=True)\n"
+                          "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        script = MEMSCAN + f"print(sorted(scan('/proc/{holder.pid}').items()))\n"
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "(3, 7919)" in out.stdout, out.stderr
+
+
+CORRECT: dict[str, tuple[str, str]] = {
+    "math": (
+        "import math\ndef hyp(a, b):\n    return math.hypot(a, b)\n",
+        "assert abs(hyp(3, 4) - 5.0) < 1e-9\nassert hyp(0, 0) == 0\n"),
+    "itertools": (
+        "from itertools import permutations, combinations\n"
+        "def count_perms(xs):\n    return len(set(permutations(xs)))\n"
+        "def pairs(n):\n    return list(combinations(range(n), 2))\n",
+        "assert count_perms([1, 1, 2]) == 3\nassert len(pairs(4)) == 6\n"
+        "assert sorted(pairs(3)) == [(0, 1), (0, 2), (1, 2)]\n"),
+    "collections": (
+        "from collections import Counter, deque, defaultdict, namedtuple, OrderedDict\n"
+        "Point = namedtuple('Point', 'x y')\n"
+        "def top(s):\n    return Counter(s).most_common(1)[0][0]\n"
+        "def groups(words):\n    d = defaultdict(list)\n    for w in words:\n"
+        "        d[len(w)].append(w)\n    return dict(d)\n"
+        "def rotate(xs, k):\n    q = deque(xs)\n    q.rotate(k)\n    return list(q)\n",
+        "assert top('abracadabra') == 'a'\nassert groups(['a', 'bb', 'c']) == {1: ['a', 'c'], 2: ['bb']}\n"
+        "assert rotate([1, 2, 3], 1) == [3, 1, 2]\n"),
+    "recursion": (
+        "import sys\nfrom functools import lru_cache\nsys.setrecursionlimit(5000)\n"
+        "@lru_cache(maxsize=None)\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+        "def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n",
+        "assert fib(90) == 2880067194370816120\nassert depth(2000) == 2000\n"),
+    "classes_internally": (
+        "from dataclasses import dataclass, field\n@dataclass\nclass Stack:\n"
+        "    items: list = field(default_factory=list)\n    def push(self, x):\n"
+        "        self.items.append(x)\n    def pop(self):\n        return self.items.pop()\n"
+        "PAIRS = {')': '(', ']': '['}\n"
+        "def balanced(s):\n    st = Stack()\n    for c in s:\n        if c in '([':\n"
+        "            st.push(c)\n        elif c in PAIRS:\n            if not st.items or st.pop() != PAIRS[c]:\n"
+        "                return False\n    return not st.items\n",
+        "assert balanced('([])')\nassert not balanced('(]')\nassert balanced('') is True\n"),
+    "own_temp_files": (
+        "import os, tempfile, pathlib, shutil, json\n"
+        "def roundtrip(data):\n    with tempfile.TemporaryDirectory() as d:\n"
+        "        os.mkdir(os.path.join(d, 'sub'))\n        p = os.path.join(d, 'sub', 'x.json')\n"
+        "        with open(p, 'w') as fh:\n            json.dump(data, fh)\n"
+        "        shutil.copy(p, p + '.bak')\n        return json.loads(pathlib.Path(p + '.bak').read_text())\n"
+        "def scratch(text):\n    with tempfile.NamedTemporaryFile('w+') as fh:\n"
+        "        fh.write(text)\n        fh.seek(0)\n        return fh.read()\n"
+        "def local(text):\n    open('local.txt', 'w').write(text)\n    out = open('local.txt').read()\n"
+        "    os.remove('local.txt')\n    return out + str(len(os.listdir('.')))\n",
+        "assert roundtrip({'a': [1, 2]}) == {'a': [1, 2]}\nassert scratch('hi') == 'hi'\n"
+        "assert local('x') == 'x0'\n"),
+    "printing": (
+        "def loud(n):\n    for i in range(n):\n        print('line', i)\n    return n * 2\n",
+        "assert loud(1000) == 2000\nassert loud(0) == 0\n"),
+    "builtins_in_tests": (
+        "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"
+        "def half(x):\n    return x / 2\n",
+        "assert sorted(evens([4, 1, 2])) == [2, 4]\nassert len(evens(list(range(10)))) == 5\n"
+        "assert abs(half(3) - 1.5) < 1e-9\nassert max(evens([8, 3, 6])) == 8\n"),
+    "heap_bisect_re": (
+        "import heapq, bisect, re\n"
+        "def smallest(xs, k):\n    return heapq.nsmallest(k, xs)\n"
+        "def where(xs, x):\n    return bisect.bisect_left(xs, x)\n"
+        "def words(s):\n    return re.findall(r'[a-z]+', s.lower())\n",
+        "assert smallest([5, 1, 4, 2], 2) == [1, 2]\nassert where([1, 3, 5], 4) == 2\n"
+        "assert words('Hi, there!') == ['hi', 'there']\n"),
+    "fractions_decimal_dates": (
+        "from fractions import Fraction\nfrom decimal import Decimal\nimport datetime, statistics\n"
+        "def add_frac(a, b):\n    return str(Fraction(a) + Fraction(b))\n"
+        "def money(a, b):\n    return str(Decimal(a) + Decimal(b))\n"
+        "def year(s):\n    return datetime.datetime.strptime(s, '%Y-%m-%d').year\n"
+        "def med(xs):\n    return statistics.median(xs)\n",
+        "assert add_frac('1/2', '1/3') == '5/6'\nassert money('0.1', '0.2') == '0.3'\n"
+        "assert year('2024-02-29') == 2024\nassert med([3, 1, 2]) == 2\n"),
+    "test_helper_and_exceptions": (
+        "def check(*a):\n    return True  # its own helper; the tests' check must win\n"
+        "def abs(x):\n    return x if x >= 0 else -x  # used internally, correct anyway\n"
+        "def parse(s):\n    if not s.isdigit():\n        raise ValueError(s)\n    return int(s)\n"
+        "def dist(a, b):\n    return abs(a - b)\n"
+        "LIMIT = 10\n",
+        "def check(fn, arg, want):\n    return fn(arg) == want\n"
+        "def raises(fn, arg):\n    try:\n        fn(arg)\n    except ValueError:\n        return True\n"
+        "    return False\n"
+        "assert check(parse, '12', 12)\nassert raises(parse, 'x')\nassert not check(parse, '3', 4)\n"
+        "assert dist(2, 5) == 3\nassert LIMIT == 10\n"),
+    "strings_and_sets": (
+        "def uniq(s):\n    return ''.join(sorted(set(s)))\ndef caesar(s, k):\n"
+        "    return ''.join(chr((ord(c) - 97 + k) % 26 + 97) for c in s)\n",
+        "assert uniq('banana') == 'abn'\nassert caesar('xyz', 3) == 'abc'\n"),
+}
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
+def test_correct_programs_pass(namespaces: bool):
+    names = list(CORRECT)
+    results = run_many([CORRECT[n] for n in names], timeout_s=10.0, workers=2,
+                       namespaces=namespaces)
+    assert len(names) >= 10
+    for name, result in zip(names, results, strict=True):
+        assert isinstance(result, CodeResult)
+        assert (result.passed, result.error) == (True, None), (name, result)
+        assert result.passed_count == result.total, name
