@@ -155,3 +155,11 @@ def test_builtin_sizes_with_a_model_folder_must_be_its_own(micro_overrides, tiny
         build_config([f"model={tiny_model_dir}", "model.hidden_size=64"])
     assert str(err.value) == (f"model.hidden_size=64 sizes the built-in model only, and model.path '{tiny_model_dir}' "
                               "has hidden_size=32 (its config.json): remove model.hidden_size")
+
+
+def test_the_command_line_refuses_a_synonym_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "max_completion_length=64", f"output_dir={out}"])
+    assert result.exit_code == 2 and not out.exists()
+    assert result.stderr == ("error: unknown config key 'max_completion_length'; did you mean 'rollout.max_new_tokens'? "
+                             "(TRL's GRPOConfig name)\n")
