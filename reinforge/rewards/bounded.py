@@ -129,11 +129,11 @@ class BoundedPool:
         """
         worker = self._acquire()
         try:
-            worker.conn.send((fn, args))
+            self._send(worker, fn, args)
         except OSError:  # it died while idle: not this call's fault, so one retry on a fresh worker
             self._discard(worker)
             worker = self._acquire()
-            worker.conn.send((fn, args))
+            self._send(worker, fn, args)
         try:
             if not worker.conn.poll(timeout_s):
                 self._discard(worker)   # killed mid-call: nothing it computed can be trusted or waited for
@@ -148,7 +148,7 @@ class BoundedPool:
         return self._answered(CallOutcome("raised", error=payload))
 
     def close(self) -> None:
-        """Stop every worker (idle ones asked to exit, busy ones killed); the pool can be used again."""
+        """Stop every worker (each asked to exit, killed after 1 s); the pool can be used again."""
         with self._lock:
             workers, self._idle, self._live = self._live, [], []
             self._busy.clear()
@@ -163,6 +163,15 @@ class BoundedPool:
             return len(self._live)
 
     # ---- internals
+
+    def _send(self, worker: _Worker, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            worker.conn.send((fn, args))
+        except OSError:
+            raise
+        except BaseException:   # e.g. an unpicklable argument: nothing was written, the worker is fine
+            self._release(worker)
+            raise
 
     def _answered(self, outcome: CallOutcome) -> CallOutcome:
         with self._lock:
@@ -234,6 +243,12 @@ class BoundedPool:
 
     def _forget(self) -> None:
         # In a forked child: the workers belong to the parent; never signal or join them from here.
+        # Closing our copies of their sockets keeps a worker's EOF tied to the parent's exit alone.
+        for worker in self._live:
+            try:
+                worker.conn.close()
+            except OSError:
+                pass
         self._lock = threading.Condition()
         self._idle, self._live, self._busy, self._starting = [], [], set(), 0
 
