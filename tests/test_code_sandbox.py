@@ -1,7 +1,9 @@
 """The code sandbox: correct programs pass, and no listed attack passes or harms the host.
 
 Bad candidates run in parallel through `run_many` with short timeouts; every
-run must also come back within its limit.
+run must also come back within its limit. The audit hook's path rules and
+the rule for which names the tests see are tested directly here; the large
+attack catalogue is in test_sandbox_adversarial.py.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ import uuid
 import pytest
 
 from reinforge.rewards.code import (
+    SANDBOX_UID_BASE,
     CodeResult,
+    candidate_names,
     code_reward,
     extract_program,
     namespace_prefix,
     run_many,
     run_tests,
+    sandbox_plan,
     split_tests,
 )
+from reinforge.rewards.sandbox import guard
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add('a', 'b') == 'ab'\n"
@@ -39,6 +45,38 @@ def test_split_tests_counts_top_level_asserts_only():
     suite = split_tests("import math\nassert f(1) == 1\ndef g():\n    assert False\nassert f(2)\n")
     assert suite.cases == ("assert f(1) == 1", "assert f(2)")
     assert "import math" in suite.setup and "def g():" in suite.setup
+
+
+def test_candidate_names_are_what_the_tests_load_minus_what_they_bind_minus_builtins():
+    tests = (
+        "import math as m\nfrom os import path\nLIMIT = 3\n"
+        "def check(fn, arg, *rest, want=None):\n    total = fn(arg)\n    return total == want\n"
+        "class Box:\n    pass\n"
+        "assert check(solve, 1, want=2)\n"
+        "assert abs(solve(2) - m.pi) < 1e-9 and len(helper([x for x in range(K)])) == 3\n"
+        "assert sorted(f'{LIMIT}') == ['3'] and (y := solve(0)) == y\n"
+        "try:\n    solve(-1)\nexcept ValueError as err:\n    pass\n"
+    )
+    # Loaded: check solve abs m len helper x range K sorted LIMIT y ValueError fn arg total want;
+    # bound: m path LIMIT check fn arg rest want total Box x y err; builtins: abs len range sorted
+    # ValueError. What is left is exactly the candidate's part.
+    assert candidate_names(tests) == ("K", "helper", "solve")
+
+
+def test_a_candidate_cannot_replace_builtins_or_test_helpers():
+    # Each shadowing name would make its case pass if it reached the tests.
+    program = (
+        "def abs(x):\n    return 0\ndef len(x):\n    return 3\ndef sorted(x):\n    return [1, 2]\n"
+        "def close(a, b):\n    return True\nAssertionError = Exception\n"
+        "def f(x):\n    return None\n"
+    )
+    tests = (
+        "def close(a, b):\n    return a == b\n"
+        "assert abs(f(3) - 1.5) < 1e-9\nassert len(f(1)) == 3\nassert sorted(f(2)) == [1, 2]\n"
+        "assert close(f(0), 7)\n"
+    )
+    result = run_tests(program, tests, timeout_s=5.0)
+    assert (result.passed, result.passed_count, result.total) == (False, 0, 4)
 
 
 def test_correct_program_passes_and_partial_counts_cases():
@@ -260,3 +298,85 @@ def test_namespace_layer_is_reported():
     # the PID and network namespaces are in use; elsewhere the prefix is empty.
     prefix = namespace_prefix()
     assert prefix == () or ("--pid" in prefix and "--net" in prefix)
+    plan = sandbox_plan(True)
+    assert plan.judge_prefix == prefix
+    assert plan.candidate_prefix == () or "--mount-proc" in plan.candidate_prefix
+
+
+def test_resolve_follows_symlinks_and_dotdot_like_the_kernel(tmp_path):
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    os.symlink("/proc", work / "p")
+    os.symlink("../..", work / "sub" / "up")
+    os.symlink("loop2", work / "loop1")
+    os.symlink("loop1", work / "loop2")
+    cwd = str(work)
+    assert guard.resolve("p/1/mem", cwd) == "/proc/1/mem"
+    assert guard.resolve("sub/up/x", cwd) == str(tmp_path / "x")  # .. after the link, not before
+    assert guard.resolve("//proc/./1/../2/mem", cwd) == "/proc/2/mem"
+    assert guard.resolve("../" * 20 + "etc/passwd", cwd) == "/etc/passwd"
+    assert guard.resolve("new/../file", cwd) == str(work / "file")  # missing names kept as written
+    with pytest.raises(PermissionError, match="too many levels"):
+        guard.resolve("loop1", cwd)
+
+
+def test_as_path_normalises_subclasses_and_refuses_other_objects():
+    class Sneaky(str):
+        def startswith(self, *args):
+            return False
+
+    normalised = guard.as_path(Sneaky("/proc/1/mem"), False)
+    assert type(normalised) is str and normalised.startswith("/proc")
+    assert guard.as_path(b"/tmp/x", False) == "/tmp/x"
+    assert guard.as_path(3, False) is None  # a descriptor
+
+    class Shifty:
+        def __fspath__(self):
+            return "/tmp/x"
+
+    with pytest.raises(PermissionError, match="Shifty path is not allowed"):
+        guard.as_path(Shifty(), False)
+    assert guard.as_path(Shifty(), True) == "/tmp/x"  # listing only: a name list, not content
+
+
+def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
+    import dis
+
+    hook = guard.make_hook("/tmp/w", ("/tmp/w",), ("/dev/null",), 8)
+    for fn in (hook, guard.resolve, guard.as_path, guard.fd_path, guard.directory_fds):
+        loads = {i.opname for i in dis.get_instructions(fn)}
+        assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
+        assert fn.__closure__ is None, fn.__name__
+
+
+def test_hook_decisions_on_resolved_paths(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    hook = guard.make_hook(str(work), (str(work), "/usr/lib"), ("/dev/null",), 8)
+    hook("open", (str(work / "a.txt"), "w", os.O_WRONLY | os.O_CREAT))  # allowed: no exception
+    hook("open", ("/usr/lib/../lib/os-release", "r", os.O_RDONLY))
+    refused = [
+        ("open", ("//proc/1/environ", "r", os.O_RDONLY)),
+        ("open", (f"{work}/../../../../proc/1/mem", "rb", os.O_RDONLY)),
+        ("open", ("/usr/lib/x", "w", os.O_WRONLY)),  # readable is not writable
+        ("os.remove", (str(tmp_path / "outside"), None)),
+        ("os.chmod", (3, 0o777, None, True)),  # fchmod on a descriptor
+        ("os.kill", (1, 9)),
+        ("object.__setattr__", (guard.resolve, "__defaults__", ())),
+    ]
+    for event, args in refused:
+        with pytest.raises(PermissionError, match="sandbox:"):
+            hook(event, args)
+    with pytest.raises(ImportError, match="importing ctypes is not allowed"):
+        hook("import", ("ctypes", None, [], [], []))
+    hook("object.__setattr__", (lambda: None, "__defaults__", ()))  # others' functions: allowed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs real root")
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
+def test_candidate_runs_as_its_own_unprivileged_uid(namespaces: bool):
+    program = "import os\ndef ids():\n    return [os.getuid(), os.geteuid(), os.getgid(), os.getgroups()]\n"
+    tests = f"assert ids()[0] >= {SANDBOX_UID_BASE}\nassert len(set(ids()[:3])) == 1\nassert ids()[3] == []\n"
+    result = run_tests(program, tests, timeout_s=5.0, namespaces=namespaces)
+    assert (result.passed, result.passed_count) == (True, 3), result
+    assert sandbox_plan(namespaces).drop_uid

@@ -140,12 +140,13 @@ def as_path(obj, call_fspath, type_=type, issubclass_=issubclass, str_=str, byte
     kind = type_(obj)
     if issubclass_(kind, int_):
         return None
+    if call_fspath and not issubclass_(kind, (str_, bytes_)):
+        obj = fspath(obj)  # runs the object's __fspath__ once; its answer is what we judge
+        kind = type_(obj)
     if issubclass_(kind, str_):
         return to_str(obj)
     if issubclass_(kind, bytes_):
         return decode(obj, "utf-8", "surrogateescape")
-    if call_fspath and obj is not None:
-        return as_path(fspath(obj), False)
     raise perm(f"sandbox: a {kind.__name__} path is not allowed here (use str)")
 
 
@@ -157,8 +158,8 @@ def fd_path(fd, readlink=_os.readlink, oserror=OSError, perm=PermissionError):
         raise perm(f"sandbox: cannot tell where descriptor {fd} points") from None
 
 
-def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, oserror=OSError,
-                  fd_path=fd_path):
+def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, tuple_=tuple,
+                  oserror=OSError, fd_path=fd_path):
     """(fd, path) of each directory this process holds open (any may be an os.open dir_fd)."""
     found = []
     for fd in range_(max_fd):
@@ -168,7 +169,7 @@ def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, os
             continue
         if is_dir:
             found.append((fd, fd_path(fd)))
-    return tuple(found)
+    return tuple_(found)
 
 
 def make_hook(workdir, read_roots, read_files, max_fd, own_fds=()):
