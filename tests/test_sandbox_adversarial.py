@@ -412,6 +412,15 @@ CORRECT: dict[str, tuple[str, str]] = {
         "    return False\n"
         "assert check(parse, '12', 12)\nassert raises(parse, 'x')\nassert not check(parse, '3', 4)\n"
         "assert dist(2, 5) == 3\nassert LIMIT == 10\n"),
+    "pathlib_and_relative_os_open": (
+        "import os, pathlib, shutil\n"
+        "def go():\n    d = pathlib.Path('data')\n    d.mkdir()\n    (d / 'a.txt').write_text('1')\n"
+        "    (d / 'b.txt').touch()\n    names = sorted(p.name for p in d.glob('*.txt'))\n"
+        "    (d / 'a.txt').rename(d / 'c.txt')\n    (d / 'b.txt').unlink()\n"
+        "    os.makedirs('e/f', exist_ok=True)\n    shutil.rmtree('e')\n"
+        "    fd = os.open('rel.txt', os.O_WRONLY | os.O_CREAT)\n    os.write(fd, b'hi')\n"
+        "    os.close(fd)\n    return names + os.listdir(d) + [open('rel.txt').read()]\n",
+        "assert go() == ['a.txt', 'b.txt', 'c.txt', 'hi']\n"),
     "strings_and_sets": (
         "def uniq(s):\n    return ''.join(sorted(set(s)))\ndef caesar(s, k):\n"
         "    return ''.join(chr((ord(c) - 97 + k) % 26 + 97) for c in s)\n",
