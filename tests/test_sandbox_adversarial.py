@@ -158,6 +158,8 @@ ATTACKS: dict[str, str] = {
         "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.len = lambda x: 6\n"
         "builtins.sorted = lambda x: [1, 350377]\nbuiltins.AssertionError = type('A', (Exception,), {})\n"
         "def f(n):\n    return None\n"),
+    "module_under_test_name": (
+        "import builtins as close\nimport json as f\n"),
     "sys_modules_tampering": (
         "import sys, types\nfake = types.ModuleType('builtins')\nfake.abs = lambda x: 0\n"
         "sys.modules['builtins'] = fake\nsys.modules['json'] = fake\ndef f(n):\n    return None\n"),
@@ -336,7 +338,9 @@ def test_the_memory_scan_attack_works_on_an_unprotected_process(tmp_path):
 CORRECT: dict[str, tuple[str, str]] = {
     "math": (
         "import math\ndef hyp(a, b):\n    return math.hypot(a, b)\n",
-        "assert abs(hyp(3, 4) - 5.0) < 1e-9\nassert hyp(0, 0) == 0\n"),
+        # math unimported in the tests: MBPP relies on the program's import.
+        "assert abs(hyp(3, 4) - 5.0) < 1e-9\nassert hyp(0, 0) == 0\n"
+        "assert math.isclose(hyp(1, 1), math.sqrt(2))\n"),
     "itertools": (
         "from itertools import permutations, combinations\n"
         "def count_perms(xs):\n    return len(set(permutations(xs)))\n"

@@ -21,7 +21,10 @@ helper bodies) minus every name the tests bind themselves (assignments,
 defs, imports, parameters, loop and comprehension variables, in any scope)
 minus the builtins. A builtin the tests call is always the real one, and a
 test helper is always the tests' own: a candidate that defines `abs`, `len`,
-`sorted` or `check` changes nothing in the tests. So a task whose entry point
+`sorted` or `check` changes nothing in the tests. A name the candidate binds
+to a module of the same name (`import math`, for tests that call
+`math.isclose` without importing it) is imported by the judge itself, so
+only the real module under the tests' own name can appear. A task whose entry point
 is named like a builtin (`def sum(...)`) cannot be tested under that name,
 and tests that reach candidate names only through strings (`eval("f(1)")`,
 `globals()["f"]`) do not see them.

@@ -19,8 +19,9 @@ Each step needs a privilege the next one gives up, so the order matters:
    (unused by anything else): no capabilities, no access to other users'
    files or processes, /proc/<judge>/mem unreadable. Fails closed.
 6. os.pidfd_open and signal.pidfd_send_signal (no audit events) are removed.
-7. The program runs; the names the tests need are reported; calls are
-   served until the judge closes the pipe.
+7. The program runs; the names the tests need are reported (a callable,
+   a plain-data value, or a module imported under its own name); calls
+   are served until the judge closes the pipe.
 """
 
 import json
@@ -159,6 +160,9 @@ def serve():
         if name not in namespace:
             continue
         value = namespace[name]
+        if type(value) is type(sys) and value.__name__ == name:
+            names[name] = ["module"]  # `import math` for tests that use math unimported
+            continue
         if callable(value):
             names[name] = ["callable"]
             continue

@@ -14,6 +14,7 @@ with namespaces, not seeing the judge at all.
 """
 
 import builtins
+import importlib
 import json
 import math
 import os
@@ -163,8 +164,15 @@ def main():
         if value is None:
             continue
         try:
-            env[name] = proxy_for(name) if value == ["callable"] else decode(value)
-        except ProtocolError:
+            if value == ["callable"]:
+                env[name] = proxy_for(name)
+            elif value == ["module"]:
+                # The judge imports the module itself, and only under the name the (trusted)
+                # tests use: MBPP-style tests call math.isclose relying on the program's import.
+                env[name] = importlib.import_module(name)
+            else:
+                env[name] = decode(value)
+        except (ProtocolError, ImportError):
             continue
     try:
         exec(compile(p["setup"], "<tests setup>", "exec"), env)
