@@ -388,7 +388,7 @@ CORRECT: dict[str, tuple[str, str]] = {
     "builtins_in_tests": (
         "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"
         "def half(x):\n    return x / 2\n",
-        "assert sorted(evens([4, 1, 2])) == [2, 4]\nassert len(evens(list(range(10)))) == 5\n"
+        "assert sorted(evens([4, 1, 2])) == [2, 4]\nassert len(evens(range(10))) == 5\n"
         "assert abs(half(3) - 1.5) < 1e-9\nassert max(evens([8, 3, 6])) == 8\n"),
     "heap_bisect_re": (
         "import heapq, bisect, re\n"
