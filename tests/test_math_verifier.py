@@ -160,7 +160,20 @@ def test_ten_megabyte_completion_in_process() -> None:
     assert verify("1 " * 5_000_000, "1") == 1.0  # last-number fallback over 10 MB
 
 
-def test_any_library_exception_scores_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def threads_of_this_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count only the threads this test starts when the verifier asks whether the main thread is alone.
+
+    Earlier tests in the same worker process may leave daemon threads behind (a progress bar's
+    monitor, a TensorBoard writer); the rule under test is about the threads a run has while it
+    judges, so those are subtracted. Threads the test starts (a ticker, the sampler) still count.
+    """
+    before = threading.active_count() - 1
+    real = threading.active_count
+    monkeypatch.setattr(math_rewards.threading, "active_count", lambda: real() - before)
+
+
+def test_any_library_exception_scores_zero(monkeypatch: pytest.MonkeyPatch, threads_of_this_test: None) -> None:
     for error in (RuntimeError("boom"), RecursionError(), TimeoutException("slow")):
 
         def broken_parse(*args: object, error: BaseException = error, **kwargs: object) -> list:
@@ -280,7 +293,9 @@ def test_parse_bomb_in_a_thread_is_bounded_and_other_threads_run(bomb: str) -> N
     assert ticker.longest_gap < 0.5
 
 
-def test_main_thread_with_another_thread_alive_uses_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_thread_with_another_thread_alive_uses_a_worker(
+    monkeypatch: pytest.MonkeyPatch, threads_of_this_test: None
+) -> None:
     # The async loop's case: rewards on the main thread while the sampler thread runs. The alarm
     # would bound the parse, but the GIL held inside sympy would stall the sampler meanwhile.
     inline = _spy_inline(monkeypatch)
@@ -319,7 +334,9 @@ def _spy_inline(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(micro_overrides, monkeypatch, mode) -> None:
+def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(
+    micro_overrides, monkeypatch, mode, threads_of_this_test
+) -> None:
     # The async loop computes rewards on the main thread while its sampler thread decodes: the
     # default must judge in a worker there. The synchronous loop is alone on the main thread.
     import torch
