@@ -103,3 +103,10 @@ def test_train_throughput_model_flops_by_hand():
     # Matmul parameters: q/k/v 4 x (2 x 2 + 2 x 1 x 2) = 32, o 16, MLP 3 x 4 x 8 = 96, head 10 x 4 = 40.
     # 5 tokens run; keys attended: prompt 1 + 2, completion (2 + 1) + (2 + 2) + (2 + 3) = 12.
     assert module.model_flops(config, batch, group_size=1) == 6 * 184 * 5 + 12 * 1 * 2 * 2 * 15
+
+
+def test_verifier_latency_times_correct_programs_and_a_bounded_bomb():
+    out = run_script("verifier_latency.py", "--runs", "4")
+    # The script asserts every timed program passed; the bomb scores 0 whatever thread judged it.
+    assert out["runs"] == 4 and out["math_bomb_score"] == 0.0 and out["math_bomb_timeout_s"] == 1.0
+    assert out["sandbox_median_s"] > 0 and out["sandbox_no_namespaces_median_s"] > 0
