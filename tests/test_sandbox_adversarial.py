@@ -9,7 +9,8 @@ puts in its own environment. Correct programs run in the same modes and
 must all pass: no false negatives either.
 
 Attack sources name the things they go after with placeholders that
-`_fill` replaces: CANARY_PID, TEST_PID, CANARY_FILE, CANARY_DIR, SECRET_NAME.
+`_fill` replaces: CANARY_PID, TEST_PID, CANARY_FILE, CANARY_DIR, SHM_FILE (a name
+in /dev/shm that must not appear), SECRET_NAME.
 """
 
 from __future__ import annotations
@@ -264,6 +265,87 @@ ATTACKS: dict[str, str] = {
     "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n",
     "output_flood": "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 10 ** 6)\ndef f(n):\n    return None\n",
     "huge_return_value": "def f(n):\n    return 'x' * (64 * 2 ** 20)\n",
+    # --- calls without audit events, and other spellings (red team, second round) ---
+    "mkfifo_canary_dir": "import os\nos.mkfifo('CANARY_DIR/fifo')\n",
+    "mknod_canary_dir": "import os, stat\nos.mknod('CANARY_DIR/node', 0o666 | stat.S_IFREG)\n",
+    "posix_mknod_shm": "import posix, stat\nposix.mknod('SHM_FILE', 0o666 | stat.S_IFREG)\n",
+    "memfd_memory": (
+        "import os\nfds = [os.memfd_create('m') for _ in range(200)]\n"
+        "for fd in fds:\n    os.write(fd, b'x' * (16 * 2 ** 20))\n"),
+    "dev_shm_write": "open('SHM_FILE', 'w').write('pwned')\n",
+    "dev_shm_os_open": "import os\nos.open('SHM_FILE', os.O_CREAT | os.O_WRONLY)\n",
+    "dir_fd_create": (
+        "import os\nd = os.open('CANARY_DIR', os.O_RDONLY)\n"
+        "os.write(os.open('new', os.O_CREAT | os.O_WRONLY, dir_fd=d), b'x')\n"),
+    "dir_fd_mkdir": "import os\nos.mkdir('new', dir_fd=os.open('CANARY_DIR', os.O_RDONLY))\n",
+    "rename_out_dst_dir_fd": (
+        "import os\nopen('a', 'w').write('x')\n"
+        "os.rename('a', 'stolen', dst_dir_fd=os.open('CANARY_DIR', os.O_RDONLY))\n"),
+    "rename_workdir_out": "import os\nos.rename('.', 'CANARY_DIR/stolen')\n",
+    "tempfile_in_canary_dir": "import tempfile\ntempfile.mkstemp(dir='CANARY_DIR')\n",
+    "sendfile_environ": (
+        "import os\nos.sendfile(1, os.open('/proc/TEST_PID/environ', os.O_RDONLY), 0, 1 << 16)\n"),
+    "open_code_environ": "import io\n" + _read_attack("'/proc/TEST_PID/environ'").replace(
+        "open(", "io.open_code(").replace(", 'r')", ")"),
+    "zipimport_environ": "import zipimport\nzipimport.zipimporter('/proc/TEST_PID/environ')\n",
+    "proc_spellings": (
+        "out = []\nfor p in ['/proc/1/environ', '/proc/self/root/proc/TEST_PID/environ',"
+        " '/proc/thread-self/../TEST_PID/environ', '/dev/shm/../../proc/TEST_PID/environ',"
+        " '/sys/../proc/TEST_PID/environ']:\n    try:\n"
+        "        out.append(open(p, 'rb').read())\n    except OSError:\n        pass\n"
+        "print(out)\nraise RuntimeError(repr(out)[:400])\n"),
+    "thread": "import threading\nthreading.Thread(target=print).start()\ndef f(n):\n    return None\n",
+    "faulthandler_exit": (
+        "import faulthandler\nfaulthandler.dump_traceback_later(0.1, exit=True)\n"
+        "def f(n):\n    return None\n"),
+    "atexit_and_del": (
+        "import atexit, json\natexit.register(print, json.dumps({'kind': 'done'}))\n"
+        "class D:\n    def __del__(self):\n        raise SystemExit(0)\nd = D()\n"
+        "def f(n):\n    return None\n"),
+    "forged_replies_on_resp_fd": (
+        "import json, os, sys\nfor i in range(1, 9):\n"
+        "    d = json.dumps({'id': i, 'ok': True, 'value': ['I', '0x1eef']}).encode()\n"
+        "    os.write(int(sys.argv[2]), len(d).to_bytes(8, 'big') + d)\n"
+        "def f(n):\n    return None\n"),
+    "entry_point_class_eq": (
+        "class f:\n    def __init__(self, n):\n        pass\n    def __eq__(self, o):\n"
+        "        return True\n    def __hash__(self):\n        return 0\n"),
+    "entry_point_generator": "def f(n):\n    yield 7919\n",
+    "entry_point_async": "async def f(n):\n    return 7919\n",
+    "self_containing_list": "def f(n):\n    a = []\n    a.append(a)\n    return a\n",
+    "deep_nesting": "def f(n):\n    a = []\n    for _ in range(10 ** 5):\n        a = [a]\n    return a\n",
+}
+
+# Attacks that need tests of their own: each case holds only if the attack works.
+OWN_TESTS_ATTACKS: dict[str, tuple[str, str]] = {
+    # StopIteration from a call ends `map`/`filter`/`zip` early without an error.
+    "stop_iteration_in_map": (
+        "def f(n):\n    raise StopIteration\n",
+        "assert all(map(f, [2, 3, 5]))\nassert list(filter(f, [1])) == []\n"
+        "assert not any(map(f, [4, 6]))\nassert sum(map(f, [1, 2])) == 0\n"),
+    "own_class_named_stop_iteration": (
+        "class StopIteration(Exception):\n    pass\ndef f(n):\n    raise StopIteration\n",
+        "assert all(map(f, [2, 3, 5]))\n"),
+    "stop_async_iteration_in_zip": (
+        "def f(n):\n    raise StopAsyncIteration\n", "assert dict(zip([1], map(f, [1]))) == {}\n"),
+    "plant_modules_for_the_judge": (
+        "import sys\nopen('math.py', 'w').write('isclose = lambda *a, **k: True\\n')\n"
+        "open('f.py', 'w').write('def f(x):\\n    return 9\\n')\nsys.path.insert(0, '.')\n"
+        "import math\ndef f(x):\n    return 0\n",
+        "assert math.isclose(f(1), 9)\nassert f(1) == 9\n"),
+    "module_object_named_like_entry_point": (
+        "import sys, types\nf = types.ModuleType('f')\nf.__call__ = lambda *a: 9\n"
+        "sys.modules['f'] = f\n", "assert f(1) == 9\n"),
+    "forged_names_and_reloaded_builtins": (
+        "import builtins, importlib, __main__\nimportlib.reload(builtins)\n"
+        "builtins.len = lambda x: 3\nsend = __main__.send\n"
+        "def forged(fd, obj):\n    if 'names' in obj:\n        obj['names']['len'] = ['callable']\n"
+        "    send(fd, obj)\n__main__.send = forged\n"
+        "def len(x):\n    return 3\ndef f(x):\n    return [0]\n",
+        "assert len(f(1)) == 3\n"),
+    "dict_subclass_missing_key": (
+        "class D(dict):\n    def __missing__(self, k):\n        return 1\ndef f(n):\n    return D()\n",
+        "assert f(1)['z'] == 1\n"),
 }
 
 
@@ -285,10 +367,13 @@ def canaries(monkeypatch):
         fh.write("original")
     os.chmod(canary_file, 0o666)
     process = subprocess.Popen(["sleep", "300"])
+    shm_file = f"/dev/shm/reinforge-canary-{uuid.uuid4().hex}"
     values = {"CANARY_PID": str(process.pid), "TEST_PID": str(os.getpid()),
-              "CANARY_FILE": canary_file, "CANARY_DIR": canary_dir,
+              "CANARY_FILE": canary_file, "CANARY_DIR": canary_dir, "SHM_FILE": shm_file,
               "SECRET_NAME": "REINFORGE_CANARY_SECRET"}
     yield values, secret
+    if os.path.exists(shm_file):
+        os.remove(shm_file)
     process.kill()
     process.wait()
     for path in (canary_file, os.path.join(canary_dir, "stolen")):
@@ -301,13 +386,15 @@ def canaries(monkeypatch):
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
 def test_attacks_never_pass_and_leave_the_host_alone(canaries, namespaces: bool):
     values, secret = canaries
-    names = list(ATTACKS)
-    programs = [_fill(ATTACKS[n], values) for n in names]
-    results = run_many([(p, TESTS) for p in programs], timeout_s=2.0, workers=2,
-                       namespaces=namespaces)
-    assert len(names) >= 40
+    items = {n: (_fill(p, values), TESTS) for n, p in ATTACKS.items()}
+    items.update((n, (_fill(p, values), t)) for n, (p, t) in OWN_TESTS_ATTACKS.items())
+    names = list(items)
+    results = run_many([items[n] for n in names], timeout_s=2.0, workers=2, namespaces=namespaces)
+    assert len(names) >= 110
     for name, result in zip(names, results, strict=True):
-        assert (result.passed, result.passed_count, result.total) == (False, 0, 5), (name, result)
+        total = items[name][1].count("\nassert ") + items[name][1].startswith("assert ")
+        assert (result.passed, result.passed_count, result.total) == (False, 0, total), (
+            name, result)
         assert secret not in result.output and secret not in (result.error or ""), name
         assert len(result.output) <= 64 * 1024, name
     # The host: the canary process, the canary file (world-writable: only the sandbox guards it).
@@ -317,6 +404,7 @@ def test_attacks_never_pass_and_leave_the_host_alone(canaries, namespaces: bool)
         assert fh.read() == "original"
     assert stat.S_IMODE(os.stat(values["CANARY_FILE"]).st_mode) == 0o666
     assert sorted(os.listdir(values["CANARY_DIR"])) == ["canary"]
+    assert not os.path.exists(values["SHM_FILE"])
 
 
 def test_the_memory_scan_attack_works_on_an_unprotected_process(tmp_path):
@@ -429,6 +517,60 @@ CORRECT: dict[str, tuple[str, str]] = {
         "def uniq(s):\n    return ''.join(sorted(set(s)))\ndef caesar(s, k):\n"
         "    return ''.join(chr((ord(c) - 97 + k) % 26 + 97) for c in s)\n",
         "assert uniq('banana') == 'abn'\nassert caesar('xyz', 3) == 'abc'\n"),
+    "stdlib_imports_lazy_and_eager": (
+        "import re, json, fractions, decimal, heapq, bisect, functools, statistics, datetime\n"
+        "import string, random, typing, dataclasses, enum, copy, operator, itertools\n"
+        "import collections, math, cmath, numbers, textwrap, unicodedata, hashlib, array, struct\n"
+        "def digest(s):\n    import hashlib, unicodedata, struct, array\n"
+        "    return (hashlib.sha256(s.encode()).hexdigest()[:8], unicodedata.name('a'),\n"
+        "            struct.pack('<i', 1), array.array('i', [1, 2]).tolist())\n"
+        "def wrap(s):\n    import textwrap\n    return textwrap.shorten(s, 12)\n",
+        "assert digest('abc') == ('ba7816bf', 'LATIN SMALL LETTER A', b'\\x01\\x00\\x00\\x00', [1, 2])\n"
+        "assert wrap('hello world foo') == 'hello [...]'\n"),
+    "clock_random_sys": (
+        "import random, time, datetime, sys\n"
+        "def same_draw(n):\n    random.seed(n)\n    a = random.randint(1, 100)\n"
+        "    random.seed(n)\n    return a == random.randint(1, 100)\n"
+        "def now_ok():\n    return (time.time() > 1e9 and datetime.date.today().year >= 2024\n"
+        "            and sys.getsizeof([]) > 0 and isinstance(sys.argv, list))\n"
+        "def stdin_text():\n    return sys.stdin.read()\n"
+        "if __name__ == '__main__':\n    print(same_draw(1))\n",
+        "assert same_draw(5) is True\nassert now_ok()\nassert stdin_text() == ''\n"),
+    "entry_point_forms_and_recursion": (
+        "import sys\nclass Solution:\n    def twice(self, x):\n        return 2 * x\n"
+        "def twice(x):\n    return Solution().twice(x)\ntriple = lambda x: 3 * x\n"
+        "def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n",
+        "assert twice(2) == 4\nassert triple(2) == 6\nassert depth(900) == 900\n"),
+    "numbers_at_the_edges": (
+        "def inf_or_nan(x):\n    return float('inf') if x else float('nan')\n"
+        "def neg_zero():\n    return -0.0\ndef power(n):\n    return 2 ** n\n"
+        "def positive(x):\n    return x > 0\ndef root(x):\n    import cmath\n    return cmath.sqrt(x)\n",
+        "import math\nassert math.isinf(inf_or_nan(1))\nassert math.isnan(inf_or_nan(0))\n"
+        "assert math.copysign(1, neg_zero()) == -1 and neg_zero() == 0\n"
+        "assert power(20000) == 2 ** 20000\nassert positive(1) is True and positive(1) == 1\n"
+        "assert positive(-1) is False\nassert root(-1) == 1j\n"),
+    "raised_errors_and_kwargs": (
+        "def parse(x, base=10, *, strict=True):\n    if strict and not x.isdigit():\n"
+        "        raise ValueError(x)\n    return int(x, base) if x.isdigit() else None\n"
+        "def first(xs):\n    it = iter(xs)\n    try:\n        return next(it)\n"
+        "    except StopIteration:\n        return None\n",
+        "try:\n    parse('x')\n    raised = False\nexcept ValueError:\n    raised = True\n"
+        "assert raised\nassert parse('11', 2) == 3\nassert parse('x', strict=False) is None\n"
+        "assert first([]) is None and first([4]) == 4\n"),
+    "containers_back_as_builtins": (
+        "from collections import Counter, OrderedDict\nclass S(str):\n    pass\n"
+        "def counts(s):\n    return Counter(s)\ndef ordered():\n    return OrderedDict(a=1)\n"
+        "def name():\n    return S('abc')\ndef pair(x):\n    return {x, x + 1}, (x, x + 1)\n"
+        "def total(r):\n    return sum(r)\n",
+        "assert counts('aab') == {'a': 2, 'b': 1}\nassert ordered() == {'a': 1}\n"
+        "assert name() == 'abc' and isinstance(name(), str)\n"
+        "assert pair(1) == ({1, 2}, (1, 2))\nassert total(range(10)) == 45\n"),
+    "zoneinfo_warnings_logging": (
+        "import warnings, logging, datetime\nfrom zoneinfo import ZoneInfo\nwarnings.warn('w')\n"
+        "logging.warning('l')\ndef offset():\n"
+        "    t = datetime.datetime(2020, 1, 1, tzinfo=ZoneInfo('Europe/Paris'))\n"
+        "    return t.utcoffset().total_seconds()\n",
+        "assert offset() == 3600.0\n"),
 }
 
 

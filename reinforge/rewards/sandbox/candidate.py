@@ -18,7 +18,8 @@ Each step needs a privilege the next one gives up, so the order matters:
 5. setgroups([]), setgid, setuid to the uid the caller chose for this run
    (unused by anything else): no capabilities, no access to other users'
    files or processes, /proc/<judge>/mem unreadable. Fails closed.
-6. os.pidfd_open and signal.pidfd_send_signal (no audit events) are removed.
+6. os.pidfd_open and signal.pidfd_send_signal (no audit events) are removed;
+   os.mkfifo, os.mknod and os.memfd_create (no audit events either) refuse.
 7. The program runs; the names the tests need are reported (a callable,
    a plain-data value, or a module imported under its own name); calls
    are served until the judge closes the pipe.
@@ -35,6 +36,18 @@ except ImportError:
     pass
 
 MAX_FD = 256
+# Calls that raise no audit event, so the guard never sees them: mkfifo and mknod create
+# files anywhere the uid may write (/tmp, /dev/shm: outside the sandbox), memfd_create
+# holds memory that RLIMIT_AS does not count. Replaced by `refused` in os and posix.
+UNAUDITED_CALLS = ("mkfifo", "mknod", "memfd_create")
+
+
+def refused(what):
+    def call(*args, **kwargs):
+        raise PermissionError(f"sandbox: {what} is not allowed")
+
+    call.__name__ = what.rsplit(".", 1)[-1]
+    return call
 
 
 def no_new_privs():
@@ -143,11 +156,16 @@ def serve():
                            "error": f"sandbox: could not drop privileges: {exc}"})
             return
         layers["uid"] = True
-    for module, name in ((os, "pidfd_open"), (sys.modules.get("posix"), "pidfd_open"),
+    posix = sys.modules.get("posix")
+    for module, name in ((os, "pidfd_open"), (posix, "pidfd_open"),
                          (signal, "pidfd_send_signal"),
                          (sys.modules.get("_signal"), "pidfd_send_signal")):
         if hasattr(module, name):
             delattr(module, name)
+    for name in UNAUDITED_CALLS:
+        for module in (os, posix):
+            if hasattr(module, name):
+                setattr(module, name, refused(f"os.{name}"))
 
     namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
