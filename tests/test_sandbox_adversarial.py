@@ -343,6 +343,32 @@ OWN_TESTS_ATTACKS: dict[str, tuple[str, str]] = {
         "    send(fd, obj)\n__main__.send = forged\n"
         "def len(x):\n    return 3\ndef f(x):\n    return [0]\n",
         "assert len(f(1)) == 3\n"),
+    # Subclasses whose own methods tell the codec another value than plain Python compares.
+    "list_subclass_iter_lies": (
+        "class L(list):\n    def __iter__(self):\n        return iter([7919])\n"
+        "def f(n):\n    return L()\n", "assert f(3) == [7919]\n"),
+    "tuple_and_set_subclass_iter_lies": (
+        "class T(tuple):\n    def __iter__(self):\n        return iter([1, 2])\n"
+        "class S(set):\n    def __iter__(self):\n        return iter([1])\n"
+        "def f(n):\n    return T()\ndef g(n):\n    return S()\n",
+        "assert f(3) == (1, 2)\nassert g(3) == {1}\n"),
+    "dict_subclass_items_lie": (
+        "class D(dict):\n    def items(self):\n        return [(1, 2)]\n    def __iter__(self):\n"
+        "        return iter([1])\n    def keys(self):\n        return [1]\n"
+        "def f(n):\n    return D()\n", "assert f(3) == {1: 2}\n"),
+    "int_subclass_int_lies": (
+        "class I(int):\n    def __int__(self):\n        return 7919\n    def __index__(self):\n"
+        "        return 7919\ndef f(n):\n    return I(0)\n", "assert f(3) == 7919\n"),
+    "float_complex_bytes_subclasses_lie": (
+        "class F(float):\n    def __float__(self):\n        return 2.5\n    def hex(self):\n"
+        "        return (2.5).hex()\nclass C(complex):\n    real = 5.0\n"
+        "class B(bytes):\n    def __bytes__(self):\n        return b'ok'\n"
+        "def f(n):\n    return F(0)\ndef g(n):\n    return C(0)\ndef h(n):\n    return B(b'no')\n",
+        "assert f(3) == 2.5\nassert g(3) == 5\nassert h(3) == b'ok'\n"),
+    "class_property_claims_int": (
+        "class N:\n    __class__ = property(lambda self: int)\n    def __index__(self):\n"
+        "        return 7919\n    def __int__(self):\n        return 7919\n"
+        "def f(n):\n    return N()\n", "assert f(3) == 7919\n"),
     "dict_subclass_missing_key": (
         "class D(dict):\n    def __missing__(self, k):\n        return 1\ndef f(n):\n    return D()\n",
         "assert f(1)['z'] == 1\n"),
