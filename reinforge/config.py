@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from reinforge.config_input import (
     _unknown_key_message,
@@ -286,9 +286,11 @@ class RewardConfig(_Section):
     max_error_rate: float = Field(0.05, ge=0, le=1, description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.")
 
     @model_validator(mode="after")
-    def _check_functions(self) -> RewardConfig:
+    def _check_functions(self, info: ValidationInfo) -> RewardConfig:
         from reinforge.rewards.compose import resolve_reward_function
 
+        if (info.context or {}).get("resolve_rewards") is False:
+            return self    # `reinforge export` of a run whose reward was a notebook function: no reward is computed
         for f in self.functions:
             resolve_reward_function(f.name, f.params)   # raises with a suggestion for an unknown name or parameter
         return self

@@ -31,7 +31,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
         raise ConfigError(f"'{run_dir}' holds no run (no config.yaml): give a run directory of `reinforge train`")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"'{out}' already exists and is not an empty folder: choose another --out, or remove it")
-    cfg = resume_config(run_dir)
+    cfg = resume_config(run_dir, command="export", rewards=False)
     policy = _trained_policy(run_dir, cfg, step)
     save_policy(policy, out, cfg.rollout)
     return out

@@ -150,15 +150,17 @@ class RunStopped(RuntimeError):
     """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""
 
 
-def resume_config(run_dir: str | Path) -> Config:
-    """The resolved config a run wrote to RUN_DIR/config.yaml, pointed at RUN_DIR (it may have moved)."""
+def resume_config(run_dir: str | Path, *, command: str = "--resume", rewards: bool = True) -> Config:
+    """The resolved config a run wrote to RUN_DIR/config.yaml, pointed at RUN_DIR (it may have moved).
+    `command` starts the error messages; `rewards=False` leaves the reward functions unresolved (export
+    computes no reward, and a notebook function given to reinforge.train lives only in its process)."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise ConfigError(f"--resume: '{run_dir}' holds no run (no config.yaml)")
-    try:
-        cfg = Config.model_validate(load_yaml(path))     # a damaged file: one line with its line and column
+        raise ConfigError(f"{command}: '{run_dir}' holds no run (no config.yaml)")
+    try:     # a damaged file: one line with its line and column
+        cfg = Config.model_validate(load_yaml(path), context={"resolve_rewards": rewards})
     except ValidationError as err:
-        raise ConfigError(f"--resume: {path} is not a valid config ({format_validation_error(err)})") from None
+        raise ConfigError(f"{command}: {path} is not a valid config ({format_validation_error(err)})") from None
     return cfg.model_copy(update={"output_dir": str(run_dir)})
 
 

@@ -17,6 +17,9 @@ from typing import Any
 
 TRL = "TRL's GRPOConfig name"
 VERL = "verl's name"
+TRL_MODEL = "TRL's ModelConfig name"
+TRL_SCRIPT = "TRL's GRPOTrainer / script argument"
+_REWARD_FILE = "as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,17 @@ TRL_NAMES: dict[str, Synonym] = {
     "ref_model_mixup_alpha": Synonym("objective.reference_ema", TRL, "the weight of the old reference: reference_ema = 1 - alpha"),
     "reward_weights": Synonym("reward.functions", TRL, "each function's weight sits next to its name: reward.functions=[{name: verifier, weight: 1.0}]"),
     "model_name_or_path": Synonym("model.path", TRL, "a local folder; nothing is downloaded"),
+    # What a TRL user passes next to GRPOConfig: the trainer's arguments and ModelConfig's LoRA fields.
+    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE),
+    "dataset_name": Synonym("task.options.path", TRL_SCRIPT, "a local data file or save_to_disk folder, with task.name=dataset; nothing is downloaded"),
+    "train_dataset": Synonym("task.options.path", TRL_SCRIPT, "a local data file or save_to_disk folder, with task.name=dataset"),
+    "eval_dataset": Synonym("task.options.eval_path", TRL_SCRIPT, "a local data file, with task.name=dataset"),
+    "use_peft": Synonym("model.lora.r", TRL_MODEL, "setting model.lora.r turns LoRA on"),
+    "lora_r": Synonym("model.lora.r", TRL_MODEL),
+    "lora_alpha": Synonym("model.lora.alpha", TRL_MODEL),
+    "lora_dropout": Synonym("model.lora.dropout", TRL_MODEL),
+    "lora_target_modules": Synonym("model.lora.target_modules", TRL_MODEL),
+    "torch_dtype": Synonym("model.dtype", TRL_MODEL),
 }
 
 VERL_NAMES: dict[str, Synonym] = {
@@ -93,6 +107,10 @@ VERL_NAMES: dict[str, Synonym] = {
     "data.max_prompt_length": Synonym(None, VERL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"),
     "data.max_response_length": Synonym("rollout.max_new_tokens", VERL),
     "data.train_files": Synonym("task.options.path", VERL, "with task.name=dataset"),
+    "data.val_files": Synonym("task.options.eval_path", VERL, "with task.name=dataset"),
+    "data.prompt_key": Synonym("task.options.fields", VERL, "task.options.fields.prompt=COLUMN"),
+    "custom_reward_function.path": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "custom_reward_function.name": Synonym("reward.functions", VERL, _REWARD_FILE),
     "actor_rollout_ref.model.path": Synonym("model.path", VERL),
     "actor_rollout_ref.model.lora_rank": Synonym("model.lora.r", VERL),
     "actor_rollout_ref.model.lora_alpha": Synonym("model.lora.alpha", VERL),

@@ -107,7 +107,8 @@ def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # Without its newline, a row cut short is reported at its own end, not at "column 1" of a next line.
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as err:
                 hint = ""
                 if number == 1 and line.lstrip().startswith("["):

@@ -8,6 +8,7 @@ adds the generation prompt (add_generation_prompt=True), as TRL does.
 
 from __future__ import annotations
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import ConfigError
@@ -21,9 +22,12 @@ def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
 
 
 def check_chat_prompts(tokenizer: PreTrainedTokenizerBase, mode: str, prompts: list[str]) -> None:
-    """ConfigError when some prompt is a conversation but no chat template will format it: a
-    conversation has no text form of its own to fall back on."""
-    if any(isinstance(p, Conversation) for p in prompts) and not use_chat_template(tokenizer, mode):
+    """ConfigError when some prompt is a conversation but no chat template will format it (a
+    conversation has no text form of its own to fall back on), or when the chat template refuses
+    the prompts (see `encode_prompts`)."""
+    if use_chat_template(tokenizer, mode):
+        encode_prompts(tokenizer, prompts, mode)
+    elif any(isinstance(p, Conversation) for p in prompts):
         why = "prompt.chat_template=never" if mode == "never" else "the model's tokenizer has no chat template"
         raise ConfigError(f"the prompts are chat messages (a list of messages in the data file, or prompt.system), but "
                           f"{why}: use a model whose tokenizer has a chat_template, or give plain text prompts "
@@ -33,12 +37,21 @@ def check_chat_prompts(tokenizer: PreTrainedTokenizerBase, mode: str, prompts: l
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode: str = "auto") -> list[list[int]]:
     """Token ids of each prompt; no special tokens beyond what the chat template adds."""
     if use_chat_template(tokenizer, mode):
-        texts = [
-            tokenizer.apply_chat_template(p.as_list() if isinstance(p, Conversation) else [{"role": "user", "content": p}],
-                                          tokenize=False, add_generation_prompt=True)
-            for p in prompts
-        ]
+        texts = [_apply_chat_template(tokenizer, p) for p in prompts]
     else:
         check_chat_prompts(tokenizer, mode, prompts)
         texts = prompts
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _apply_chat_template(tokenizer: PreTrainedTokenizerBase, prompt: str | Conversation) -> str:
+    messages = prompt.as_list() if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError as err:
+        # Templates call raise_exception() for conversations they refuse (e.g. Llama-2's "a system
+        # message is required", or roles that must alternate): the user fixes the prompts, not the code.
+        roles = ", ".join(m["role"] for m in messages)
+        raise ConfigError(f"the model's chat template refused a prompt with messages ({roles}): {err}; add a system "
+                          "message with prompt.system=\"...\", give the messages the template expects in the data "
+                          "file, or set prompt.chat_template=never for plain-text prompts") from None

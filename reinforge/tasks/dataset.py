@@ -65,8 +65,9 @@ def _exact(completion: str, example: Example, _timeout_s: float) -> float:
 
 
 # Where a file without an `answer` column (and no fields.answer) keeps its gold answer: verl's
-# parquet layout, then TRL's `solution` column (a warning names the column taken).
-ANSWER_COLUMNS = ("reward_model.ground_truth", "solution")
+# parquet layout, then TRL's `solution` column, then a top-level `ground_truth` (the name verl's
+# compute_score and many RLVR sets give it); a warning names the column taken.
+ANSWER_COLUMNS = ("reward_model.ground_truth", "solution", "ground_truth")
 
 VERIFIERS: dict[str, Verifier] = {
     "math": Verifier("answer", _math),        # last \boxed{} / "answer is" / last number vs gold, by math-verify
@@ -91,7 +92,8 @@ class DatasetTask(Task):
     * `fields`: our field name -> column name, e.g. {prompt: question, answer: gold};
       a nested column by dotted path, e.g. {answer: reward_model.ground_truth}.
       Without a mapping and without an `answer` column, the answer is read from
-      `reward_model.ground_truth` (verl's layout), else `solution` (TRL's).
+      `reward_model.ground_truth` (verl's layout), else `solution` (TRL's), else
+      `ground_truth`.
     * `verifier`: one of `VERIFIERS` (math, code, integer, exact). math,
       integer and exact need an `answer` field; code needs `tests`.
     * `prompt_template`: e.g. "Question: {prompt}\\nAnswer:"; any record field
