@@ -349,6 +349,40 @@ def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
         assert fn.__closure__ is None, fn.__name__
 
 
+def test_create_builtin_guard_refuses_fresh_copies_and_hides_the_original():
+    import dis
+    import types
+
+    calls = []
+    imp = types.SimpleNamespace(create_builtin=lambda spec: calls.append(spec.name) or spec.name)
+    ids = guard.guard_create_builtin(imp)
+    with pytest.raises(PermissionError, match="fresh copy of the posix module is not allowed"):
+        imp.create_builtin(types.SimpleNamespace(name="posix"))
+
+    class Name(str):  # a str subclass reaches the original as an exact str
+        def __eq__(self, other):
+            return False
+
+        __hash__ = str.__hash__
+
+    assert imp.create_builtin(types.SimpleNamespace(name=Name("pwd"))) == "pwd"
+    assert calls == ["pwd"] and type(calls[0]) is str
+    with pytest.raises(PermissionError, match="fresh copy of the _imp module"):
+        imp.create_builtin(types.SimpleNamespace(name=Name("_imp")))
+    create = imp.create_builtin.__defaults__[0]
+    assert sorted(ids) == sorted([id(imp.create_builtin), id(create)])
+    for fn in (imp.create_builtin, create):
+        loads = {i.opname for i in dis.get_instructions(fn)}
+        assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
+        assert fn.__closure__ is None, fn.__name__
+    hook = guard.make_hook("/tmp/w", ("/tmp/w",), ("/dev/null",), 8, guarded_ids=ids)
+    for attr in ("__defaults__", "__code__", "__kwdefaults__"):
+        with pytest.raises(PermissionError, match=f"object.__getattr__ {attr} is not allowed"):
+            hook("object.__getattr__", (create, attr))
+    hook("object.__getattr__", (lambda: None, "__defaults__"))  # others' functions: allowed
+    hook("object.__getattr__", (create, "__name__"))
+
+
 def test_hook_decisions_on_resolved_paths(tmp_path):
     work = tmp_path / "w"
     work.mkdir()

@@ -312,6 +312,30 @@ ATTACKS: dict[str, str] = {
         "        return True\n    def __hash__(self):\n        return 0\n"),
     "entry_point_generator": "def f(n):\n    yield 7919\n",
     "entry_point_async": "async def f(n):\n    return 7919\n",
+    "fresh_posix_mkfifo": (
+        "import _imp, importlib.machinery\n"
+        "posix = _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))\n"
+        "posix.mkfifo('CANARY_DIR/fifo')\n"),
+    "fresh_imp_then_fresh_posix": (
+        "import _imp, importlib.machinery as m\n"
+        "imp = _imp.create_builtin(m.ModuleSpec('_imp', None))\n"
+        "imp.create_builtin(m.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"),
+    "original_create_builtin_from_defaults": (
+        "import _imp, importlib.machinery\ncreate = _imp.create_builtin.__defaults__[0]\n"
+        "original = create.__defaults__[0]\n"
+        "original(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"),
+    "original_create_builtin_from_frames": (
+        "import _imp, sys\nfound = []\nclass Spec:\n    @property\n    def name(self):\n"
+        "        frame = sys._getframe(1)\n        while frame:\n"
+        "            found.extend(v for v in frame.f_locals.values() if callable(v))\n"
+        "            frame = frame.f_back\n        return 'pwd'\n_imp.create_builtin(Spec())\n"
+        "class Posix:\n    name = 'posix'\nfor fn in found:\n    try:\n"
+        "        fn(Posix()).mkfifo('CANARY_DIR/fifo')\n    except Exception:\n        pass\n"
+        "def f(n):\n    return None\n"),
+    "profiler_sees_the_guard": (
+        "import sys, _imp, importlib.machinery\nseen = []\n"
+        "sys.setprofile(lambda frame, event, arg: seen.append(dict(frame.f_locals)))\n"
+        "_imp.create_builtin(importlib.machinery.ModuleSpec('pwd', None))\n"),
     "self_containing_list": "def f(n):\n    a = []\n    a.append(a)\n    return a\n",
     "deep_nesting": "def f(n):\n    a = []\n    for _ in range(10 ** 5):\n        a = [a]\n    return a\n",
 }
@@ -591,6 +615,11 @@ CORRECT: dict[str, tuple[str, str]] = {
         "assert counts('aab') == {'a': 2, 'b': 1}\nassert ordered() == {'a': 1}\n"
         "assert name() == 'abc' and isinstance(name(), str)\n"
         "assert pair(1) == ({1, 2}, (1, 2))\nassert total(range(10)) == 45\n"),
+    "builtin_modules_and_reloads": (
+        "import importlib, os, posix, pwd, _string, faulthandler, string\n"
+        "importlib.reload(os)\nimportlib.reload(posix)\n"
+        "def fmt(n):\n    return string.Formatter().format('{0}!', n)\n",
+        "assert fmt(1) == '1!'\n"),
     "zoneinfo_warnings_logging": (
         "import warnings, logging, datetime\nfrom zoneinfo import ZoneInfo\nwarnings.warn('w')\n"
         "logging.warning('l')\ndef offset():\n"

@@ -11,7 +11,8 @@ Each step needs a privilege the next one gives up, so the order matters:
 2. prctl(PR_SET_NO_NEW_PRIVS) through ctypes, then ctypes is dropped from
    sys.modules: the program's own `import ctypes` raises the import event
    the guard refuses.
-3. The program arrives (first request) and the guard (audit hook) goes in.
+3. The program arrives (first request) and the guard (audit hook) goes in,
+   with `_imp.create_builtin` guarded (no fresh copy of posix, _signal, _imp).
 4. If the stdlib cannot be reached by other users (Python under /root,
    say), it is opened now and imported through /proc/self/fd/N (see
    `stdlib_through_fds`): after step 5 its path would be closed.
@@ -31,7 +32,7 @@ import sys
 
 try:  # in the sandbox these names come from codec.py and guard.py, prepended to this source
     from .codec import decode, encode, recv, send
-    from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, make_hook
+    from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, guard_create_builtin, make_hook
 except ImportError:
     pass
 
@@ -147,7 +148,8 @@ def serve():
     stdlib = [os.path.realpath(p) for p in sys.path if p]
     read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
     own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
-    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds))
+    guarded = guard_create_builtin(sys.modules["_imp"])
+    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds, guarded))
     if uid >= 0:
         try:
             drop_privileges(uid)

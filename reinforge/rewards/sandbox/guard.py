@@ -61,6 +61,9 @@ REFUSED_EVENTS = frozenset((
     # hunting objects, forging bytecode, interpreters without this hook
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
     "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks",
+    # a tracer or profiler is handed the frame of every Python function it sees: it could
+    # read the original `_imp.create_builtin` out of `guard_create_builtin`'s frame
+    "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback",
 ))
 REFUSED_EVENT_PREFIXES = ("socket.", "ctypes.", "sqlite3.", "syslog.", "winreg.", "_winapi.")
 # C modules that reach memory, processes, files or the network without audit events.
@@ -73,8 +76,13 @@ REFUSED_IMPORTS = frozenset((
     "_tkinter",
 ))
 # Attributes of the hook's helper functions whose rebinding would change what the hook does
-# (dataclasses and others set them on their own functions, so only the helpers are guarded).
+# (dataclasses and others set them on their own functions, so only the helpers are guarded);
+# reading them is refused too (the `_imp.create_builtin` guard keeps the original there).
 REFUSED_SETATTR = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+# Builtin modules whose fresh copy (`_imp.create_builtin`, no audit event) would bring back
+# what the candidate removed: posix.mkfifo/mknod/memfd_create/pidfd_open,
+# _signal.pidfd_send_signal, and _imp's own unguarded create_builtin.
+FRESH_COPY_REFUSED = frozenset(("posix", "_signal", "_imp"))
 # event -> ((index of a path argument, index of its dir_fd argument or -1), ...); write rule.
 WRITE_PATH_EVENTS = {
     "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
@@ -172,7 +180,35 @@ def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, tu
     return tuple_(found)
 
 
-def make_hook(workdir, read_roots, read_files, max_fd, own_fds=()):
+def guard_create_builtin(imp, refused_names=FRESH_COPY_REFUSED):
+    """Replace `imp.create_builtin` by a guard that refuses fresh copies of `refused_names`.
+
+    A fresh copy of a builtin module is made from the module's state at its first
+    import, before the sandbox removed anything from it, and raises no audit event.
+    The original is held only as a default of `create` (reading `__defaults__` or
+    `__code__` of the returned functions is refused by the hook: pass their ids to
+    `make_hook`), and no program code runs while `create`'s frame is live: it gets an
+    exact str, and passes the original a `SimpleNamespace`, not the program's spec.
+    Returns the ids of the two functions.
+    """
+    import types
+
+    def create(name, original=imp.create_builtin, refused=frozenset(refused_names),
+               namespace=types.SimpleNamespace, perm=PermissionError):
+        if name in refused:
+            raise perm(f"sandbox: a fresh copy of the {name} module is not allowed")
+        return original(namespace(name=name))
+
+    def create_builtin(spec, create=create, getattr_=getattr, to_str=str.__str__):
+        # Program code may run here (`spec.name` may be a property); this frame holds only
+        # `create`, which enforces the rule itself.
+        return create(to_str(getattr_(spec, "name")))
+
+    imp.create_builtin = create_builtin
+    return (id(create), id(create_builtin))
+
+
+def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=()):
     """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved).
 
     `own_fds` are the stdlib directories the sandbox holds open (only when the
@@ -180,7 +216,7 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=()):
     resolved from them too, and must land on a readable path; the kernel
     refuses that uid any write there.
     """
-    guarded_ids = [id(f) for f in (resolve, as_path, fd_path, directory_fds)]
+    guarded_ids = [*guarded_ids, *(id(f) for f in (resolve, as_path, fd_path, directory_fds))]
 
     def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
              read_exact=frozenset((*read_roots, *read_files)), write_prefix=workdir + "/",
@@ -201,9 +237,9 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=()):
                 # ImportError, so that `try: import x / except ImportError` fallbacks still work.
                 raise import_error(f"sandbox: importing {name} is not allowed")
             return
-        if event == "object.__setattr__":
+        if event == "object.__setattr__" or event == "object.__getattr__":
             if id_(args[0]) in guarded and to_str(args[1]) in refused_setattr:
-                raise perm(f"sandbox: setting {to_str(args[1])} is not allowed")
+                raise perm(f"sandbox: {event} {to_str(args[1])} is not allowed")
             return
         if event == "open":
             path = as_path(args[0], False)
