@@ -14,8 +14,9 @@ the CLI's for a full disk or a denied permission.
 Arguments TRL users know:
 
     model         a local Hugging Face model folder; None: the built-in tiny model
-    dataset       a data file (JSONL, Parquet, a datasets folder), a list of dicts, or a
-                  `datasets.Dataset`: task.name=dataset with task.options.path; None: the config's task
+    dataset       a data file (JSONL, Parquet, a datasets folder), a list of dicts, a
+                  `datasets.Dataset` or a pandas DataFrame: task.name=dataset with task.options.path;
+                  None: the config's task
     reward_funcs  callables, 'module:function' paths or built-in names (verifier, format, ...), or
                   dicts {name, weight, params} whose name is one of those; callables without an
                   import path (a notebook's) are registered in-process (reinforge/user_rewards.py)
@@ -71,6 +72,8 @@ def train(
 
     from reinforge.pipeline import run
 
+    if "train_dataset" in overrides:      # GRPOTrainer's name: as a key it would get the CLI's hint, not this argument
+        raise TypeError("reinforge.train takes the data as dataset=..., not train_dataset=...")
     hf_logging.disable_progress_bar()     # as the CLI: transformers' per-file bars would cut through ours
     cfg = build_config(train_overrides(model, dataset, reward_funcs, recipe, {**(config or {}), **overrides}),
                        str(config_file) if config_file is not None else None)
@@ -157,9 +160,12 @@ def dataset_path(dataset: Any) -> str:
         return os.fspath(dataset)
     if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):      # a datasets.Dataset
         dataset = dataset.to_list()
+    elif hasattr(dataset, "to_json") and hasattr(dataset, "columns"):         # a pandas DataFrame (verl's parquet, read)
+        # Through pandas' own JSON: a Parquet list column arrives as a numpy array, which json.dumps refuses.
+        dataset = json.loads(dataset.to_json(orient="records"))
     if isinstance(dataset, Mapping) or not isinstance(dataset, Sequence) or not all(isinstance(r, Mapping) for r in dataset):
-        raise TypeError("dataset must be a file path, a list of dicts or a datasets.Dataset (a DatasetDict: pick "
-                        f"a split, dataset['train']), got {type(dataset).__name__}")
+        raise TypeError("dataset must be a file path, a list of dicts, a datasets.Dataset (a DatasetDict: pick "
+                        f"a split, dataset['train']) or a pandas DataFrame, got {type(dataset).__name__}")
     text = "".join(json.dumps(dict(row), sort_keys=True) + "\n" for row in dataset)
     root = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge")) / "datasets"
     path = root / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"

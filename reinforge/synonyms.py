@@ -100,6 +100,7 @@ TRL_NAMES: dict[str, Synonym] = {
     "lora_dropout": Synonym("model.lora.dropout", TRL_MODEL),
     "lora_target_modules": Synonym("model.lora.target_modules", TRL_MODEL),
     "torch_dtype": Synonym("model.dtype", TRL_MODEL),
+    "resume_from_checkpoint": Synonym(None, TRL_SCRIPT, "continue a run with `reinforge train --resume RUN_DIR`"),
 }
 
 VERL_NAMES: dict[str, Synonym] = {
@@ -159,6 +160,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "trainer.save_freq": Synonym("checkpoint.every", VERL),
     "trainer.test_freq": Synonym("eval.every", VERL),
     "trainer.default_local_dir": Synonym("output_dir", VERL),
+    "trainer.resume_mode": Synonym(None, VERL, "continue a run with `reinforge train --resume RUN_DIR`"),
     "trainer.project_name": Synonym("log.wandb_project", VERL),
     "trainer.logger": Synonym("log.wandb", VERL, "log.wandb=true and log.tensorboard=true; metrics.jsonl is always written"),
     "trainer.n_gpus_per_node": Synonym("ray.learner_ranks", VERL, "or run under torchrun --nproc-per-node N"),

@@ -101,5 +101,5 @@ def test_rows_and_datasets_give_one_content_named_file(tmp_path, monkeypatch) ->
     assert dataset_path(Dataset.from_list(rows)) == path and Path(path).parent == tmp_path / "datasets"
     assert [json.loads(x) for x in Path(path).read_text().splitlines()] == rows
     assert dataset_path(rows[:1]) != path and dataset_path("data.jsonl") == "data.jsonl"
-    with pytest.raises(TypeError, match="dataset must be a file path, a list of dicts or a datasets.Dataset"):
+    with pytest.raises(TypeError, match="dataset must be a file path, a list of dicts, a datasets.Dataset"):
         dataset_path({"prompt": "1+2="})

@@ -141,3 +141,28 @@ def test_export_of_a_run_whose_reward_was_a_notebook_function(tmp_path) -> None:
     # Resuming does compute rewards: there the missing function is still refused, in one line.
     result = CliRunner().invoke(app, ["train", "--resume", str(run_dir)])
     assert result.exit_code == 2 and "no reward function 'gone_with_its_process' is registered in this process" in result.output
+
+
+def test_resume_from_checkpoint_names_the_resume_option() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config(["resume_from_checkpoint=true"])
+    assert str(err.value) == ("unknown config key 'resume_from_checkpoint' (TRL's GRPOTrainer / script argument; "
+                              "continue a run with `reinforge train --resume RUN_DIR`); remove it")
+
+
+def test_a_verl_dataframe_is_a_dataset_and_train_dataset_names_dataset(tmp_path, monkeypatch) -> None:
+    import numpy as np
+    import pandas as pd
+
+    import reinforge
+    from reinforge.api import dataset_path
+
+    monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path))
+    # As read from verl's parquet: the message list is a numpy array of dicts, reward_model a dict.
+    frame = pd.DataFrame([{"data_source": "gsm8k", "prompt": np.array([{"role": "user", "content": "1+2?"}], dtype=object),
+                           "reward_model": {"style": "rule", "ground_truth": "3"}}])
+    path = dataset_path(frame)
+    assert json.loads(Path(path).read_text()) == {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "1+2?"}],
+                                                  "reward_model": {"style": "rule", "ground_truth": "3"}}
+    with pytest.raises(TypeError, match=r"^reinforge.train takes the data as dataset=\.\.\., not train_dataset=\.\.\.$"):
+        reinforge.train(train_dataset=path)
