@@ -18,6 +18,7 @@ import pytest
 from reinforge.rewards.code import (
     SANDBOX_UID_BASE,
     CodeResult,
+    _remove_tree,
     candidate_names,
     code_reward,
     extract_program,
@@ -347,6 +348,21 @@ def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
         loads = {i.opname for i in dis.get_instructions(fn)}
         assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
         assert fn.__closure__ is None, fn.__name__
+
+
+def test_work_directory_nested_past_the_recursion_limit_is_still_removed(tmp_path):
+    # shutil.rmtree recurses per level and raises RecursionError on such a tree.
+    work = tmp_path / "work"
+    work.mkdir()
+    fd = os.open(work, os.O_RDONLY)
+    for _ in range(1200):
+        os.mkdir("a", dir_fd=fd)
+        deeper = os.open("a", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    _remove_tree(str(work))
+    assert not work.exists()
 
 
 def test_create_builtin_guard_refuses_fresh_copies_and_hides_the_original():

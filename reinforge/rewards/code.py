@@ -332,7 +332,15 @@ def _remove_tree(path: str) -> None:
         os.chmod(os.path.dirname(failed_path), 0o700)
         func(failed_path)
 
-    shutil.rmtree(path, onerror=make_writable_and_retry)
+    try:
+        shutil.rmtree(path, onerror=make_writable_and_retry)
+    except (OSError, RecursionError):
+        # shutil.rmtree recurses once per level: a tree the candidate nested deeper than the
+        # recursion limit would raise here and stay behind. rm walks it iteratively.
+        subprocess.run(["rm", "-rf", "--", path], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        if os.path.lexists(path):
+            log.warning("code sandbox: could not remove the work directory %s", path)
 
 def _read_records(out: bytes, nonce: str) -> list[dict]:
     # Only lines carrying this run's nonce count (defence in depth: only the
