@@ -341,6 +341,9 @@ ATTACKS: dict[str, str] = {
 }
 
 # Attacks that need tests of their own: each case holds only if the attack works.
+REJECTS_TESTS = (
+    "def rejects(x):\n    try:\n        f(x)\n    except Exception:\n        return True\n"
+    "    return False\nassert rejects(-1)\nassert rejects(-2)\n")
 OWN_TESTS_ATTACKS: dict[str, tuple[str, str]] = {
     # StopIteration from a call ends `map`/`filter`/`zip` early without an error.
     "stop_iteration_in_map": (
@@ -367,6 +370,16 @@ OWN_TESTS_ATTACKS: dict[str, tuple[str, str]] = {
         "    send(fd, obj)\n__main__.send = forged\n"
         "def len(x):\n    return 3\ndef f(x):\n    return [0]\n",
         "assert len(f(1)) == 3\n"),
+    # Leaving without an answer, caught by the tests' `except Exception` (in plain Python
+    # SystemExit and KeyboardInterrupt pass through it, and os._exit ends the tests).
+    "sys_exit_caught_as_exception": (
+        "import sys\ndef f(n):\n    sys.exit(1)\n", REJECTS_TESTS),
+    "keyboard_interrupt_and_own_base_exception": (
+        "class Boom(BaseException):\n    pass\n"
+        "def f(n):\n    raise KeyboardInterrupt if n == -1 else Boom\n", REJECTS_TESTS),
+    "os_exit_caught_as_exception": ("import os\ndef f(n):\n    os._exit(1)\n", REJECTS_TESTS),
+    "os_exit_caught_by_bare_except": (
+        "import os\ndef f(n):\n    os._exit(1)\n", REJECTS_TESTS.replace("except Exception", "except")),
     # Subclasses whose own methods tell the codec another value than plain Python compares.
     "list_subclass_iter_lies": (
         "class L(list):\n    def __iter__(self):\n        return iter([7919])\n"
@@ -615,6 +628,15 @@ CORRECT: dict[str, tuple[str, str]] = {
         "assert counts('aab') == {'a': 2, 'b': 1}\nassert ordered() == {'a': 1}\n"
         "assert name() == 'abc' and isinstance(name(), str)\n"
         "assert pair(1) == ({1, 2}, (1, 2))\nassert total(range(10)) == 45\n"),
+    "exceptions_as_in_plain_python": (
+        "import sys\ndef parse(s):\n    if not s.isdigit():\n        raise ValueError(s)\n"
+        "    return int(s)\ndef leave(code):\n    sys.exit(code)\n",
+        "def rejects(x):\n    try:\n        parse(x)\n    except Exception:\n        return True\n"
+        "    return False\ndef exit_code(c):\n    try:\n        leave(c)\n"
+        "    except SystemExit as exc:\n        return str(exc)\n"
+        "def message(x):\n    try:\n        parse(x)\n    except ValueError as exc:\n        return str(exc)\n"
+        "assert rejects('x') and not rejects('1')\nassert exit_code(3) == '3'\n"
+        "assert message('-1') == '-1'\n"),
     "builtin_modules_and_reloads": (
         "import importlib, os, posix, pwd, _string, faulthandler, string\n"
         "importlib.reload(os)\nimportlib.reload(posix)\n"

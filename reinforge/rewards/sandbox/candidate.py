@@ -137,12 +137,14 @@ def serve():
     signal.alarm(wall)  # last resort if the judge is gone and nothing else kills us
     layers = {"no_new_privs": no_new_privs(), "uid": False}
 
-    def describe(exc):
+    def message(exc):
         try:
-            text = f"{type(exc).__name__}: {exc}"
+            return str.__str__(str(exc))[:max_error]
         except BaseException:  # noqa: B036 - str() of the program's exception may raise anything
-            text = type(exc).__name__
-        return text[:max_error]
+            return ""
+
+    def describe(exc):
+        return f"{type(exc).__name__}: {message(exc)}"[:max_error]
 
     request = recv(req_fd, limit)
     stdlib = [os.path.realpath(p) for p in sys.path if p]
@@ -203,7 +205,10 @@ def serve():
             kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
             reply = {"ok": True, "value": encode(namespace[request["name"]](*args, **kwargs))}
         except BaseException as exc:  # noqa: B036 - every failure of the program is reported
-            reply = {"ok": False, "exc": type(exc).__name__, "error": describe(exc)}
+            # "base": not an Exception (SystemExit...), which the tests' `except Exception`
+            # must not catch, as in plain Python.
+            reply = {"ok": False, "exc": type(exc).__name__, "message": message(exc),
+                     "base": not isinstance(exc, Exception)}
         send(resp_fd, {"id": request["id"], **reply})
 
 

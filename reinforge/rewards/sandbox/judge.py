@@ -40,8 +40,25 @@ class CandidateError(Exception):
     """The candidate raised an exception that is not a builtin Exception type."""
 
 
-class CandidateGone(Exception):
-    """The candidate process died or broke the protocol; no further calls are possible."""
+class CandidateAbort(BaseException):
+    """The candidate raised SystemExit, KeyboardInterrupt or another non-Exception.
+
+    A BaseException, as in plain Python: a test's `except Exception` does not catch it.
+    """
+
+
+# `except SystemExit` in the tests still catches the candidate's sys.exit().
+ABORTS = {kind.__name__: type(kind.__name__, (kind, CandidateAbort), {})
+          for kind in (SystemExit, KeyboardInterrupt, GeneratorExit)}
+
+
+class CandidateGone(BaseException):
+    """The candidate process died or broke the protocol; no further calls are possible.
+
+    A BaseException so that a test's `except Exception` cannot turn `os._exit` into a
+    pass (in plain Python it would end the tests); a case during which the candidate
+    went away fails even if the test caught this.
+    """
 
 
 def make_undumpable():
@@ -132,11 +149,17 @@ def main():
             kind = getattr(builtins, str(reply.get("exc")), None)
             exc_type = kind if isinstance(kind, type) and issubclass(kind, Exception) \
                 and kind not in UNTRANSLATED else CandidateError
-            message = str(reply.get("error"))[:max_error]
+            if reply.get("base") is True:
+                exc_type = ABORTS.get(str(reply.get("exc")), CandidateAbort)
+            # Builtin types carry the program's own message, as `str(exc)` would read in
+            # plain Python; the others name the program's type too.
+            message = str(reply.get("message"))[:max_error]
+            if exc_type is CandidateError or exc_type is CandidateAbort:
+                message = f"{reply.get('exc')}: {message}"[:max_error]
             try:
                 exc = exc_type(message)
             except Exception:  # e.g. UnicodeDecodeError wants five arguments
-                exc = CandidateError(message)
+                exc = CandidateError(f"{reply.get('exc')}: {message}"[:max_error])
             raise exc
         proxy.__name__ = name
         return proxy
@@ -189,15 +212,20 @@ def main():
             continue
     try:
         exec(compile(p["setup"], "<tests setup>", "exec"), env)
-    except Exception as exc:
+    except (Exception, CandidateAbort, CandidateGone) as exc:
         return finish(f"test setup raised: {describe(exc)}")
+    if state["gone"]:
+        return finish(f"test setup: {state['gone']}")
     for index, case in enumerate(p["cases"]):
         try:
             exec(compile(case, f"<case {index}>", "exec"), dict(env))
-        except Exception as exc:
+        except (Exception, CandidateAbort, CandidateGone) as exc:
             emit(kind="case", index=index, ok=False, error=describe(exc))
         else:
-            emit(kind="case", index=index, ok=True)
+            if state["gone"]:  # the test caught CandidateGone (a bare except): still a failure
+                emit(kind="case", index=index, ok=False, error=state["gone"])
+            else:
+                emit(kind="case", index=index, ok=True)
     finish()
 
 
