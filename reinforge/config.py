@@ -281,9 +281,21 @@ class OverlongConfig(_Section):
 
 
 class RewardConfig(_Section):
-    functions: list[RewardFunctionConfig] = Field(default_factory=lambda: [RewardFunctionConfig(name="verifier")], min_length=1, description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient.")
+    functions: list[RewardFunctionConfig] = Field(default_factory=lambda: [RewardFunctionConfig(name="verifier")], min_length=1, description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].")
     overlong: OverlongConfig | None = Field(None, description="DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); None: off.")
     max_error_rate: float = Field(0.05, ge=0, le=1, description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names_alone(cls, data: Any) -> Any:
+        # `reward.functions=[a.py:f, format]` (or one name) is the shorthand people type first: each a {name: ...}.
+        if isinstance(data, dict):
+            functions = data.get("functions")
+            if isinstance(functions, str):
+                functions = [functions]
+            if isinstance(functions, list):
+                data = {**data, "functions": [{"name": f} if isinstance(f, str) else f for f in functions]}
+        return data
 
     @model_validator(mode="after")
     def _check_functions(self, info: ValidationInfo) -> RewardConfig:

@@ -166,3 +166,40 @@ def test_a_verl_dataframe_is_a_dataset_and_train_dataset_names_dataset(tmp_path,
                                                   "reward_model": {"style": "rule", "ground_truth": "3"}}
     with pytest.raises(TypeError, match=r"^reinforge.train takes the data as dataset=\.\.\., not train_dataset=\.\.\.$"):
         reinforge.train(train_dataset=path)
+
+
+def test_a_reward_file_imports_its_neighbours_and_a_broken_one_is_one_line(tmp_path) -> None:
+    from reinforge.rewards.compose import resolve_reward_function
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "helpers_next_to_it.py").write_text("def strip(text):\n    return text.strip()\n")
+    (folder / "rewards.py").write_text("from helpers_next_to_it import strip\n\n"
+                                       "def accuracy_reward(completions, solution, **kwargs):\n"
+                                       "    return [float(strip(c) == s) for c, s in zip(completions, solution)]\n")
+    fn = resolve_reward_function(f"{folder / 'rewards.py'}:accuracy_reward", {})
+    assert fn(completions=[" 4 ", "5"], solution=["4", "4"]) == [1.0, 0.0]
+    with pytest.raises(ValueError) as err:
+        resolve_reward_function(f"{folder / 'rewards.py'}:acuracy_reward", {})
+    assert str(err.value) == (f"reward function '{folder / 'rewards.py'}:acuracy_reward': '{folder / 'rewards.py'}' has "
+                              "no function 'acuracy_reward'; did you mean 'accuracy_reward'? (its functions: accuracy_reward)")
+    (folder / "broken.py").write_text("import re\n\ndef f(completions, **kwargs)\n    return [1.0]\n")
+    (folder / "missing.py").write_text("import re\nimport not_installed_anywhere_xyz\n")
+    with pytest.raises(ValueError) as err:
+        resolve_reward_function(f"{folder / 'broken.py'}:f", {})
+    assert str(err.value) == f"reward file '{folder / 'broken.py'}' failed to load: line 3: SyntaxError: expected ':'"
+    with pytest.raises(ValueError) as err:
+        resolve_reward_function(f"{folder / 'missing.py'}:f", {})
+    assert str(err.value) == (f"reward file '{folder / 'missing.py'}' failed to load: line 2: ModuleNotFoundError: "
+                              "No module named 'not_installed_anywhere_xyz'")
+
+
+def test_reward_functions_as_bare_names_and_a_verifier_named_as_a_reward() -> None:
+    cfg = build_config(["reward.functions=[verifier, think_answer]"])
+    assert [(f.name, f.weight) for f in cfg.reward.functions] == [("verifier", 1.0), ("think_answer", 1.0)]
+    assert [f.name for f in build_config(["reward.functions=verifier"]).reward.functions] == ["verifier"]
+    with pytest.raises(ConfigError) as err:
+        build_config(["reward.functions=[math]"])
+    assert str(err.value) == ("invalid configuration: reward: 'math' is a verifier, not a reward function: the reward "
+                              "function 'verifier' scores with the task's verifier, set with task.options.verifier=math "
+                              "(task.name=dataset)")

@@ -128,6 +128,11 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
     (the message shows them), a parameter the function does not take, a parameter that shadows
     an input of its convention, or a built-in's missing required parameter.
     """
+    from reinforge.tasks.dataset import VERIFIERS
+
+    if name in VERIFIERS and name not in REWARD_FUNCTIONS:    # "math" is a verifier; people reach for it as a reward
+        raise ValueError(f"'{name}' is a verifier, not a reward function: the reward function 'verifier' scores with "
+                         f"the task's verifier, set with task.options.verifier={name} (task.name=dataset)")
     fn = import_user_function(name) or resolve(REWARD_FUNCTIONS, name, "reward function")
     kind = f"reward function {name!r}"
     form = reward_form(fn, kind)

@@ -34,12 +34,14 @@ batch at once (asyncio.gather), TRL ones once per batch.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -81,7 +83,12 @@ def import_user_function(name: str) -> Callable[..., Any] | None:
         module = importlib.import_module(module_name)
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise ValueError(f"reward function {name!r}: '{module_name}' has no function '{attr}'")
+        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+                         and not k.startswith("_"))
+        close = difflib.get_close_matches(attr, defined, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"reward function {name!r}: '{module_name}' has no function '{attr}'{hint} "
+                         f"(its functions: {', '.join(defined) or 'none'})")
     return fn
 
 
@@ -89,15 +96,31 @@ def _module_from_file(path: Path) -> Any:
     """The module of a file, loaded once per process (the composer resolves names again after the config check)."""
     key = f"reinforge_user_rewards_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     if key not in sys.modules:
+        # As `python file.py` would: the file's folder is importable, so `from my_utils import ...` next to it works
+        # (kept on sys.path: a function may import lazily, at its first call).
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))
         spec = importlib.util.spec_from_file_location(key, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
         try:
             spec.loader.exec_module(module)
+        except Exception as err:   # the user's file: one line naming it and where it failed
+            del sys.modules[key]
+            what = err.msg if isinstance(err, SyntaxError) else err     # its str() repeats the file and line
+            raise ValueError(f"reward file '{path}' failed to load: {_where(err, path)}{type(err).__name__}: {what}") from None
         except BaseException:
             del sys.modules[key]
             raise
     return sys.modules[key]
+
+
+def _where(err: Exception, path: Path) -> str:
+    """'line N: ' of the user's file where `err` was raised (a SyntaxError carries its own line)."""
+    if isinstance(err, SyntaxError) and err.lineno is not None:
+        return f"line {err.lineno}: "
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
+    return f"line {lines[-1]}: " if lines else ""
 
 
 def reward_form(fn: Callable[..., Any], kind: str) -> RewardForm:
