@@ -637,6 +637,13 @@ CORRECT: dict[str, tuple[str, str]] = {
         "def message(x):\n    try:\n        parse(x)\n    except ValueError as exc:\n        return str(exc)\n"
         "assert rejects('x') and not rejects('1')\nassert exit_code(3) == '3'\n"
         "assert message('-1') == '-1'\n"),
+    "generators_and_iterators": (
+        "def gen(n):\n    for i in range(n):\n        yield i * i\n"
+        "def pairs(xs):\n    return zip(xs, xs[1:])\n"
+        "def evens(xs):\n    return filter(lambda x: x % 2 == 0, xs)\n",
+        "assert list(gen(3)) == [0, 1, 4]\nassert next(gen(5)) == 0\n"
+        "assert list(pairs([1, 2, 3])) == [(1, 2), (2, 3)]\n"
+        "assert sum(evens(x for x in [1, 2, 4])) == 6\nassert gen(2) != [0, 1]\n"),
     "builtin_modules_and_reloads": (
         "import importlib, os, posix, pwd, _string, faulthandler, string\n"
         "importlib.reload(os)\nimportlib.reload(posix)\n"

@@ -10,6 +10,7 @@ exact builtin type, so nothing the candidate returns can carry behaviour
 import json as _json
 import os as _os
 
+MAX_ITERATOR_ITEMS = 10**6  # an endless generator fails fast instead of running out the clock
 _REAL, _IMAG = complex.real, complex.imag  # the member descriptors, not a subclass's override
 
 
@@ -47,6 +48,15 @@ def encode(x, depth=0):
             return [tag, [encode(v, depth + 1) for v in base.__iter__(x)]]
     if issubclass(kind, dict):
         return ["D", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in dict.items(x)]]
+    if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
+        # An iterator (a generator entry point, map, zip...) crosses as the items it yields,
+        # and is an iterator again on the other side: `list(gen(3)) == [0, 1, 2]` holds.
+        items = []
+        for v in x:
+            if len(items) >= MAX_ITERATOR_ITEMS:
+                raise TypeError(f"an iterator of over {MAX_ITERATOR_ITEMS} items cannot cross")
+            items.append(encode(v, depth + 1))
+        return ["G", items]
     raise TypeError(f"a {kind.__name__} cannot cross the sandbox boundary (plain data only)")
 
 
@@ -72,9 +82,9 @@ def decode(x):
             return bytes.fromhex(rest[0])
         if tag == "R" and len(rest) == 3 and all(type(v) is str for v in rest):
             return range(int(rest[0], 16), int(rest[1], 16), int(rest[2], 16))
-        if tag in ("T", "L", "Z", "E") and type(rest[0]) is list:
+        if tag in ("T", "L", "Z", "E", "G") and type(rest[0]) is list:
             items = [decode(v) for v in rest[0]]
-            return {"T": tuple, "L": list, "Z": frozenset, "E": set}[tag](items)
+            return {"T": tuple, "L": list, "Z": frozenset, "E": set, "G": iter}[tag](items)
         if tag == "D" and type(rest[0]) is list:
             return {decode(k): decode(v) for k, v in rest[0]}
     except (IndexError, TypeError, ValueError, RecursionError) as exc:
