@@ -203,3 +203,15 @@ def test_reward_functions_as_bare_names_and_a_verifier_named_as_a_reward() -> No
     assert str(err.value) == ("invalid configuration: reward: 'math' is a verifier, not a reward function: the reward "
                               "function 'verifier' scores with the task's verifier, set with task.options.verifier=math "
                               "(task.name=dataset)")
+
+
+def test_a_kwargs_only_function_that_reads_completions_is_told_how_to_get_them(tmp_path) -> None:
+    (tmp_path / "r.py").write_text("def kw(**kwargs):\n    return [1.0 for _ in kwargs['completions']]\n")
+    args = ["train", *MICRO, "sft.enabled=false", "train.steps=1", f"output_dir={tmp_path / 'run'}",
+            f"reward.functions=[{tmp_path / 'r.py'}:kw]"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert ("raised KeyError('completions') on sample 0" in result.output and
+            "a function of only **kwargs is called once per sample with completion, prompt, answer and the row's "
+            "fields: to be called in TRL's batched form, name its parameters (completions, **kwargs); full traceback "
+            f"in {tmp_path / 'run'}/error.log" in result.output.replace("\n", ""))

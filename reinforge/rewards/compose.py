@@ -393,10 +393,22 @@ class RewardComposer:
         message = (f"reward function {first.term.label} raised {first.error!r} on sample {r} "
                    f"(prompt {_clip(rows[r].prompt)}, completion {_clip(rollout.texts[r])}); reward functions raised on "
                    f"{int(raised.sum())} of {len(rows)} samples ({counts}), more than reward.max_error_rate="
-                   f"{self.max_error_rate}")
+                   f"{self.max_error_rate}{_form_hint(first)}")
         err = RewardError(message.replace("\n", " "), self._traceback(first))
         err.__cause__ = first.error
         return err
+
+
+def _form_hint(failure: _Failure) -> str:
+    """When a function that takes only **kwargs (called per sample) looked up another form's input
+    (kwargs["completions"]), the form it was called in, and how to get the one it expects."""
+    key = failure.error.args[0] if isinstance(failure.error, KeyError) and failure.error.args else None
+    if failure.term.form != "sample" or key not in (*TRL_INPUTS, *VERL_INPUTS):
+        return ""
+    form, params = ("TRL's batched form", "completions, **kwargs") if key in TRL_INPUTS else \
+        ("verl's form", "data_source, solution_str, ground_truth, extra_info=None")
+    return (f"; a function of only **kwargs is called once per sample with completion, prompt, answer and the row's "
+            f"fields: to be called in {form}, name its parameters ({params})")
 
 
 __all__ = [
