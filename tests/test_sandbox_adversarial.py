@@ -272,6 +272,9 @@ ATTACKS: dict[str, str] = {
     "memfd_memory": (
         "import os\nfds = [os.memfd_create('m') for _ in range(200)]\n"
         "for fd in fds:\n    os.write(fd, b'x' * (16 * 2 ** 20))\n"),
+    "renice_and_pin_the_canary": (
+        "import os\nos.setpriority(os.PRIO_PROCESS, CANARY_PID, 19)\n"
+        "os.setpriority(os.PRIO_USER, os.getuid(), 19)\nos.sched_setaffinity(CANARY_PID, {0})\n"),
     "dev_shm_write": "open('SHM_FILE', 'w').write('pwned')\n",
     "dev_shm_os_open": "import os\nos.open('SHM_FILE', os.O_CREAT | os.O_WRONLY)\n",
     "dir_fd_create": (
@@ -463,6 +466,8 @@ def test_attacks_never_pass_and_leave_the_host_alone(canaries, namespaces: bool)
     # The host: the canary process, the canary file (world-writable: only the sandbox guards it).
     canary_pid = int(values["CANARY_PID"])
     assert os.waitpid(canary_pid, os.WNOHANG) == (0, 0), "the canary process was killed"
+    assert os.getpriority(os.PRIO_PROCESS, canary_pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.sched_getaffinity(canary_pid) == os.sched_getaffinity(0)
     with open(values["CANARY_FILE"]) as fh:
         assert fh.read() == "original"
     assert stat.S_IMODE(os.stat(values["CANARY_FILE"]).st_mode) == 0o666
