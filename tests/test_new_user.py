@@ -215,3 +215,17 @@ def test_a_kwargs_only_function_that_reads_completions_is_told_how_to_get_them(t
             "a function of only **kwargs is called once per sample with completion, prompt, answer and the row's "
             "fields: to be called in TRL's batched form, name its parameters (completions, **kwargs); full traceback "
             f"in {tmp_path / 'run'}/error.log" in result.output.replace("\n", ""))
+
+
+def test_an_empty_data_file_says_it_is_empty(tmp_path) -> None:
+    import pandas as pd
+
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    (tmp_path / "h.csv").write_text("question,answer\n")
+    pd.DataFrame({"prompt": [], "answer": []}).to_parquet(tmp_path / "e.parquet")
+    for name, message in [("e.jsonl", "has no rows (the file is empty)"),
+                          ("h.csv", "has no rows (the file is empty, or only its header)"),
+                          ("e.parquet", "has no rows (the file is empty)")]:
+        with pytest.raises(DatasetError) as err:
+            load_records(tmp_path / name)
+        assert str(err.value) == f"'{tmp_path / name}' {message}"

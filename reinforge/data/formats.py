@@ -71,8 +71,15 @@ def rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         raise DatasetError(f"'{path}': a split ('{split}') only applies to a datasets folder (save_to_disk or data files)")
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        yield from _json_rows(path)
+        empty = True
+        for row in _json_rows(path):
+            empty = False
+            yield row
+        if empty:
+            raise DatasetError(f"'{path}' has no rows (the file is empty)")
     elif suffix in DATASETS_SUFFIXES:
+        if _no_rows(path, suffix):     # datasets' readers fail on these with an unrelated message
+            raise DatasetError(f"'{path}' has no rows (the file is empty" + (", or only its header)" if suffix == ".csv" else ")"))
         yield from _datasets_file_rows(path, suffix)
     elif suffix == ".py":
         raise DatasetError(_script_message(path))
@@ -126,6 +133,21 @@ def _quiet_datasets():
     datasets.disable_progress_bars()      # "Generating train split" bars would interleave with ours
     datasets.logging.set_verbosity_error()
     return datasets
+
+
+def _no_rows(path: Path, suffix: str) -> bool:
+    """True for a Parquet file of zero rows or a CSV file of at most a header; False when unsure (the reader decides)."""
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows == 0
+        if suffix == ".csv":
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                return sum(1 for line in handle if line.strip()) <= 1
+    except Exception:   # not Parquet at all: the reader's own message names that
+        return False
+    return False
 
 
 def _datasets_file_rows(path: Path, suffix: str) -> Iterator[tuple[str, Any]]:
