@@ -229,3 +229,13 @@ def test_an_empty_data_file_says_it_is_empty(tmp_path) -> None:
         with pytest.raises(DatasetError) as err:
             load_records(tmp_path / name)
         assert str(err.value) == f"'{tmp_path / name}' {message}"
+
+
+def test_paths_from_a_yaml_file_or_python_expand_the_home_folder(tmp_path, monkeypatch) -> None:
+    from reinforge.rewards.compose import resolve_reward_function
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    (tmp_path / "r.py").write_text("def one(completion):\n    return 1.0\n")
+    assert load_records("~/d.jsonl", required=("prompt", "answer")) == [{"prompt": "1+1?", "answer": "2"}]
+    assert resolve_reward_function("~/r.py:one", {})(completion="x") == 1.0

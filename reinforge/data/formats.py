@@ -57,7 +57,7 @@ def split_suffix(path: str, split: str | None) -> tuple[Path, str | None]:
         if split is not None and split != suffix_split:
             raise DatasetError(f"'{path}': split given twice ('{suffix_split}' in the path, '{split}' as an argument)")
         split = suffix_split
-    return Path(path), split
+    return Path(path).expanduser(), split    # "~/data.jsonl" from a YAML file or Python, where no shell expands it
 
 
 def rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:

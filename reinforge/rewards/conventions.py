@@ -68,7 +68,7 @@ def import_user_function(name: str) -> Callable[..., Any] | None:
     if not sep or not module_name:
         return None
     if module_name.endswith(".py"):
-        path = Path(module_name).resolve()
+        path = Path(module_name).expanduser().resolve()
         if not path.is_file():
             raise ValueError(f"reward function {name!r}: file '{module_name}' does not exist")
         module = _module_from_file(path)
