@@ -316,6 +316,19 @@ ATTACKS: dict[str, str] = {
         "class Posix:\n    name = 'posix'\nfor fn in found:\n    try:\n"
         "        fn(Posix()).mkfifo('CANARY_DIR/fifo')\n    except Exception:\n        pass\n"
         "def f(n):\n    return None\n"),
+    "guard_inner_function_with_overrides": (
+        "import _imp, sys, importlib.machinery\ninner = []\nclass Spec:\n    @property\n"
+        "    def name(self):\n        inner.extend(sys._getframe(1).f_locals.values())\n"
+        "        return 'pwd'\n_imp.create_builtin(Spec())\n"
+        "class Name(str):\n    def __hash__(self):\n        inner.extend(sys._getframe(1).f_locals.values())\n"
+        "        return 0\n    def __eq__(self, other):\n        return False\n"
+        "for fn in [v for v in inner if callable(v)]:\n"
+        "    for call in (lambda: fn('posix', refused=frozenset()), lambda: fn(Name('posix'))):\n"
+        "        try:\n            call().mkfifo('CANARY_DIR/fifo')\n        except Exception:\n"
+        "            pass\n"
+        "for fn in [v for v in inner if callable(v)]:\n    try:\n"
+        "        fn(importlib.machinery.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"
+        "    except Exception:\n        pass\n"),
     "profiler_sees_the_guard": (
         "import sys, _imp, importlib.machinery\nseen = []\n"
         "sys.setprofile(lambda frame, event, arg: seen.append(dict(frame.f_locals)))\n"

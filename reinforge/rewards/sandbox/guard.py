@@ -193,8 +193,13 @@ def guard_create_builtin(imp, refused_names=FRESH_COPY_REFUSED):
     """
     import types
 
+    # Positional-only, `original` first: a caller (the program may reach `create` through
+    # `create_builtin`'s frame) can replace `refused` only by replacing `original` too.
+    # `to_str` first of all: a str subclass's `__hash__`/`__eq__` would run program code
+    # (with this frame and `original` in reach) and could lie to `in refused`.
     def create(name, original=imp.create_builtin, refused=frozenset(refused_names),
-               namespace=types.SimpleNamespace, perm=PermissionError):
+               namespace=types.SimpleNamespace, perm=PermissionError, to_str=str.__str__, /):
+        name = to_str(name)
         if name in refused:
             raise perm(f"sandbox: a fresh copy of the {name} module is not allowed")
         return original(namespace(name=name))
