@@ -329,6 +329,17 @@ ATTACKS: dict[str, str] = {
         "for fn in [v for v in inner if callable(v)]:\n    try:\n"
         "        fn(importlib.machinery.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"
         "    except Exception:\n        pass\n"),
+    "meta_path_finder_walks_frames_during_create": (
+        "import sys, _imp, importlib.machinery\nfound = []\nclass Finder:\n"
+        "    def find_spec(self, name, path=None, target=None):\n        frame = sys._getframe()\n"
+        "        while frame:\n            found.extend(frame.f_locals.values())\n"
+        "            frame = frame.f_back\nsys.meta_path.insert(0, Finder())\n"
+        "for name in ('pwd', '_string', 'faulthandler', '_tracemalloc', 'xxsubtype'):\n"
+        "    sys.modules.pop(name, None)\n"
+        "    _imp.create_builtin(importlib.machinery.ModuleSpec(name, None))\n"
+        "for fn in [v for v in found if callable(v)]:\n    try:\n"
+        "        fn(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"
+        "    except Exception:\n        pass\n"),
     "profiler_sees_the_guard": (
         "import sys, _imp, importlib.machinery\nseen = []\n"
         "sys.setprofile(lambda frame, event, arg: seen.append(dict(frame.f_locals)))\n"

@@ -169,6 +169,16 @@ CORRECT: dict[str, tuple[str, str]] = {
         "assert list(gen(3)) == [0, 1, 4]\nassert next(gen(5)) == 0\n"
         "assert list(pairs([1, 2, 3])) == [(1, 2), (2, 3)]\n"
         "assert sum(evens(x for x in [1, 2, 4])) == 6\nassert gen(2) != [0, 1]\n"),
+    "many_stdlib_imports": (
+        "import unittest, doctest, timeit, argparse, csv, io, shlex, glob, fnmatch, pickle\n"
+        "import base64, binascii, zlib, gzip, bz2, lzma, html, xml.etree.ElementTree\n"
+        "import urllib.parse, email, uuid, ast, dis, tokenize, inspect, contextlib, abc\n"
+        "import weakref, queue, sched, threading, concurrent.futures, socket, select\n"
+        "import selectors, signal, locale, gettext, pprint, reprlib, graphlib\n"
+        "def encoded(b):\n    return base64.b64encode(b)\n"
+        "def order(graph):\n    return list(graphlib.TopologicalSorter(graph).static_order())\n"
+        "class T(unittest.TestCase):\n    def test(self):\n        self.assertEqual(encoded(b'a'), b'YQ==')\n",
+        "assert encoded(b'a') == b'YQ=='\nassert order({'b': {'a'}}) == ['a', 'b']\n"),
     "builtin_modules_and_reloads": (
         "import importlib, os, posix, pwd, _string, faulthandler, string\n"
         "importlib.reload(os)\nimportlib.reload(posix)\n"
