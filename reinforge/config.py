@@ -74,6 +74,11 @@ class TaskConfig(_Section):
         params = [p for p in signature.parameters if p != "self"]
         for key in self.options:
             if key not in params:
+                others = [n for n, cls in TASKS.items() if n != self.name and key in inspect.signature(cls.__init__).parameters]
+                if others:    # task.options.path without task.name=dataset: the option is right, the task is not
+                    raise ConfigError(f"task.options.{key} is an option of task.name={' or '.join(others)}, not of the "
+                                      f"task '{self.name}'{' (the default)' if 'name' not in self.model_fields_set else ''}"
+                                      f": set task.name={others[0]}")
                 raise ConfigError(_unknown_key_message(f"task.options.{key}", key, params))
         # Options without a default (the dataset task's path) must be given.
         missing = [p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in self.options]

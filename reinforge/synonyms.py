@@ -100,6 +100,9 @@ TRL_NAMES: dict[str, Synonym] = {
     "lora_dropout": Synonym("model.lora.dropout", TRL_MODEL),
     "lora_target_modules": Synonym("model.lora.target_modules", TRL_MODEL),
     "torch_dtype": Synonym("model.dtype", TRL_MODEL),
+    # reinforge.train's own argument and the short name people try first on the command line.
+    "dataset": Synonym("task.options.path", "reinforge.train's argument name", "with task.name=dataset"),
+    "data": Synonym("task.options.path", VERL, "its data section; with task.name=dataset"),
     "resume_from_checkpoint": Synonym(None, TRL_SCRIPT, "continue a run with `reinforge train --resume RUN_DIR`"),
 }
 

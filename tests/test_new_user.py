@@ -239,3 +239,17 @@ def test_paths_from_a_yaml_file_or_python_expand_the_home_folder(tmp_path, monke
     (tmp_path / "r.py").write_text("def one(completion):\n    return 1.0\n")
     assert load_records("~/d.jsonl", required=("prompt", "answer")) == [{"prompt": "1+1?", "answer": "2"}]
     assert resolve_reward_function("~/r.py:one", {})(completion="x") == 1.0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["task.options.path=d.jsonl"], "invalid configuration: task: task.options.path is an option of "
+     "task.name=dataset, not of the task 'arithmetic' (the default): set task.name=dataset"),
+    (["task.name=countdown", "task.options.path=d.jsonl"], "invalid configuration: task: task.options.path is an "
+     "option of task.name=dataset, not of the task 'countdown': set task.name=dataset"),
+    (["dataset=d.jsonl"], "unknown config key 'dataset'; did you mean 'task.options.path'? (reinforge.train's "
+     "argument name; with task.name=dataset)"),
+])
+def test_a_data_file_given_without_task_name_dataset_names_it(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides)
+    assert str(err.value) == message
