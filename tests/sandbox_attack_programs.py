@@ -340,6 +340,12 @@ ATTACKS: dict[str, str] = {
         "for fn in [v for v in found if callable(v)]:\n    try:\n"
         "        fn(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"
         "    except Exception:\n        pass\n"),
+    "abstract_unix_socket": (
+        "import _socket\ns = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
+        "s.connect(b'\\0reinforge')\n"),
+    "patch_int_eq_through_gc": (
+        "import gc\ngc.get_referents(int.__dict__)[0]['__eq__'] = lambda a, b: True\n"
+        "def f(n):\n    return 0\n"),
     "profiler_sees_the_guard": (
         "import sys, _imp, importlib.machinery\nseen = []\n"
         "sys.setprofile(lambda frame, event, arg: seen.append(dict(frame.f_locals)))\n"
@@ -368,6 +374,10 @@ OWN_TESTS_ATTACKS: dict[str, tuple[str, str]] = {
         "open('f.py', 'w').write('def f(x):\\n    return 9\\n')\nsys.path.insert(0, '.')\n"
         "import math\ndef f(x):\n    return 0\n",
         "assert math.isclose(f(1), 9)\nassert f(1) == 9\n"),
+    "planted_module_the_judge_would_import": (
+        "import sys\nopen('statistics.py', 'w').write('mean = lambda xs: 7919\\n')\n"
+        "sys.path.insert(0, '.')\nsys.modules.pop('statistics', None)\nimport statistics\n",
+        "assert statistics.mean([1]) == 7919\n"),
     "module_object_named_like_entry_point": (
         "import sys, types\nf = types.ModuleType('f')\nf.__call__ = lambda *a: 9\n"
         "sys.modules['f'] = f\n", "assert f(1) == 9\n"),
