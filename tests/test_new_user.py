@@ -253,3 +253,12 @@ def test_a_data_file_given_without_task_name_dataset_names_it(overrides: list[st
     with pytest.raises(ConfigError) as err:
         build_config(overrides)
     assert str(err.value) == message
+
+
+def test_a_missing_answer_never_suggests_the_prompt_column(tmp_path) -> None:
+    path = tmp_path / "prompts_only.jsonl"     # TRL's prompt-only layout: no gold answer to evaluate against
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "Write a haiku"}]}) + "\n")
+    with pytest.raises(DatasetError) as err:
+        DatasetTask(str(path))
+    assert str(err.value) == (f"'{path}', line 1: field 'answer' is missing; the row's columns: prompt; add a column "
+                              "'answer', or map one with task.options.fields.answer=COLUMN")

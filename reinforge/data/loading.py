@@ -186,12 +186,17 @@ def column_names(row: Mapping[str, Any], depth: int = 2) -> list[str]:
     return out
 
 
-def _missing_hint(name: str, row: Mapping[str, Any], fields: dict[str, str], fields_option: str) -> str:
+def _missing_hint(name: str, row: Mapping[str, Any], fields: dict[str, str], fields_option: str,
+                  needed: Sequence[str]) -> str:
     columns = column_names(row)
-    likely = next((c for c in LIKELY_COLUMNS.get(name, ()) if c in columns and c not in fields.values()), None)
-    example = likely or next((c for c in columns if c not in fields.values()), "COLUMN")
-    mapping = "fix" if name in fields else "map one with"
+    # A column that already is another field (the `prompt` column is the prompt) is never the one to map.
+    taken = set(fields.values()) | {n for n in needed if n != name and n not in fields}
+    likely = next((c for c in LIKELY_COLUMNS.get(name, ()) if c in columns and c not in taken), None)
+    example = likely or next((c for c in columns if c not in taken), None)
     shown = ", ".join(columns) if len(columns) <= 30 else ", ".join(columns[:30]) + ", ..."
+    if example is None:
+        return f"; the row's columns: {shown}; add a column '{name}', or map one with {fields_option}.{name}=COLUMN"
+    mapping = "fix" if name in fields else "map one with"
     return f"; the row's columns: {shown}; {mapping} {fields_option}.{name}={example}"
 
 
@@ -212,7 +217,7 @@ def _record(row: Any, fields: dict[str, str], needed: list[str], location: str, 
         if name not in record or record[name] is None:
             via = f" (column '{fields[name]}')" if name in fields else ""
             state = "is null" if name in record else "is missing"
-            raise fail(f"field '{name}'{via} {state}{_missing_hint(name, row, fields, fields_option)}")
+            raise fail(f"field '{name}'{via} {state}{_missing_hint(name, row, fields, fields_option, needed)}")
     if looks_like_messages(record.get("prompt")):
         problem = message_problem(record["prompt"])
         if problem is not None:
