@@ -41,7 +41,7 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import check_native_model_type
-from reinforge.rollout.prompts import check_chat_prompts
+from reinforge.rollout.prompts import check_chat_prompts, check_context
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
@@ -211,6 +211,9 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     policy = load_policy(cfg.model, cfg.seed)
     # Chat-message prompts need the tokenizer's chat template: known only now, still before anything is written.
     check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
+    check_context(policy.model.config, policy.tokenizer, cfg.prompt.chat_template,
+                  [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
+                  cfg.rollout.max_new_tokens)
     # The resolved config names its real run directory, not the default's null.
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)

@@ -262,3 +262,38 @@ def test_a_missing_answer_never_suggests_the_prompt_column(tmp_path) -> None:
         DatasetTask(str(path))
     assert str(err.value) == (f"'{path}', line 1: field 'answer' is missing; the row's columns: prompt; add a column "
                               "'answer', or map one with task.options.fields.answer=COLUMN")
+
+
+@pytest.fixture(scope="module")
+def gpt2_32_positions(tmp_path_factory, llama_needs_system) -> Path:
+    """A tiny GPT-2 (learned positions, n_positions=32) with the Llama fixture's tokenizer and no chat template."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(llama_needs_system)
+    tok.chat_template = None
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    path = tmp_path_factory.mktemp("gpt2_32")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_prompt_plus_max_new_tokens_past_learned_positions_is_one_line(gpt2_32_positions, tmp_path) -> None:
+    from reinforge.models.tokenizer import load_tokenizer
+
+    data = _plain_data(tmp_path / "d.jsonl")
+    longest = max(len(load_tokenizer(gpt2_32_positions)(f"What is {a} + 1?")["input_ids"]) for a in range(8))
+    out = tmp_path / "run"
+    base = ["train", f"model={gpt2_32_positions}", *RUN, "sft.enabled=false", "train.steps=1", "task.name=dataset",
+            f"task.options.path={data}", "task.options.verifier=exact", f"output_dir={out}"]
+    result = CliRunner().invoke(app, [*base, f"rollout.max_new_tokens={33 - longest}"])
+    assert result.exit_code == 2 and not out.exists()
+    assert (f"error: the longest prompt ({longest} tokens) + rollout.max_new_tokens ({33 - longest}) exceed the model's 32 "
+            f"positions (n_positions in its config.json): set rollout.max_new_tokens={32 - longest} or less, or shorten "
+            "the prompts") in " ".join(result.output.split())
+    # Exactly at the limit it runs.
+    result = CliRunner().invoke(app, [*base, f"rollout.max_new_tokens={32 - longest}"])
+    assert result.exit_code == 0, result.output

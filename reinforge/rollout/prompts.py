@@ -34,6 +34,23 @@ def check_chat_prompts(tokenizer: PreTrainedTokenizerBase, mode: str, prompts: l
                           "without prompt.system")
 
 
+def check_context(model_config, tokenizer: PreTrainedTokenizerBase, mode: str, prompts: list[str],
+                  max_new_tokens: int) -> None:
+    """ConfigError when a prompt plus rollout.max_new_tokens does not fit a model with a table of learned
+    positions (GPT-2's `n_positions`): generation would index past it, an IndexError deep in transformers.
+    Models without one (rotary: the Llama family) are not checked."""
+    limit = getattr(model_config, "n_positions", None)
+    if not isinstance(limit, int) or not prompts:
+        return
+    longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, mode))
+    if longest + max_new_tokens <= limit:
+        return
+    fix = (f"set rollout.max_new_tokens={limit - longest} or less, or shorten the prompts" if longest < limit
+           else "shorten the prompts")
+    raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({max_new_tokens}) exceed the "
+                      f"model's {limit} positions (n_positions in its config.json): {fix}")
+
+
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode: str = "auto") -> list[list[int]]:
     """Token ids of each prompt; no special tokens beyond what the chat template adds."""
     if use_chat_template(tokenizer, mode):
