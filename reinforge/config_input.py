@@ -59,15 +59,17 @@ def _sections_with(key: str, root: type[BaseModel]) -> list[str]:
     return found
 
 
-def _unknown_message(path: str, key: str, value: Any, model: type[BaseModel], top_level: bool) -> str:
-    """The refusal of the unknown key `path`: a TRL / verl name says where reinforge has it (across
-    sections); a misspelling names the closest key of its section."""
+def _unknown_messages(path: str, key: str, value: Any, model: type[BaseModel], top_level: bool) -> list[str]:
+    """The refusals of the unknown key `path`: a TRL / verl name says where reinforge has it (across
+    sections; each such name of an unknown section); a misspelling names the closest key of its section."""
     from reinforge.synonyms import find_synonym, synonym_message
 
-    for leaf, leaf_value in leaves(path, value):      # verl's nested names arrive as one unknown section
-        synonym = find_synonym(leaf)
-        if synonym is not None:
-            return synonym_message(leaf, leaf_value, synonym)
+    known = [synonym_message(leaf, leaf_value, synonym) for leaf, leaf_value in leaves(path, value)
+             if (synonym := find_synonym(leaf)) is not None]     # verl's nested names arrive as one unknown section
+    return known or [_unknown_message(path, key, model, top_level)]
+
+
+def _unknown_message(path: str, key: str, model: type[BaseModel], top_level: bool) -> str:
     elsewhere = _sections_with(key, model) if top_level else []     # `lr=...` at the top: train.lr or sft.lr
     if elsewhere:
         return f"unknown config key '{path}'; did you mean {' or '.join(repr(k) for k in elsewhere)}?"
@@ -75,15 +77,29 @@ def _unknown_message(path: str, key: str, value: Any, model: type[BaseModel], to
 
 
 def check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
-    """Reject unknown keys at any depth, naming the closest valid key."""
+    """Reject unknown keys at any depth, naming the closest valid key; every unknown key at once (a
+    config file brought from TRL or verl has several), on one line."""
+    problems = unknown_keys(data, model, prefix)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        shown = " | ".join(p.removeprefix("unknown config key ") for p in problems)
+        raise ConfigError(f"{len(problems)} unknown config keys: {shown}")
+
+
+def unknown_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One refusal per unknown key of `data`, at any depth, in the order of the file."""
     fields = model.model_fields
+    problems: list[str] = []
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            raise ConfigError(_unknown_message(path, key, value, model, top_level=not prefix))
+            problems += _unknown_messages(path, key, value, model, top_level=not prefix)
+            continue
         annotation = optional_section(fields[key].annotation)
         if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            check_keys(value, annotation, prefix=f"{path}.")
+            problems += unknown_keys(value, annotation, prefix=f"{path}.")
+    return problems
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -122,8 +122,8 @@ def test_verls_custom_reward_function_in_a_nested_yaml_names_reward_functions(tm
     (tmp_path / "verl.yaml").write_text("custom_reward_function:\n  path: my_reward.py\n  name: compute_score\n")
     with pytest.raises(ConfigError) as err:
         build_config([], str(tmp_path / "verl.yaml"))
-    assert str(err.value).startswith("unknown config key 'custom_reward_function.path'; did you mean 'reward.functions'? "
-                                     "(verl's name; as reward.functions=[{name: path/to/file.py:function}]")
+    assert str(err.value).startswith("2 unknown config keys: 'custom_reward_function.path'; did you mean "
+                                     "'reward.functions'? (verl's name; as reward.functions=[{name: path/to/file.py:function}]")
 
 
 def test_export_of_a_run_whose_reward_was_a_notebook_function(tmp_path) -> None:
@@ -297,3 +297,22 @@ def test_prompt_plus_max_new_tokens_past_learned_positions_is_one_line(gpt2_32_p
     # Exactly at the limit it runs.
     result = CliRunner().invoke(app, [*base, f"rollout.max_new_tokens={32 - longest}"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_trl_or_verl_config_file_gets_every_unknown_key_at_once(tmp_path) -> None:
+    (tmp_path / "trl.yaml").write_text("model_name_or_path: m\nnum_generations: 4\nseed: 1\ntrian:\n  steps: 2\n")
+    with pytest.raises(ConfigError) as err:
+        build_config([], str(tmp_path / "trl.yaml"))
+    assert str(err.value) == (
+        "3 unknown config keys: 'model_name_or_path'; did you mean 'model.path'? (TRL's GRPOConfig name; a local "
+        "folder; nothing is downloaded) | 'num_generations'; did you mean 'train.group_size'? (TRL's GRPOConfig name) | "
+        "'trian'; did you mean 'train'? (valid: alerts, backend, checkpoint, critic, curation, dpo, eval, log, model, "
+        "objective, output_dir, prompt, ray, recipe, reward, rollout, seed, sft, task, threads, train)")
+    (tmp_path / "verl.yaml").write_text("data:\n  train_files: t.parquet\n  max_response_length: 64\n"
+                                        "train:\n  steps: 2\n  lr_rate: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        build_config([], str(tmp_path / "verl.yaml"))
+    assert str(err.value).startswith(
+        "3 unknown config keys: 'data.train_files'; did you mean 'task.options.path'? (verl's name; with "
+        "task.name=dataset) | 'data.max_response_length'; did you mean 'rollout.max_new_tokens'? (verl's name) | "
+        "'train.lr_rate'")
