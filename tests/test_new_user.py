@@ -316,3 +316,13 @@ def test_a_trl_or_verl_config_file_gets_every_unknown_key_at_once(tmp_path) -> N
         "3 unknown config keys: 'data.train_files'; did you mean 'task.options.path'? (verl's name; with "
         "task.name=dataset) | 'data.max_response_length'; did you mean 'rollout.max_new_tokens'? (verl's name) | "
         "'train.lr_rate'")
+
+
+def test_one_bad_row_after_good_ones_names_skip_invalid(tmp_path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "x", "answer": 3\n')
+    with pytest.raises(DatasetError) as err:
+        DatasetTask(str(path))
+    assert str(err.value) == (f"'{path}', line 2: bad JSON: Expecting ',' delimiter at column 28; to skip such rows "
+                              "instead: task.options.skip_invalid=true")
+    assert DatasetTask(str(path), eval_path=str(path), skip_invalid=True).skipped == {str(path): 1}

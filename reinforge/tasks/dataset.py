@@ -69,6 +69,9 @@ def _exact(completion: str, example: Example, _timeout_s: float) -> float:
 # compute_score and many RLVR sets give it); a warning names the column taken.
 ANSWER_COLUMNS = ("reward_model.ground_truth", "solution", "ground_truth")
 
+# What a row's error starts with (reinforge.data.loading): "'FILE', line N: " or "'FILE', row N: ".
+_ROW_ERROR = re.compile(r"^'.*', (line|row) (\d+): ")
+
 VERIFIERS: dict[str, Verifier] = {
     "math": Verifier("answer", _math),        # last \boxed{} / "answer is" / last number vs gold, by math-verify
     "code": Verifier("tests", _code),         # sandboxed program vs the row's top-level asserts, all must pass
@@ -166,7 +169,14 @@ class DatasetTask(Task):
         field = VERIFIERS[self.verifier].field
         required = ["prompt", field, *filter(None, template_fields)]
         defaults = {field: ANSWER_COLUMNS} if field == "answer" else None
-        loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid, defaults=defaults)
+        try:
+            loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid, defaults=defaults)
+        except DatasetError as err:
+            row = _ROW_ERROR.match(str(err))
+            if skip_invalid or row is None or int(row.group(2)) == 1:    # the first row: more likely the layout than one row
+                raise
+            # One bad row after good ones: say how to go on without it (each skipped row is still logged and counted).
+            raise DatasetError(f"{err}; to skip such rows instead: task.options.skip_invalid=true") from None
         if loaded.skipped:
             self.skipped[str(path)] = len(loaded.skipped)
             for message in loaded.skipped:
