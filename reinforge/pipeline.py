@@ -38,7 +38,7 @@ from reinforge.models.factory import check_model_dir
 from reinforge.models.model_dir import architecture_plan
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
-from reinforge.rewards.compose import RewardError
+from reinforge.rewards.compose import RewardError, check_reward_inputs
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.native import check_native_model_type
 from reinforge.rollout.prompts import check_chat_prompts, check_context
@@ -107,6 +107,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         task.teacher_completion(first[0], rng)
         if cfg.sft.corrupt_fraction > 0:
             task.corrupt_completion(first[0], rng)
+    check_reward_inputs(cfg.reward, task.train_split(1)[0])   # a required parameter nothing fills: before any load
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
         if cfg.rollout.engine == "native":

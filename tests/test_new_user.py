@@ -326,3 +326,25 @@ def test_one_bad_row_after_good_ones_names_skip_invalid(tmp_path) -> None:
     assert str(err.value) == (f"'{path}', line 2: bad JSON: Expecting ',' delimiter at column 28; to skip such rows "
                               "instead: task.options.skip_invalid=true")
     assert DatasetTask(str(path), eval_path=str(path), skip_invalid=True).skipped == {str(path): 1}
+
+
+def test_a_required_parameter_nothing_fills_is_refused_before_anything_loads(tmp_path) -> None:
+    (tmp_path / "r.py").write_text("def state(completions, trainer_state, **kwargs):\n    return [0.0] * len(completions)\n\n"
+                                   "def column(completion, difficulty):\n    return 0.0\n\n"
+                                   "def has_column(completions, ground_truth, **kwargs):\n    return [0.0] * len(completions)\n")
+    data = _plain_data(tmp_path / "d.jsonl")
+    base = ["train", *MICRO, "sft.enabled=false", "task.name=dataset", f"task.options.path={data}",
+            f"output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(app, [*base, f"reward.functions=[{tmp_path / 'r.py'}:state]"])
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert (f"error: reward function '{tmp_path / 'r.py'}:state' needs 'trainer_state', which nothing passes: not an "
+            "input of its form (prompts, completions, completion_ids), nor a column of the data (answer, ground_truth, "
+            "prompt), nor one of its params; TRL's trainer_state is not passed (there is no transformers Trainer): give "
+            "it a default, trainer_state=None") in " ".join(result.output.split())
+    result = CliRunner().invoke(app, [*base, f"reward.functions=[{tmp_path / 'r.py'}:column]"])
+    assert result.exit_code == 2 and "needs 'difficulty', which nothing passes" in result.output
+    # A column of the data (ground_truth) fills it: the checks before the run pass.
+    from reinforge.config import build_config as build
+    from reinforge.pipeline import prepare
+
+    prepare(build([*base[1:], f"reward.functions=[{tmp_path / 'r.py'}:has_column]"]))

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reinforge.config import Config, RewardConfig
+from reinforge.config import Config, ConfigError, RewardConfig
 from reinforge.data.chat import Conversation
 from reinforge.objectives.common import accepted_params, check_params, resolve
 from reinforge.rewards.conventions import (
@@ -56,6 +56,7 @@ from reinforge.rewards.conventions import (
     run_trl,
     sample_value,
     trl_values,
+    unfilled_parameters,
     verl_value,
 )
 from reinforge.rollout.base import Rollout
@@ -146,6 +147,24 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
             if p.default is inspect.Parameter.empty and p.name not in REWARD_INPUTS and p.name not in params:
                 raise ValueError(f"{kind} needs parameter {p.name!r}, e.g. params: {{{p.name}: ...}}")
     return fn
+
+
+def check_reward_inputs(reward: RewardConfig, example: Example) -> None:
+    """ConfigError for a reward function with a required parameter nothing fills (a TRL function's
+    `trainer_state`, a column the data lacks), judged on `example`, a row of the data: caught before
+    anything is written, rather than as a TypeError on every call after the model has loaded."""
+    for f in reward.functions:
+        fn = resolve_reward_function(f.name, f.params)
+        form = reward_form(fn, f.name)
+        columns = {*example.meta, "prompt", "answer"} if form != "verl" else set()
+        missing = unfilled_parameters(fn, form, {*f.params, *columns})
+        if missing:
+            note = ("; TRL's trainer_state is not passed (there is no transformers Trainer): give it a default, "
+                    "trainer_state=None" if "trainer_state" in missing else "")
+            where = f", nor a column of the data ({', '.join(sorted(columns))})" if columns else ""
+            raise ConfigError(f"reward function '{f.name}' needs {', '.join(map(repr, missing))}, which nothing passes: not "
+                              f"an input of its form ({', '.join(FORM_INPUTS[form])}){where}, nor one of its params"
+                              f"{note or ': give the parameter a default, add the column, or set it in params'}")
 
 
 # ------------------------------------------------------------------ overlong shaping

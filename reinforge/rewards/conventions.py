@@ -155,6 +155,15 @@ def reward_form(fn: Callable[..., Any], kind: str) -> RewardForm:
                      f"use the names of one; accepted forms: {FORMS_HELP}")
 
 
+def unfilled_parameters(fn: Callable[..., Any], form: RewardForm, given: set[str]) -> list[str]:
+    """The required parameters of `fn` that nothing passes: not an input of its form, nor in `given`
+    (its params and, for the per-sample and TRL forms, the data's columns)."""
+    passed = set(given) | set({"sample": SAMPLE_INPUTS, "trl": (*TRL_INPUTS, "answer"), "verl": VERL_INPUTS}[form])
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in keyword and p.default is inspect.Parameter.empty and p.name not in passed]
+
+
 def keywords(accepts: set[str] | None, available: Mapping[str, Any]) -> dict[str, Any]:
     """The subset of `available` the function declares (all of it if it takes **kwargs)."""
     return dict(available) if accepts is None else {k: v for k, v in available.items() if k in accepts}
@@ -220,5 +229,5 @@ def run_trl(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     return fn(**kwargs)
 
 
-__all__ = ["FORMS_HELP", "import_user_function", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
+__all__ = ["unfilled_parameters", "FORMS_HELP", "import_user_function", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
            "reward_form", "run_trl", "sample_value", "trl_values", "verl_value"]
