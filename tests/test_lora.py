@@ -79,7 +79,7 @@ def test_model_lora_r_turns_lora_on_and_keys_are_checked() -> None:
     assert lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert build_config([]).model.lora is None
     assert build_config(["model.lora.r=8", "model.lora=null"]).model.lora is None
-    with pytest.raises(ConfigError, match="did you mean 'alpha'"):
+    with pytest.raises(ConfigError, match="did you mean 'model.lora.alpha'"):
         build_config(["model.lora.r=8", "model.lora.lora_alpha=32"])
     with pytest.raises(ConfigError, match="model.lora.r"):
         build_config(["model.lora.alpha=32"])
