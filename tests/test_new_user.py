@@ -348,3 +348,13 @@ def test_a_required_parameter_nothing_fills_is_refused_before_anything_loads(tmp
     from reinforge.pipeline import prepare
 
     prepare(build([*base[1:], f"reward.functions=[{tmp_path / 'r.py'}:has_column]"]))
+
+
+def test_a_list_of_gold_answers_says_the_verifier_takes_one(tmp_path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "2?", "reward_model": {"style": "rule", "ground_truth": ["2", "two"]}}) + "\n")
+    with pytest.raises(DatasetError) as err:
+        DatasetTask(str(path))
+    assert str(err.value) == (f"'{path}', line 1: field 'answer' must be str or int or float, got list; the verifiers "
+                              "compare with one gold answer: map a column holding one with task.options.fields.answer="
+                              "COLUMN (a reward function of your own still gets the whole list from the row)")

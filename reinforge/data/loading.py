@@ -232,7 +232,10 @@ def _record(row: Any, fields: dict[str, str], needed: list[str], location: str, 
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             expected = " or ".join(t.__name__ for t in types) + (" or a list of messages" if name == "prompt" else "")
-            raise fail(f"field '{name}' must be {expected}, got {type(value).__name__}")
+            several = ("; the verifiers compare with one gold answer: map a column holding one with "
+                       f"{fields_option}.answer=COLUMN (a reward function of your own still gets the whole list "
+                       "from the row)") if name == "answer" and isinstance(value, list) else ""
+            raise fail(f"field '{name}' must be {expected}, got {type(value).__name__}{several}")
         if isinstance(value, float) and not math.isfinite(value):
             raise fail(f"field '{name}' is not a finite number: {value!r}")
     if "prompt" in record and not record["prompt"].strip():
