@@ -1,0 +1,150 @@
+"""The trajectory record: what one sample of a rollout is, turn by turn, and the batch view the
+learner reads.
+
+A trajectory is its prompt and a sequence of segments, each with its tokens and who produced
+them: the model (sampled: the sampler's log-prob and the policy version of every token, trained
+on) or the environment (a tool's result, a user's reply: context for the model's next turn, never
+trained on). A single-turn sample is one model segment. Engines and rollout workers produce
+trajectories; `collate` turns a batch of them into the padded `Rollout` the loop curates and the
+learner trains on, and `split` gives a rollout's rows back as trajectories. So a multi-turn
+producer is a new source of trajectories, not a new loop.
+
+The record crosses process boundaries (Ray rollout workers), so it carries `schema`, the version
+of its layout (STYLE 9); a consumer refuses a schema it does not know instead of misreading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from reinforge.rollout.base import Rollout
+
+SCHEMA_VERSION = 1
+
+Role = Literal["model", "environment"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive tokens of one producer."""
+
+    role: Role
+    token_ids: torch.Tensor          # [L] long
+    sampler_logprobs: torch.Tensor   # [L] float: log-prob of each token under the distribution it was drawn from; 0 for environment tokens
+    versions: torch.Tensor           # [L] long: the policy version that sampled each token; -1 for environment tokens
+
+    def __post_init__(self) -> None:
+        if self.role not in ("model", "environment"):
+            raise ValueError(f"segment role must be 'model' or 'environment', got {self.role!r}")
+        n = self.token_ids.shape[0]
+        if self.token_ids.dim() != 1 or self.sampler_logprobs.shape != (n,) or self.versions.shape != (n,):
+            raise ValueError(f"a segment's token_ids, sampler_logprobs and versions are [L] each; got "
+                             f"{tuple(self.token_ids.shape)}, {tuple(self.sampler_logprobs.shape)}, {tuple(self.versions.shape)}")
+
+    @classmethod
+    def sampled(cls, token_ids: torch.Tensor, sampler_logprobs: torch.Tensor, versions: torch.Tensor | int) -> Segment:
+        """Tokens the model sampled; `versions` per token, or one version for all of them."""
+        if isinstance(versions, int):
+            versions = torch.full(token_ids.shape, versions, dtype=torch.long)
+        return cls("model", token_ids.long(), sampler_logprobs.float(), versions.long())
+
+    @classmethod
+    def observed(cls, token_ids: torch.Tensor) -> Segment:
+        """Tokens the environment wrote into the context (tool results, user replies)."""
+        return cls("environment", token_ids.long(), torch.zeros(token_ids.shape), torch.full(token_ids.shape, -1, dtype=torch.long))
+
+    @property
+    def trained(self) -> bool:
+        """Whether the loss sees these tokens: the model's only."""
+        return self.role == "model"
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sample: its prompt, then its segments in order."""
+
+    prompt_ids: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    truncated: bool                  # it ended at a length limit, not with a stop
+    group: int                       # its prompt's index in the batch: the samples of one prompt share it
+    schema: int = field(default=SCHEMA_VERSION)
+
+    def tokens(self) -> torch.Tensor:
+        """[L] long: every token after the prompt, all segments in order."""
+        return _cat([s.token_ids for s in self.segments], torch.long)
+
+    def loss_mask(self) -> torch.Tensor:
+        """[L] float: 1 on the model's tokens, 0 on the environment's."""
+        return _cat([torch.full(s.token_ids.shape, float(s.trained)) for s in self.segments], torch.float)
+
+    def sampler_logprobs(self) -> torch.Tensor:
+        """[L] float."""
+        return _cat([s.sampler_logprobs for s in self.segments], torch.float)
+
+    def versions(self) -> torch.Tensor:
+        """[L] long (-1 on environment tokens)."""
+        return _cat([s.versions for s in self.segments], torch.long)
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.trained)
+
+    @property
+    def environment_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if not s.trained)
+
+
+def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
+
+
+def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int,
+            decode: Callable[[torch.Tensor], list[str]]) -> Rollout:
+    """The batch view of `trajectories`, in order: completions right-padded with `pad_id`.
+
+    `decode` turns the padded [N, T] completion ids into texts (the tokenizer's batch_decode,
+    skipping special tokens). Group ids are the trajectories' own. The batch view has one mask,
+    tokens that are there and trained on at once, so it holds model tokens only: a trajectory with
+    an environment segment is refused until the learner reads a loss mask of its own.
+    """
+    for t in trajectories:
+        if t.schema != SCHEMA_VERSION:
+            raise ValueError(f"trajectory schema {t.schema} is not this reader's ({SCHEMA_VERSION}): "
+                             "the producer runs another reinforge version")
+        if t.environment_tokens:
+            raise NotImplementedError("a trajectory with environment tokens (a tool result, a reply) cannot be "
+                                      "trained on yet: multi-turn training is not built")
+    width = max([len(t.tokens()) for t in trajectories] + [1])
+
+    def padded(values: list[torch.Tensor], fill: float) -> torch.Tensor:
+        return torch.stack([F.pad(v, (0, width - len(v)), value=fill) for v in values])
+
+    completion_ids = padded([t.tokens() for t in trajectories], pad_id)
+    return Rollout(
+        prompt_ids=[list(t.prompt_ids) for t in trajectories],
+        completion_ids=completion_ids,
+        completion_mask=padded([t.loss_mask() for t in trajectories], 0.0),
+        sampler_logprobs=padded([t.sampler_logprobs() for t in trajectories], 0.0),
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
+        group_ids=torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        policy_version=policy_version,
+        texts=decode(completion_ids),
+    )
+
+
+def split(rollout: Rollout, versions: torch.Tensor | None = None) -> list[Trajectory]:
+    """`rollout`'s rows as single-turn trajectories (one model segment each). `versions` [N, T]:
+    the policy version of each token (default: the rollout's policy_version for all)."""
+    out = []
+    for r in range(rollout.num_rows):
+        n = int(rollout.completion_mask[r].sum())
+        token_versions = rollout.policy_version if versions is None else versions[r, :n]
+        segment = Segment.sampled(rollout.completion_ids[r, :n], rollout.sampler_logprobs[r, :n], token_versions)
+        out.append(Trajectory(prompt_ids=tuple(rollout.prompt_ids[r]), segments=(segment,),
+                              truncated=bool(rollout.truncated[r]), group=int(rollout.group_ids[r])))
+    return out
