@@ -421,6 +421,7 @@ def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_
     return Rollout(
         prompt_ids=prompt_ids,
         completion_ids=completion_ids,
+        pad_id=pad,
         completion_mask=mask,
         sampler_logprobs=sampler_logprobs,
         truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
