@@ -34,13 +34,13 @@ from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy, resolve_device
+from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir
 from reinforge.models.model_dir import architecture_plan
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError, check_reward_inputs
 from reinforge.rollout import SamplingParams, build_engine
-from reinforge.rollout.native import check_native_model_type
 from reinforge.rollout.prompts import check_chat_prompts, check_context
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task

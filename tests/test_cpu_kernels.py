@@ -15,9 +15,10 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
+from reinforge.models.decoder import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
-from reinforge.rollout.native import additive_mask, attention, keyed_uniforms, sample_tokens
+from reinforge.rollout.sampling import keyed_uniforms, sample_tokens
 
 
 @pytest.fixture(scope="module")

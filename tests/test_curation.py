@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
 import torch
 
 from reinforge.config import CurationConfig
@@ -36,6 +38,7 @@ class ScriptedEngine:
         return Rollout(
             prompt_ids=[[1, 2]] * n,
             completion_ids=torch.full((n, width), 7),
+            pad_id=3,
             completion_mask=torch.ones(n, width),
             sampler_logprobs=torch.full((n, width), -0.5),
             truncated=torch.zeros(n, dtype=torch.bool),
@@ -174,8 +177,17 @@ def test_concat_rollouts_pads_to_the_widest_and_renumbers_groups():
     both = concat_rollouts([a, b])
     assert both.completion_ids.shape == (6, 3)
     assert both.completion_mask[2:, 2].sum() == 0 and both.completion_mask[:2].sum() == 6
+    # No row of either part is padded, so the pad id comes from the rollouts, not from their data.
+    assert both.pad_id == 3 and both.completion_ids[2:, 2].tolist() == [3] * 4
     assert both.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     assert both.texts == ["x#0", "x#1", "y#0", "y#1", "z#0", "z#1"]
+
+
+def test_concat_rollouts_refuses_parts_padded_with_different_ids():
+    a = ScriptedEngine().generate(["x"], 2, SamplingParams())
+    b = dataclasses.replace(a, pad_id=0)
+    with pytest.raises(ValueError, match=r"different ids \[0, 3\]"):
+        concat_rollouts([a, b])
 
 
 class AnsweringEngine:
@@ -184,7 +196,7 @@ class AnsweringEngine:
     def generate(self, prompts, group_size, params, policy_version=0, generator=None):
         n = len(prompts) * group_size
         texts = [("right" if j < int(p[1:]) else "wrong") for p in prompts for j in range(group_size)]
-        return Rollout(prompt_ids=[[1]] * n, completion_ids=torch.ones(n, 1, dtype=torch.long),
+        return Rollout(prompt_ids=[[1]] * n, completion_ids=torch.ones(n, 1, dtype=torch.long), pad_id=0,
                        completion_mask=torch.ones(n, 1), sampler_logprobs=torch.zeros(n, 1),
                        truncated=torch.zeros(n, dtype=torch.bool), group_ids=torch.arange(n) // group_size,
                        policy_version=0, texts=texts)

@@ -159,7 +159,7 @@ class ScriptedEngine:
         for i, row in enumerate(ids):
             completion_ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1.0
         prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(group_size)]
-        return Rollout(prompt_ids=prompt_ids, completion_ids=completion_ids, completion_mask=mask,
+        return Rollout(prompt_ids=prompt_ids, completion_ids=completion_ids, pad_id=self.tokenizer.pad_token_id, completion_mask=mask,
                        sampler_logprobs=torch.zeros(len(ids), width), truncated=torch.zeros(len(ids), dtype=torch.bool),
                        group_ids=torch.arange(len(prompts)).repeat_interleave(group_size), policy_version=policy_version, texts=texts)
 

@@ -22,7 +22,7 @@ class ScriptedEngine:
         lengths = torch.tensor([len(t) + 1 for t in texts], dtype=torch.float32)   # + eos
         mask = (torch.arange(8).unsqueeze(0) < lengths.unsqueeze(1)).float()
         return Rollout(
-            prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 8, dtype=torch.long), completion_mask=mask,
+            prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 8, dtype=torch.long), pad_id=0, completion_mask=mask,
             sampler_logprobs=torch.zeros(n, 8), truncated=torch.zeros(n, dtype=torch.bool),
             group_ids=torch.arange(len(prompts)).repeat_interleave(n // len(prompts)), policy_version=0, texts=texts,
         )

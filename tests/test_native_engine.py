@@ -17,17 +17,11 @@ from transformers import (
 from reinforge.config import ConfigError, ModelConfig
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import Policy, build_tiny_qwen2
+from reinforge.models.decoder import DecoderShape, check_native_model_type
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
-from reinforge.rollout.native import (
-    DecoderShape,
-    KVCache,
-    _draw,
-    check_native_model_type,
-    filter_logits,
-    keyed_uniforms,
-    mix64,
-)
+from reinforge.rollout.kv_cache import KVCache
+from reinforge.rollout.sampling import _draw, filter_logits, keyed_uniforms, mix64
 from reinforge.rollout.stopping import stop_string_end
 
 PROMPTS = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]

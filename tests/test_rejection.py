@@ -27,7 +27,7 @@ class ScriptedEngine:
         self.calls.append(len(prompts))
         rows = [s for p in prompts for s in self.script[p][:group_size]]
         n = len(rows)
-        return Rollout(prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 1, dtype=torch.long), completion_mask=torch.ones(n, 1),
+        return Rollout(prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 1, dtype=torch.long), pad_id=0, completion_mask=torch.ones(n, 1),
                        sampler_logprobs=torch.zeros(n, 1), truncated=torch.tensor([t for _, t in rows]),
                        group_ids=torch.arange(len(prompts)).repeat_interleave(group_size), policy_version=0,
                        texts=[text for text, _ in rows])

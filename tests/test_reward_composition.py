@@ -37,7 +37,7 @@ def _rollout(texts: list[str], lengths: list[int], truncated: list[bool] | None 
     n, width = len(texts), max(lengths)
     mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()      # [N, T]
     return Rollout(
-        prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, width, dtype=torch.long), completion_mask=mask,
+        prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, width, dtype=torch.long), pad_id=0, completion_mask=mask,
         sampler_logprobs=torch.zeros(n, width), truncated=torch.tensor(truncated or [False] * n),
         group_ids=torch.arange(n) // group_size, policy_version=0, texts=texts,
     )

@@ -83,7 +83,7 @@ def _batch(advantages: torch.Tensor) -> StepSamples:
     """Two prompts x two samples; hand-set tokens (pad 0), rewards and advantages."""
     rollout = Rollout(
         prompt_ids=[[1], [1], [2], [2]],
-        completion_ids=torch.tensor([[5, 6, 0], [7, 0, 0], [8, 9, 4], [3, 0, 0]]),
+        completion_ids=torch.tensor([[5, 6, 0], [7, 0, 0], [8, 9, 4], [3, 0, 0]]), pad_id=0,
         completion_mask=torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]]),
         sampler_logprobs=torch.zeros(4, 3), truncated=torch.tensor([False, False, True, False]),
         group_ids=torch.tensor([0, 0, 1, 1]), policy_version=0, texts=["ab", "c", "def", "g"])

@@ -44,7 +44,8 @@ from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import LOCAL, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout.base import Rollout, concat_rollouts
-from reinforge.rollout.native import NativeEngine, draw_group_keys
+from reinforge.rollout.native import NativeEngine
+from reinforge.rollout.sampling import draw_group_keys
 
 T = TypeVar("T")
 
@@ -109,7 +110,7 @@ class SplitAcrossRanks:
     """A rollout engine whose prompts are split across the learner ranks: each rank decodes a
     contiguous share of them and every rank receives the whole rollout, in prompt order.
 
-    The native engine samples each prompt from its own key (`rollout.native.keyed_uniforms`), one
+    The native engine samples each prompt from its own key (`rollout.sampling.keyed_uniforms`), one
     key per prompt drawn in order from the call's generator, as the engine itself would: so the
     gathered rollout has the tokens one process would sample (up to the rounding of the sampler
     log-probs in a smaller batch), and the generator advances alike on every rank.

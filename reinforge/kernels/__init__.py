@@ -13,9 +13,9 @@ the namespace `reinforge_kernels`:
   pass) and `decode_attention`;
 - `csrc/learner.cpp`, behind the autograd functions below: `train_layer` (one decoder layer of a
   learner pass, forward and backward one op each, attention over a `PassGeometry`), which
-  `rollout.native.run_pass` calls for the engine's prefill and the learner's shared-prompt
+  `models.decoder.run_pass` calls for the engine's prefill and the learner's shared-prompt
   forward (SFT included), and `rms_norm` and `swiglu`, which the PyTorch layers
-  (`rollout.native.decoder_layers`) call where `train_layer` does not apply.
+  (`models.decoder.decoder_layers`) call where `train_layer` does not apply.
 
 They are built against the installed torch on first use (~20 s on 2 cores) and cached under
 `$REINFORGE_CACHE` (default `~/.cache/reinforge`), keyed by the sources, torch, the compiler and
@@ -215,7 +215,7 @@ class _TrainLayer(torch.autograd.Function):
 
 
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
-    """Whether `train_layer` runs this layer (a `rollout.native.LayerWeights`) on x: CPU fp32, SiLU
+    """Whether `train_layer` runs this layer (a `models.decoder.LayerWeights`) on x: CPU fp32, SiLU
     MLP, no per-head q/k norm, a compiled head dim, and the kernels built."""
     weights = [layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down,
                *(t for t in (layer.qkv_bias, layer.o_bias) if t is not None)]
@@ -229,7 +229,7 @@ def train_layer(x: torch.Tensor, layer, packs: tuple[Any, Any | None], geometry:
     """One decoder layer of a learner pass, fused (see `_TrainLayer`; check `fused_layer_ok` first):
     x [B S, E] -> (x_out [B S, E], keys, values [B, S, kv, D]). `packs`: the layer's projections
     packed for w^T products and, where a backward will run, for w products
-    (`rollout.native.DecoderWeights.packed`). `prefix`: the keys and values [P, Lp, kv, D] that
+    (`models.decoder.DecoderWeights.packed`). `prefix`: the keys and values [P, Lp, kv, D] that
     `geometry.slot` indexes."""
     pk, pv = prefix if prefix is not None else (None, None)
     return _TrainLayer.apply(x.contiguous(), layer.input_norm, layer.qkv, layer.qkv_bias, layer.o, layer.o_bias,

@@ -13,7 +13,7 @@ the prompt through all G rows (the gather of the shared keys/values sums them
 in the backward), so values and parameter gradients equal the plain path's.
 When no two rows share a prompt (SFT, each trace its own group) it is one pass over whole rows.
 
-Layer math is the native rollout engine's (`rollout.native.decoder_layers`,
+Layer math is the native rollout engine's (`models.decoder.decoder_layers`,
 Llama/Qwen2/Qwen3/Mistral-style decoders); the LM head is the chunked one
 (`logprobs.chunked_token_logprobs_and_entropy`). With LoRA (a peft model), each
 projection runs its effective weight W + (alpha / r) B A (`models.lora.linear_weight`):
@@ -28,8 +28,7 @@ from transformers import PreTrainedModel
 
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
-from reinforge.models.lora import lora_dropouts
-from reinforge.rollout.native import (
+from reinforge.models.decoder import (
     DecoderShape,
     DecoderWeights,
     decoder_shape,
@@ -37,6 +36,7 @@ from reinforge.rollout.native import (
     rotary_factors,
     run_pass,
 )
+from reinforge.models.lora import lora_dropouts
 
 OPTION = "train.shared_prefix=false"
 # What one more completion pass costs, in padded token positions: merging two length buckets pays

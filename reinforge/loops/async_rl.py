@@ -57,7 +57,7 @@ from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, RolloutEngine
 from reinforge.rollout.base import concat_rollouts
-from reinforge.rollout.native import draw_group_keys
+from reinforge.rollout.sampling import draw_group_keys
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,

@@ -174,6 +174,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     return Rollout(
         prompt_ids=[rollout.prompt_ids[i] for i in index],
         completion_ids=rollout.completion_ids[rows],
+        pad_id=rollout.pad_id,
         completion_mask=rollout.completion_mask[rows],
         sampler_logprobs=rollout.sampler_logprobs[rows],
         truncated=rollout.truncated[rows],

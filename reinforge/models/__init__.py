@@ -1,4 +1,5 @@
-"""Models and tokenizers: the built-in tiny Qwen2 and local Hugging Face models."""
+"""Models and tokenizers: the built-in tiny Qwen2, local Hugging Face models, LoRA, and the
+Llama-family decoder forward that the native engine and the learner run (`models.decoder`)."""
 
 from reinforge.models.factory import (
     Policy,

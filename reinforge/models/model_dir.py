@@ -17,7 +17,7 @@ from typing import Any
 from reinforge.config import Config, ConfigError
 
 # The decoders the native engine and the shared-prompt learner forward implement (the list
-# rollout/native.py checks loaded models against; kept here so that reading it needs no torch).
+# models/decoder.py checks loaded models against; kept here so that reading it needs no torch).
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 # Rotary variants whose frequencies do not depend on the sequence length, so one table serves a whole call.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -67,7 +67,7 @@ def check_model_files(path: str | Path) -> Path:
 
 def native_refusal(config: dict[str, Any]) -> str | None:
     """Why the native decoder cannot run the model of `config` (a parsed config.json), or None
-    when it can. The same conditions as rollout.native.decoder_shape, read from the file."""
+    when it can. The same conditions as models.decoder.decoder_shape, read from the file."""
     model_type = config.get("model_type")
     if model_type not in LLAMA_FAMILY:
         return f"{model_type} is not Llama-family ({', '.join(LLAMA_FAMILY)})"

@@ -40,7 +40,8 @@ class Rollout:
     """
 
     prompt_ids: list[list[int]]          # [N][P_i] prompt tokens of each row (no padding)
-    completion_ids: torch.Tensor         # [N, T] long, right-padded with pad_token_id
+    completion_ids: torch.Tensor         # [N, T] long, right-padded with pad_id
+    pad_id: int                          # the id past each row's completion: the tokenizer's pad token (0 if it has none)
     completion_mask: torch.Tensor        # [N, T] float, 1 for generated tokens (eos included)
     sampler_logprobs: torch.Tensor       # [N, T] float, log-prob of each token under the sampling distribution; 0 on padding
     truncated: torch.Tensor              # [N] bool, True if no stop token came within max_new_tokens
@@ -65,18 +66,17 @@ class RolloutEngine(Protocol):
 
 
 def concat_rollouts(parts: list[Rollout]) -> Rollout:
-    """Rows of several rollouts in order, completions right-padded to the widest; group ids renumbered."""
+    """Rows of several rollouts in order, completions right-padded to the widest with their common
+    `pad_id`; group ids renumbered."""
     width = max(p.completion_ids.shape[1] for p in parts)
+    pad_ids = {p.pad_id for p in parts}
+    if len(pad_ids) != 1:
+        raise ValueError(f"rollouts padded with different ids {sorted(pad_ids)} cannot be concatenated")
+    (pad_id,) = pad_ids
 
     def pad(t: torch.Tensor, value: float) -> torch.Tensor:
         return F.pad(t, (0, width - t.shape[1]), value=value)
 
-    pad_id = 0
-    for p in parts:   # the pad id is whatever fills masked positions
-        masked = p.completion_ids[p.completion_mask == 0]
-        if masked.numel():
-            pad_id = int(masked[0])
-            break
     offsets, groups = 0, []
     for p in parts:
         groups.append(p.group_ids + offsets)
@@ -84,6 +84,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
     return Rollout(
         prompt_ids=[ids for p in parts for ids in p.prompt_ids],
         completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+        pad_id=pad_id,
         completion_mask=torch.cat([pad(p.completion_mask, 0.0) for p in parts]),
         sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),

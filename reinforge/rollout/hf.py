@@ -79,6 +79,7 @@ class HFEngine:
         return Rollout(
             prompt_ids=rows_prompt_ids,
             completion_ids=completion_ids,
+            pad_id=pad_id,
             completion_mask=mask,
             sampler_logprobs=sampler_logprobs,
             truncated=truncated,

@@ -22,8 +22,9 @@ from typing import Literal, Protocol
 import torch
 
 from reinforge.models import Policy
+from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout.base import Rollout, SamplingParams
-from reinforge.rollout.native import DecoderWeights, FinishedRow, NativeEngine, rows_to_rollout
+from reinforge.rollout.native import FinishedRow, NativeEngine, rows_to_rollout
 from reinforge.rollout.prompts import encode_prompts
 
 InFlight = Literal["interrupt", "finish"]
@@ -32,7 +33,7 @@ InFlight = Literal["interrupt", "finish"]
 @dataclass(frozen=True)
 class GroupRequest:
     """Sample `group_size` completions of one prompt; `seq` numbers requests in the order they were made.
-    `key` keys the group's sampling streams (`rollout.native.keyed_uniforms`): whichever worker or
+    `key` keys the group's sampling streams (`rollout.sampling.keyed_uniforms`): whichever worker or
     thread decodes it, and when, the same weights give the same samples."""
 
     seq: int

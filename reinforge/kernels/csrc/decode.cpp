@@ -9,7 +9,7 @@
 // everything between the projections is one loop over the rows, and the projections run against
 // weights packed once per generation (`pack_weight`, `gemm_packed` in gemm.h).
 //
-// Layouts (reinforge.rollout.native.KVCache with keys_last): k_cache [slots, kv, D, C] (keys
+// Layouts (reinforge.rollout.kv_cache.KVCache with keys_last): k_cache [slots, kv, D, C] (keys
 // transposed: 8 key positions load as one vector), v_cache [slots, kv, C, D]; row b lives in slot
 // b. Head h reads kv head h / (H / kv) (grouped-query attention). Sliding window: a query at
 // position p sees keys p - window + 1 .. p (window <= 0: all). Queries and keys are rotated in
@@ -213,7 +213,7 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   gemm_packed(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, I, true);
 }
 
-// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.native.mix64.
+// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.sampling.mix64.
 inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -221,7 +221,7 @@ inline uint64_t mix64(uint64_t z) {
 }
 
 // One token per row of fp32 logits [B, V] with no top-k / top-p filter, as
-// reinforge.rollout.native.sample_tokens with keyed_uniforms: temperature > 0 draws from
+// reinforge.rollout.sampling.sample_tokens with keyed_uniforms: temperature > 0 draws from
 // softmax(logits / T) by inverting its CDF (accumulated in double, as torch's cumsum) at the
 // uniform of draw `counters[b]` of stream `keys[b]`; temperature 0 takes the argmax (first of
 // ties) with the untempered log-prob. tokens [B] int64 and logprobs [B] float32 are written.

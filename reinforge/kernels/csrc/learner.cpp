@@ -1,5 +1,5 @@
 // Fused forward and backward of the decoder's elementwise blocks on CPU, for the learner's
-// forward (reinforge.rollout.native.decoder_layers, through reinforge.kernels'
+// forward (reinforge.models.decoder.decoder_layers, through reinforge.kernels'
 // autograd functions): RMSNorm and SwiGLU.
 //
 // Why: in PyTorch each is a chain of small ops whose backward is autograd through the chain

@@ -1,0 +1,344 @@
+"""The Llama-family decoder forward (Llama, Qwen2, Qwen3, Mistral) that the native rollout engine
+(rollout/native.py) and the learner's shared-prompt forward (learner/shared_prefix.py) both run.
+
+It runs the decoder's own weights (norms, projections, MLPs, rotary table), so
+it shares the training weights: an optimizer step is visible at the next call
+with no weight sync, and numerics match the learner's forward (a LoRA
+projection runs as W + (alpha / r) B A, `models.lora.linear_weight`).
+
+This module owns which architectures it runs (`SUPPORTED_MODEL_TYPES`,
+`decoder_shape`, `check_native_model_type`), the per-call fused weights
+(`DecoderWeights`), rotary, attention and its masks, and one pass over the
+layers (`run_pass`, `decoder_layers`; on CPU in fp32 through the fused
+kernels of `reinforge.kernels`). Whoever calls it owns the keys and values
+(the engine's KV cache, the learner's shared prompt): `decoder_layers` hands
+them to its `attend` callback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from reinforge import kernels
+from reinforge.errors import ConfigError
+from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
+from reinforge.models.lora import base_model, linear_weight
+from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
+
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY     # one list, readable without torch at config check (models/model_dir.py)
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the engine needs to know about the decoder's attention."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None   # None: full attention
+
+
+def check_native_model_type(model_dir: Path, feature: str = "rollout.engine=native", way_out: str = "rollout.engine=hf") -> None:
+    """Refuse, before a run starts, a model directory whose architecture the native decoder does not run."""
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{feature} supports {', '.join(SUPPORTED_MODEL_TYPES)} decoders, and {model_dir} is "
+            f"'{model_type}': use {way_out}"
+        )
+
+
+def decoder_shape(model: PreTrainedModel) -> DecoderShape:
+    """The attention shape of a supported decoder; NotImplementedError names what is not supported."""
+    model = base_model(model)
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(
+            f"the native rollout engine supports {', '.join(SUPPORTED_MODEL_TYPES)} decoders, not "
+            f"'{config.model_type}'; use rollout.engine=hf"
+        )
+    rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise NotImplementedError(f"the native rollout engine does not support rope_type '{rope_type}'; use rollout.engine=hf")
+    if getattr(config, "final_logit_softcapping", None) is not None:
+        raise NotImplementedError("the native rollout engine does not support logit soft-capping; use rollout.engine=hf")
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
+        window = None
+    if config.model_type in ("qwen2", "qwen3") and window is not None:
+        # Qwen applies the window only to some layers (max_window_layers); not modelled here.
+        raise NotImplementedError("the native rollout engine does not support Qwen's sliding-window layers; use rollout.engine=hf")
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    return DecoderShape(num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim, window)
+
+
+def _interleave_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder each head's output dimensions from HF's half-split rotary layout (i pairs with
+    i + D/2) to adjacent pairs (2i, 2i + 1), so that rotary becomes one complex multiply.
+    Queries and keys are reordered alike, so every attention score is unchanged."""
+    d = weight.shape[0] // heads
+    order = torch.arange(d, device=weight.device).view(2, d // 2).t().reshape(-1)   # 0, D/2, 1, D/2 + 1, ...
+    return weight.view(heads, d, *weight.shape[1:])[:, order].reshape(weight.shape)
+
+
+def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (RoFormer, arXiv 2104.09864) of x [..., D] with adjacent
+    (real, imaginary) pairs: each pair times exp(i theta), freqs the complex [..., D/2] factors."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs).flatten(-2).to(x.dtype)
+
+
+@dataclass
+class PackedProjections:
+    """One layer's projection weights as the CPU kernels read them: 32-column panels (csrc/gemm.h, `pack_weight`)."""
+
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's weights, with q/k/v and gate/up fused into single matmuls."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor                   # [(H + 2 kv) D, E]
+    qkv_bias: torch.Tensor | None       # Qwen2 has q/k/v biases
+    q_norm: torch.Tensor | None         # Qwen3's per-head query/key RMSNorm
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor               # [2 I, E]
+    down: torch.Tensor
+    act: Callable[[torch.Tensor], torch.Tensor] | None   # None: SiLU (SwiGLU; fused on CPU, kernels.swiglu)
+
+
+@dataclass
+class DecoderWeights:
+    """The decoder's weights for one `generate` call (or one learner forward).
+
+    Built per call from the live model, so it always reflects the latest
+    optimizer step. Fusing costs one copy of the layer weights while the call
+    runs; it halves the matmul launches, which dominate decoding small models.
+    On CPU the kernels add a packed copy (`packed`), and the learner's backward
+    a second one.
+    """
+
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
+    eps: float
+    _packed: dict[bool, list[PackedProjections]] = field(default_factory=dict)
+
+    def packed(self, ops, transposed: bool = False) -> list[PackedProjections]:
+        """Each layer's projections packed for the CPU kernels (`ops.pack_weight`: 32-column panels),
+        made on first use and kept with these weights: for products with w^T (the forward), or with
+        `transposed` with w (the backward's input gradients). Snapshots: no gradient flows through them."""
+        if transposed not in self._packed:
+            self._packed[transposed] = [
+                PackedProjections(*(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+                for lw in self.layers]
+        return self._packed[transposed]
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> DecoderWeights:
+        """The weights of `model`, or of the decoder under a peft PeftModel: a LoRA projection
+        contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
+        disabled), differentiable in A and B, so the learner's shared-prompt forward trains them."""
+        def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
+            try:
+                return linear_weight(module)
+            except NotImplementedError as err:
+                raise NotImplementedError(f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf") from None
+
+        def bias(*projections: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor | None:
+            if all(b is None for _, b in projections):
+                return None
+            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in projections])
+
+        model = base_model(model)
+        embedding = model.get_input_embeddings()
+        if type(embedding) is not torch.nn.Embedding:   # e.g. LoRA on the embedding: its .weight is not what it computes
+            raise NotImplementedError(f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
+                                      "use rollout.engine=hf")
+        layers = []
+        silu = getattr(model.config, "hidden_act", None) in ("silu", "swish")
+        heads = model.config.num_attention_heads
+        kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
+        for i, layer in enumerate(model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [plain(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
+            (q, _), (k, _), (v, _) = qkv
+            (gate, gate_b), (up, up_b), (down, down_b) = (plain(getattr(mlp, n), f"layer {i} {n}")
+                                                          for n in ("gate_proj", "up_proj", "down_proj"))
+            if gate_b is not None or up_b is not None or down_b is not None:
+                raise NotImplementedError("the native rollout engine does not support MLP biases; use rollout.engine=hf")
+            o, o_bias = plain(attn.o_proj, f"layer {i} o_proj")
+            fused_bias = bias(*qkv)
+            if fused_bias is not None:
+                q_out, k_out = q.shape[0], k.shape[0]
+                fused_bias = torch.cat([_interleave_heads(fused_bias[:q_out], heads),
+                                        _interleave_heads(fused_bias[q_out : q_out + k_out], kv_heads),
+                                        fused_bias[q_out + k_out :]])
+            layers.append(LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv=torch.cat([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v]),
+                qkv_bias=fused_bias,
+                q_norm=_interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
+                k_norm=_interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
+                o=o,
+                o_bias=o_bias,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=torch.cat([gate, up]),
+                down=down,
+                act=None if silu else mlp.act_fn,
+            ))
+        head, head_bias = plain(model.get_output_embeddings(), "the LM head")
+        if head_bias is not None:
+            raise NotImplementedError("the native rollout engine assumes an LM head without bias; use rollout.engine=hf")
+        return cls(
+            embed=embedding.weight,
+            layers=layers,
+            final_norm=model.model.norm.weight,
+            head=head.float(),
+            eps=model.config.rms_norm_eps,
+        )
+
+
+def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend) -> torch.Tensor:
+    """Run every decoder layer on hidden [B, S, E] and the final norm; differentiable when `w` is.
+
+    `freqs`: complex rotary factors broadcastable to [B, S, 1, D/2]. `attend(layer, q [B, S, H, D],
+    k [B, S, kv, D], v [B, S, kv, D]) -> [B, S, H * D]` is the attention, which owns the keys and
+    values (a cache, a shared prompt); q and k are already rotated, in the interleaved layout.
+    """
+    (b, s, e), heads, kv = hidden.shape, shape.num_heads, shape.num_kv_heads
+    # Tokens as rows [B S, E]: each residual add rides on its projection's GEMM (addmm), one pass
+    # over the activations fewer per projection.
+    # RMSNorm and SwiGLU go through `reinforge.kernels`: one fused kernel each way on CPU in fp32.
+    x = hidden.reshape(b * s, e)
+    for index, lw in enumerate(w.layers):
+        h = rms_norm(x, lw.input_norm, w.eps)
+        qkv = F.linear(h, lw.qkv, lw.qkv_bias).view(b, s, heads + 2 * kv, shape.head_dim)
+        if lw.q_norm is None:
+            qk = _rope(qkv[:, :, : heads + kv], freqs)      # queries and keys rotated together
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:   # Qwen3: RMSNorm of each head's queries and keys before rotary
+            q = _rope(F.rms_norm(qkv[:, :, :heads], (shape.head_dim,), lw.q_norm, w.eps), freqs)
+            k = _rope(F.rms_norm(qkv[:, :, heads : heads + kv], (shape.head_dim,), lw.k_norm, w.eps), freqs)
+        out = attend(index, q, k, qkv[:, :, heads + kv :]).reshape(b * s, -1)
+        x = torch.addmm(x, out, lw.o.t()) if lw.o_bias is None else x + F.linear(out, lw.o, lw.o_bias)
+        gate_up = F.linear(rms_norm(x, lw.post_norm, w.eps), lw.gate_up)
+        x = torch.addmm(x, swiglu(gate_up, lw.act), lw.down.t())
+    return rms_norm(x, w.final_norm, w.eps).view(b, s, e)
+
+
+def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
+             prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
+             fused: bool = True) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
+    completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
+    rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys and values [P, Lp, kv, D]
+    of another pass, which `geometry.slot` indexes. `freqs`: the rotary factors of `rotary_factors`.
+
+    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) when `fused`, the
+    kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
+    as an additive mask: the same numbers within float rounding (tests/test_shared_prefix.py).
+    Sliding windows are applied on the second path only (the shared-prompt learner refuses them)."""
+    b, s = ids.shape
+    hidden = F.embedding(ids, w.embed, padding_idx)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    if fused and shape.sliding_window is None and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
+        x = hidden.reshape(b * s, -1)
+        ops = load_cpu_kernels()
+        packed = zip(w.packed(ops), w.packed(ops, transposed=True) if torch.is_grad_enabled() else [None] * len(w.layers), strict=True)
+        for index, (lw, packs) in enumerate(zip(w.layers, packed, strict=True)):
+            layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
+            x, k, v = kernels.train_layer(x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
+            keys.append(k)
+            values.append(v)
+        return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
+    prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
+    bias = additive_mask(allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype)  # [B, 1, S, Lp + S]
+
+    def attend(layer: int, q, k, v):
+        keys.append(k)
+        values.append(v)
+        if prefix is not None:
+            k = torch.cat([prefix[0][layer][geometry.slot], k], dim=1)    # [B, Lp + S, kv, D]
+            v = torch.cat([prefix[1][layer][geometry.slot], v], dim=1)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)   # [B, heads, S, D]
+        return out.transpose(1, 2).flatten(2)
+
+    at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
+    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend), keys, values
+
+
+def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:
+    """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys); with a
+    sliding `window` (Mistral) a query sees only its own last `window` positions."""
+    s = geometry.positions
+    t = torch.arange(s, device=geometry.pos0.device)
+    own = t[None, :] <= t[:, None]                                     # [S, S] causal
+    if window is not None:
+        own &= t[:, None] - t[None, :] < window
+    own = own[None].expand(len(geometry.pos0), -1, -1)
+    if geometry.slot is None:
+        return own
+    prefix = torch.arange(prefix_len, device=t.device)[None, None, :] < geometry.pre_len[:, None, None]
+    return torch.cat([prefix.expand(-1, s, -1), own], dim=-1)
+
+
+def pass_geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, slot: torch.Tensor | None = None,
+                  pre_len: torch.Tensor | None = None) -> PassGeometry:
+    """A `PassGeometry` of rows [B] (contiguous, as the kernels read them) with `freqs`' rotary table."""
+    return PassGeometry(positions=positions, rot=torch.view_as_real(freqs).contiguous(), pos0=pos0.contiguous(),
+                        slot=None if slot is None else slot.contiguous(),
+                        pre_len=None if pre_len is None else pre_len.contiguous())
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one `attention` takes: 0 where allowed, -inf elsewhere.
+    Built once per forward and shared by every layer."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, keys_last: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + bias) v, [B, H, S, D], for q [B, H, S, D], k and v [B, kv, L, D]
+    (grouped-query attention: head h reads key/value head h // (H / kv), HF's repeat_kv order) and
+    an additive bias broadcastable to [B, 1, S, L]. `keys_last`: k is given transposed, [B, kv, D, L].
+
+    On CPU as plain matmuls: for the short rows of RL rollouts and learner passes they ran 1.3-3x
+    faster than SDPA's CPU kernel (forward and backward); elsewhere SDPA's fused kernels.
+    """
+    b, h, s, d = q.shape
+    kv = k.shape[1]
+    kt = k if keys_last else k.transpose(-1, -2)
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=bias, enable_gqa=kv != h)
+    q = q.reshape(b, kv, h // kv, s, d)                    # the query heads that share a key/value head
+    scores = torch.matmul(q, kt.unsqueeze(2)).mul_(d ** -0.5).add_(bias.unsqueeze(2))
+    return torch.matmul(scores.softmax(dim=-1), v.unsqueeze(2)).reshape(b, h, s, d)
+
+
+def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:
+    """Complex rotary factors of positions 0..length-1, [length, D/2], from the model's own rotary
+    module (so rope scaling variants and attention scaling carry over)."""
+    model = base_model(model)
+    probe = torch.zeros(1, dtype=model.dtype, device=model.device)
+    cos, sin = (t[0].float() for t in model.model.rotary_emb(probe, torch.arange(length, device=model.device)[None]))
+    half = shape.head_dim // 2
+    return torch.complex(cos[:, :half], sin[:, :half])     # HF repeats each frequency twice along D

@@ -1,0 +1,105 @@
+"""Sampling for the native engine: logit filters (temperature, top-k, top-p), token draws with the
+log-prob of each token under the distribution it was drawn from (after temperature and
+filtering), which the TIS / MIS corrections need, and the counter-based random streams they draw
+from.
+
+Each sample's uniforms come from a splitmix64 stream keyed by its prompt (`keyed_uniforms`), so a
+prompt's samples do not depend on the rest of the batch, slot moves, the device or how learner
+ranks split a batch; whoever splits a call's prompts draws their keys as the engine would
+(`draw_group_keys`). The fused CPU op (`kernels.sample`, csrc/decode.cpp) computes the same draws.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reinforge.rollout.base import SamplingParams
+
+
+def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k, then nucleus (top-p) filtering of [B, V] scores: removed tokens get -inf.
+
+    Top-p keeps the smallest set of most likely tokens whose mass reaches p
+    (Holtzman et al., arXiv 1904.09751); the most likely token always stays.
+    """
+    if top_k > 0 and top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        probs = sorted_scores.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs      # mass of the strictly more likely tokens
+        remove_sorted = mass_before >= top_p
+        remove_sorted[..., 0] = False
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of fp32 logits [B, V], inverting each row's CDF at `uniforms` [B] when
+    given, else at uniforms from `generator` (default torch's global one).
+
+    Returns (tokens [B] long, log-probs [B] of the tokens under the distribution
+    they were drawn from: softmax(filter(logits / T)); greedy: the untempered softmax).
+    """
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)
+    else:
+        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        logprobs = torch.log_softmax(scores, dim=-1)
+        tokens = _draw(logprobs.exp(), generator, uniforms)
+    return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """One index per row of probs [B, V] by inverting the CDF at a uniform draw (torch.multinomial
+    does the same job several times slower on CPU). The draw is scaled by each row's total, so
+    rounding in the sum cannot step past the last token with mass. The uniforms are drawn on the CPU
+    (`generator` is a CPU generator), so a seed gives the same draws on any device."""
+    cdf = probs.cumsum(dim=-1)
+    if uniforms is None:
+        uniforms = torch.rand(probs.shape[0], dtype=cdf.dtype, generator=generator)
+    u = uniforms.to(device=probs.device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+# splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014):
+# its state increment and finaliser constants, as int64 (two's complement; torch's int64 arithmetic wraps).
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic on signed ints)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: a bijection of int64 whose outputs for consecutive inputs look independent."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def draw_group_keys(n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """n prompts' sampling keys [n] int64, one draw each, in order, from `generator` (None: torch's
+    global one). Whoever splits a call's prompts (learner ranks) draws them here, as the engine would."""
+    return torch.cat([torch.randint(2**62, (1,), generator=generator) for _ in range(n)])
+
+
+def row_keys(group_keys: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The key of sample j of each group [P] -> [P G]: a stream of its own per sample."""
+    j = torch.arange(1, group_size + 1, device=group_keys.device).repeat(len(group_keys))
+    return mix64(group_keys.repeat_interleave(group_size) + j * _GOLDEN)
+
+
+def keyed_uniforms(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Uniforms in [0, 1) [n] of draw number `counters` [n] of the streams `keys` [n] (int64): the
+    splitmix64 output at state key + (counter + 1) x increment, top 24 bits. A row's draws depend on
+    its key alone: not on the rows beside it, the batch's order, slots, ranks or device."""
+    z = mix64(keys + (counters + 1) * _GOLDEN)
+    return _shr(z, 40).to(torch.float32) * 2.0**-24
