@@ -76,4 +76,4 @@ def test_an_engines_rollout_splits_into_trajectories_and_collates_back_bit_for_b
     assert torch.equal(back.completion_mask, rollout.completion_mask[:, :width])
     assert torch.equal(back.sampler_logprobs, rollout.sampler_logprobs[:, :width])
     assert torch.equal(back.truncated, rollout.truncated) and torch.equal(back.group_ids, rollout.group_ids)
-    assert back.prompt_ids == rollout.prompt_ids and back.texts == rollout.texts
+    assert back.prompt_ids == rollout.prompt_ids and back.texts == rollout.texts and back.pad_id == rollout.pad_id

@@ -57,6 +57,7 @@ from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens
 from reinforge.rollout.stopping import stop_string_end
+from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
 
 class NativeEngine:
@@ -409,23 +410,12 @@ class DecodeSession:
 
 def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_size: int, tokenizer,
                     policy_version: int) -> Rollout:
-    """Finished rows, in order (row r is sample r % G of prompt r // G), as a right-padded Rollout."""
-    pad = tokenizer.pad_token_id or 0
-    width = max(max(len(r.tokens) for r in rows), 1)
-    completion_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    sampler_logprobs = torch.zeros(len(rows), width)
-    mask = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        n = len(row.tokens)
-        completion_ids[i, :n], sampler_logprobs[i, :n], mask[i, :n] = row.tokens, row.logprobs, 1.0
-    return Rollout(
-        prompt_ids=prompt_ids,
-        completion_ids=completion_ids,
-        pad_id=pad,
-        completion_mask=mask,
-        sampler_logprobs=sampler_logprobs,
-        truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
-        group_ids=torch.arange(len(rows) // group_size).repeat_interleave(group_size),
-        policy_version=policy_version,
-        texts=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
-    )
+    """Finished rows, in order (row r is sample r % G of prompt r // G): single-turn trajectories,
+    collated into the right-padded batch view."""
+    trajectories = [
+        Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions),),
+                   truncated=row.truncated, group=r // group_size)
+        for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
+    ]
+    return collate(trajectories, tokenizer.pad_token_id or 0, policy_version,
+                   lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))

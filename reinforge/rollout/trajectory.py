@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from reinforge.rollout.base import Rollout
 
@@ -119,17 +118,23 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         if t.environment_tokens:
             raise NotImplementedError("a trajectory with environment tokens (a tool result, a reply) cannot be "
                                       "trained on yet: multi-turn training is not built")
-    width = max([len(t.tokens()) for t in trajectories] + [1])
-
-    def padded(values: list[torch.Tensor], fill: float) -> torch.Tensor:
-        return torch.stack([F.pad(v, (0, width - len(v)), value=fill) for v in values])
-
-    completion_ids = padded([t.tokens() for t in trajectories], pad_id)
+    width = max([sum(len(s.token_ids) for s in t.segments) for t in trajectories] + [1])
+    completion_ids = torch.full((len(trajectories), width), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros(len(trajectories), width)
+    sampler_logprobs = torch.zeros(len(trajectories), width)
+    for i, t in enumerate(trajectories):
+        at = 0
+        for s in t.segments:
+            end = at + len(s.token_ids)
+            completion_ids[i, at:end], sampler_logprobs[i, at:end] = s.token_ids, s.sampler_logprobs
+            completion_mask[i, at:end] = float(s.trained)
+            at = end
     return Rollout(
         prompt_ids=[list(t.prompt_ids) for t in trajectories],
         completion_ids=completion_ids,
-        completion_mask=padded([t.loss_mask() for t in trajectories], 0.0),
-        sampler_logprobs=padded([t.sampler_logprobs() for t in trajectories], 0.0),
+        pad_id=pad_id,
+        completion_mask=completion_mask,
+        sampler_logprobs=sampler_logprobs,
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=torch.tensor([t.group for t in trajectories], dtype=torch.long),
         policy_version=policy_version,
