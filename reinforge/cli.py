@@ -189,7 +189,7 @@ def sweep(
     import time
     from pathlib import Path
 
-    from reinforge.loops.sweep import run_sweep, table
+    from reinforge.sweep import run_sweep, table
 
     target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     with user_errors(ConfigError):

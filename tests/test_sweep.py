@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import ConfigError, build_config
-from reinforge.loops.sweep import (
+from reinforge.sweep import (
     Stat,
     SweepRun,
     _sweep_settings,
