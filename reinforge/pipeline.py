@@ -190,7 +190,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             run_learner_group,  # Ray is imported only when asked for
         )
 
-        return RunResult(**run_learner_group(cfg, resume=resume, overwrite=overwrite))
+        return RunResult(**run_learner_group(run, cfg, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
     if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
         # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
