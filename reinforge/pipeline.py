@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
-from reinforge.config import Config, ConfigError, format_validation_error, load_yaml
+from reinforge.config import Config, config_to_yaml, format_validation_error, load_yaml
 from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
+from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.learner.forward import ForwardPlan
 from reinforge.loops.async_rl import train_rl_async
@@ -119,7 +120,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
         raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
                           "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
-    check_output_dir(cfg.output_dir or default_output_dir(cfg))
+    check_output_dir(cfg.output_dir or default_output_dir(cfg.recipe))
     plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
     lora_targets = list(cfg.model.lora.target_modules) if cfg.model.lora is not None else None
     note = (plan.note(cfg.rollout.engine, cfg.train.shared_prefix, lora_targets, cfg.train.logprob_chunk_size)
@@ -216,7 +217,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
                   [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
                   cfg.rollout.max_new_tokens)
     # The resolved config names its real run directory, not the default's null.
-    cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
+    cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg.recipe))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
     # Read whole (and the weights loaded) before anything in the run directory changes: a damaged
     # newest checkpoint is skipped for the one before it (one line says so), and when none loads
@@ -232,8 +233,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
         policy.model.load_state_dict(saved.tensors["model"])
 
     def writers() -> tuple[RunDir, Recorder]:
-        run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
-        return run_dir, Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
+        run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout, resume=saved is not None,
+                         overwrite=overwrite or resume)
+        return run_dir, Recorder(run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps,
+                                 resolved=cfg.model_dump(mode="json"), saved=meta["telemetry"] if meta else None)
 
     # Only rank 0 writes; when it cannot (a run already there), every rank stops.
     run_dir, recorder = on_rank_0(group, writers) or (_Muted(cfg.output_dir),) * 2

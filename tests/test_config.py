@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reinforge.config import ConfigError, build_config, parse_overrides
+from reinforge.config import build_config, parse_overrides
+from reinforge.errors import ConfigError
 
 
 def test_defaults_are_the_documented_pipeline() -> None:

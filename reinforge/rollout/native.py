@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from reinforge import kernels
-from reinforge.config import ConfigError
+from reinforge.errors import ConfigError
 from reinforge.kernels import HEAD_DIMS, PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.lora import base_model, linear_weight
