@@ -4,8 +4,9 @@ command-line overrides, validated before anything runs.
 Precedence (later wins): field defaults < recipe preset
 (`reinforge/recipes/<recipe>.yaml`) < user YAML file (`config=FILE`) <
 `key=value` overrides. The sections that parts of the run take are declared
-in settings.py (documented once, there), the task and objective sections and
-the whole Config here; this module is the edge where they meet: a part below
+in settings.py (documented once, there), the objective section is derived
+from ObjectiveSpec's fields (objective_config.py), the task section and the
+whole Config are here; this module is the edge where they meet: a part below
 it takes its own section, never the Config. Unknown keys are errors that name
 the closest valid key (the parsing of what users type, and those checks:
 config_input.py).
@@ -30,6 +31,7 @@ from reinforge.config_input import (
     parse_overrides,
 )
 from reinforge.errors import ConfigError
+from reinforge.objective_config import ObjectiveConfig
 from reinforge.settings import (
     AlertConfig,
     CheckpointConfig,
@@ -76,47 +78,6 @@ class TaskConfig(Section):
         if missing:
             raise ConfigError(f"task '{self.name}' needs task.options.{missing[0]}")
         return self
-
-
-class TransformConfig(Section):
-    name: str = Field(description="Advantage transform: gaussian_noise, filter_small, ema_baseline_mix, or 'module:function'.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the transform, e.g. sigma=0.1.")
-
-
-class ObjectiveConfig(Section):
-    """Overrides of the recipe's objective parts (see `reinforge recipes NAME`); None keeps the recipe's value.
-
-    A composition of your own is a recipe plus overrides here; any part may be
-    your own function by import path, e.g. policy_loss=mypkg.losses:my_loss.
-    """
-
-    advantage: str | None = Field(None, description="Advantage estimator: grpo, dr_grpo, rloo, lite_ppo, scalerl, reinforce, maxrl, gpg, or 'module:function'.")
-    advantage_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the advantage estimator, e.g. {eps: 1e-6}.")
-    advantage_transforms: list[TransformConfig] | None = Field(None, description="Transforms applied to the advantages in order (Gaussian noise, |A| filter, cross-prompt EMA baseline).")
-    policy_loss: str | None = Field(None, description="Policy objective: ppo_clip, dual_clip, gspo, gspo_token, gmpo, cispo, sapo, dppo_tv, dppo_kl, reinforce, gpg, decoupled_ppo, or 'module:function'.")
-    policy_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the policy objective, e.g. {eps_low: 0.2, eps_high: 0.28}; merged into the recipe's while policy_loss stays the same, a new policy_loss starts from its own defaults.")
-    eps_low: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_low (lower clip range of the ratio).")
-    eps_high: float | None = Field(None, ge=0, description="Shortcut for the policy objective's eps_high (clip-higher when > eps_low).")
-    ratio_anchor: Literal["old", "sampler"] | None = Field(None, description="Denominator of the ratio: the learner's pi_old, or the sampler's log-probs (ScaleRL).")
-    correction: str | None = Field(None, description="Sampler-learner correction: tis, tis_sequence, mis, mis_sequence, or 'none'.")
-    correction_params: dict[str, Any] | None = Field(None, description="Keyword parameters of the correction, e.g. {cap: 2.0}.")
-    aggregation: str | None = Field(None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, prompt_mean.")
-    kl_estimator: str | None = Field(None, description="KL estimator k1, k2, k3, or 'none' (no reference model).")
-    kl_placement: Literal["in_loss", "in_reward"] | None = Field(None, description="KL term in the loss, or subtracted from the reward.")
-    kl_coef: float | None = Field(None, ge=0, description="KL coefficient beta.")
-    reference: Literal["fixed", "ema"] | None = Field(None, description="Reference policy: the frozen start of RL, or an EMA of the policy (T1).")
-    reference_ema: float | None = Field(None, ge=0, le=1, description="EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta after each RL step.")
-    entropy_coef: float | None = Field(None, description="Entropy bonus coefficient.")
-    nll_coef: float | None = Field(None, ge=0, description="Weight of the NLL loss on correct samples (VAPO).")
-    value: dict[str, Any] | None = Field(None, description="Critic settings (gamma, lam_actor, lam_critic, length_adaptive_alpha, value_clip, pretrain_steps) of PPO-family recipes.")
-
-    def overrides(self) -> dict[str, Any]:
-        """The set fields as ObjectiveSpec overrides ('none' removes an optional part)."""
-        out = self.model_dump(exclude_none=True)
-        for key in ("kl_estimator", "correction"):
-            if out.get(key) == "none":
-                out[key] = None
-        return out
 
 
 class Config(Section):
