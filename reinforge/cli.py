@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reinforge.config import ConfigError, build_config
-from reinforge.errors import UserError
+from reinforge.config import build_config
+from reinforge.errors import ConfigError, UserError
 from reinforge.telemetry.errors import os_error_message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
@@ -189,7 +189,7 @@ def sweep(
     import time
     from pathlib import Path
 
-    from reinforge.loops.sweep import run_sweep, table
+    from reinforge.sweep import run_sweep, table
 
     target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     with user_errors(ConfigError):

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import Config, ConfigError, build_config
+from reinforge.config import Config, build_config
+from reinforge.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -15,4 +15,4 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A configuration problem the user can fix; the message says how. (A ValueError too, for the
-    callers that catch bad values as ValueError.) Imported from reinforge.config by most modules."""
+    callers that catch bad values as ValueError.)"""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reinforge.config import Config, ConfigError, ModelConfig
+from reinforge.config import Config, ModelConfig
+from reinforge.errors import ConfigError
 from reinforge.models import Policy, load_policy, save_policy
 from reinforge.pipeline import resume_config
 from reinforge.telemetry.checkpoint import CheckpointDamaged, CheckpointStore

@@ -34,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from reinforge.config import Config, ConfigError, build_config, load_yaml, parse_overrides
+from reinforge.config import Config, build_config, load_yaml, parse_overrides
+from reinforge.errors import ConfigError
 
 PIPELINES_DIR = Path(__file__).parent / "pipelines"
 

@@ -24,28 +24,29 @@ from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
-from reinforge.config import Config, ConfigError, format_validation_error, load_yaml
+from reinforge.config import Config, config_to_yaml, format_validation_error, load_yaml
 from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
+from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.learner.forward import ForwardPlan
 from reinforge.loops.async_rl import train_rl_async
-from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
-from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
+from reinforge.loops.dpo import DPOResult, preference_pairs, preference_spec, train_dpo
+from reinforge.loops.rl import NonFiniteStop, RLResult, RLState, StepRecord, train_rl
 from reinforge.loops.sft import run_sft
-from reinforge.models import load_policy, resolve_device
+from reinforge.models import Policy, load_policy, resolve_device
 from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir
 from reinforge.models.model_dir import architecture_plan
 from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError, check_reward_inputs
-from reinforge.rollout import SamplingParams, build_engine
+from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.prompts import check_chat_prompts, check_context
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
-from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
+from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
 
@@ -119,7 +120,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
         raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
                           "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
-    check_output_dir(cfg.output_dir or default_output_dir(cfg))
+    check_output_dir(cfg.output_dir or default_output_dir(cfg.recipe))
     plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
     lora_targets = list(cfg.model.lora.target_modules) if cfg.model.lora is not None else None
     note = (plan.note(cfg.rollout.engine, cfg.train.shared_prefix, lora_targets, cfg.train.logprob_chunk_size)
@@ -190,7 +191,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             run_learner_group,  # Ray is imported only when asked for
         )
 
-        return RunResult(**run_learner_group(cfg, resume=resume, overwrite=overwrite))
+        return RunResult(**run_learner_group(run, cfg, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
     if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
         # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
@@ -204,25 +205,49 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
 
 def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: LearnerGroup, t_start: float, *,
          resume: bool, overwrite: bool) -> RunResult:
-    lead = group.rank == 0            # the rank that writes
-    if not lead:                      # rank 0 shows the progress bars
+    if group.rank != 0:               # rank 0 shows the progress bars
         cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"progress": False})})
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
+    policy = _load_checked_policy(cfg, task)
+    # The resolved config names its real run directory, not the default's null.
+    cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg.recipe))})
+    store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
+    saved = _load_checkpoint(store, group, policy) if resume else None
+    # Only rank 0 writes; when it cannot (a run already there), every rank stops.
+    run_dir, recorder = on_rank_0(group, lambda: _writers(cfg, saved, overwrite=overwrite or resume)) \
+        or (_Muted(cfg.output_dir),) * 2
+    try:
+        # The engine reads the policy's weights at every call, so it can be built before SFT
+        # (rejection-sampling SFT samples from the model it then trains).
+        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+        hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
+        rl = _train(cfg, hooks, engine, spec, saved, run_dir)
+        summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)
+    finally:
+        recorder.close()
+        run_dir.close()
+    return RunResult(output_dir=str(run_dir.path), summary=summary)
+
+
+def _load_checked_policy(cfg: Config, task: Task) -> Policy:
     policy = load_policy(cfg.model, cfg.seed)
     # Chat-message prompts need the tokenizer's chat template: known only now, still before anything is written.
     check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
     check_context(policy.model.config, policy.tokenizer, cfg.prompt.chat_template,
                   [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
                   cfg.rollout.max_new_tokens)
-    # The resolved config names its real run directory, not the default's null.
-    cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg))})
-    store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
-    # Read whole (and the weights loaded) before anything in the run directory changes: a damaged
-    # newest checkpoint is skipped for the one before it (one line says so), and when none loads
-    # the run stops with nothing changed. No checkpoint at all: start over in place (SFT is
-    # deterministic under the seed).
-    saved = store.load_for_resume(**({} if lead else {"report": lambda line: None})) if resume else None
+    return policy
+
+
+def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy) -> LoadedCheckpoint | None:
+    """The newest checkpoint that loads, its weights put into `policy`; None when there is none.
+
+    Read whole (and the weights loaded) before anything in the run directory changes: a damaged
+    newest checkpoint is skipped for the one before it (one line says so), and when none loads
+    the run stops with nothing changed. No checkpoint at all: start over in place (SFT is
+    deterministic under the seed)."""
+    saved = store.load_for_resume(**({} if group.rank == 0 else {"report": lambda line: None}))
     meta = saved.meta if saved is not None else None
     if meta is not None and (meta.get("learner_ranks", 1) > 1) != (group.world_size > 1):
         # A sharded optimizer's state is saved gathered, by parameter name: not what one process loads.
@@ -230,97 +255,123 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
                           f"this run has {group.world_size}: resume {'under torchrun' if group.world_size == 1 else 'in one process'}")
     if saved is not None:
         policy.model.load_state_dict(saved.tensors["model"])
+    return saved
 
-    def writers() -> tuple[RunDir, Recorder]:
-        run_dir = RunDir(cfg.output_dir, cfg, resume=saved is not None, overwrite=overwrite or resume)
-        return run_dir, Recorder(cfg, run_dir, meta["telemetry"] if meta else None)
 
-    # Only rank 0 writes; when it cannot (a run already there), every rank stops.
-    run_dir, recorder = on_rank_0(group, writers) or (_Muted(cfg.output_dir),) * 2
-    try:
-        # The engine reads the policy's weights at every call, so it can be built before SFT
-        # (rejection-sampling SFT samples from the model it then trains).
-        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-        evaluator = split_generation(engine, group)    # learner ranks: each evaluates a share of the prompts
-        if saved is None:
-            sft_summary = _sft_stage(cfg, policy, engine, task, recorder)
-            tensors = None
-        else:
-            sft_summary, tensors = meta["sft"], saved.tensors
-        held_out = task.eval_split(cfg.eval.num_prompts)
-        if saved is None:
-            start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
-            recorder.log_eval(0, start)
-            if cfg.train.seed is not None:
-                seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
-        else:
-            start = EvalResult.from_summary(meta["start_eval"])
+def _writers(cfg: Config, saved: LoadedCheckpoint | None, *, overwrite: bool) -> tuple[RunDir, Recorder]:
+    run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout, resume=saved is not None, overwrite=overwrite)
+    return run_dir, Recorder(run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps,
+                             resolved=cfg.model_dump(mode="json"), saved=saved.meta["telemetry"] if saved is not None else None)
 
-        def checkpoint(state: RLState) -> Path:
-            rl_state = state.state_dict()     # on every rank: learner ranks gather the optimizer's state
-            if not lead:
-                return store.root
-            recorder.sync()
-            record = {"step": state.step, "sft": sft_summary, "start_eval": start.to_summary(),
-                      "telemetry": {"step": state.step, **recorder.state_dict()}, "learner_ranks": group.world_size}
-            # policy.model is the plain model; learner ranks copy the trained shards into it after every update
-            try:
-                return store.save(state.step, {"model": policy.model.state_dict(), "rl": rl_state}, record).path
-            except CheckpointWriteError as err:     # disk full: one line, exit 2, the previous checkpoint intact
-                raise RunStopped(str(err)) from None
 
-        def on_step(record: StepRecord, state: RLState) -> None:
-            if record.stage != "rl":       # before RL (value pre-training): a line of its own, no checkpoint
-                recorder.log({"stage": record.stage, "step": record.step, **record.metrics})
-                return
-            every = cfg.eval.every
-            if every and record.step % every == 0 and record.step < cfg.train.steps:
-                # Under its own seed (evaluate forks the RNG): the training numbers do not change.
-                part = held_out[: cfg.eval.every_prompts or len(held_out)]
-                record.metrics.update(eval_metrics(_evaluate(cfg, evaluator, task, part, f"eval (step {record.step})")))
-            recorder.step(record.step, record.metrics, record.samples)
-            if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
-                checkpoint(state)
+@dataclass
+class _Hooks:
+    """What the training stage calls back after each step: the step's record, a held-out
+    evaluation every eval.every steps, a checkpoint every checkpoint.every steps and at the end."""
 
-        ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
-        recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
+    cfg: Config
+    group: LearnerGroup
+    policy: Policy
+    store: CheckpointStore
+    recorder: Recorder
+    evaluator: RolloutEngine        # learner ranks: each evaluates a share of the prompts
+    task: Task
+    held_out: list
+    sft_summary: dict | None
+    start: EvalResult               # the held-out evaluation of the model RL starts from
+
+    def checkpoint(self, state: RLState) -> Path:
+        rl_state = state.state_dict()     # on every rank: learner ranks gather the optimizer's state
+        if self.group.rank != 0:
+            return self.store.root
+        self.recorder.sync()
+        record = {"step": state.step, "sft": self.sft_summary, "start_eval": self.start.to_summary(),
+                  "telemetry": {"step": state.step, **self.recorder.state_dict()}, "learner_ranks": self.group.world_size}
+        # policy.model is the plain model; learner ranks copy the trained shards into it after every update
         try:
-            rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step,
-                                                      saved=tensors["rl"] if tensors else None, **ranks)
-        except NonFiniteStop as err:
-            path = checkpoint(err.state)   # skipped updates left the weights at the last good step
-            recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
-            raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
-                             f"`reinforge train --resume {run_dir.path}` continues from it.") from None
-        except RewardError as err:
-            # User code failed: one line for the console, the traceback in the run directory, and a
-            # "failed" record so the run does not pass for one still going (no summary.json, no model).
-            log = Path(run_dir.path) / "error.log"
-            if lead:
-                log.write_text(f"run failed: {err}\n\n{err.details}")
-                recorder.log({"stage": "failed", "reason": str(err)})
-            raise RunStopped(f"{err}; full traceback in {log}") from None
-        if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
-            recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
-        final = start if cfg.train.steps == 0 else _evaluate(cfg, evaluator, task, held_out, "eval (final)")   # an SFT-only run
-        recorder.log_eval(rl.steps, final)
-        run_dir.export_model(policy)
-        summary = {
-            "recipe": cfg.recipe,
-            "task": cfg.task.name,
-            "seed": cfg.seed,
-            "sft": sft_summary,
-            "rl_steps": rl.steps,
-            "rl_stopped": rl.stopped,
-            "resumed_from_step": saved.step if saved is not None else None,
-            "wall_seconds": time.perf_counter() - t_start,
-            "eval": {"start": start.to_summary(), "final": final.to_summary()},
-        }
-        run_dir.write_summary(summary)
-    finally:
-        recorder.close()
-        run_dir.close()
-    return RunResult(output_dir=str(run_dir.path), summary=summary)
+            return self.store.save(state.step, {"model": self.policy.model.state_dict(), "rl": rl_state}, record).path
+        except CheckpointWriteError as err:     # disk full: one line, exit 2, the previous checkpoint intact
+            raise RunStopped(str(err)) from None
+
+    def on_step(self, record: StepRecord, state: RLState) -> None:
+        cfg = self.cfg
+        if record.stage != "rl":       # before RL (value pre-training): a line of its own, no checkpoint
+            self.recorder.log({"stage": record.stage, "step": record.step, **record.metrics})
+            return
+        every = cfg.eval.every
+        if every and record.step % every == 0 and record.step < cfg.train.steps:
+            # Under its own seed (evaluate forks the RNG): the training numbers do not change.
+            part = self.held_out[: cfg.eval.every_prompts or len(self.held_out)]
+            record.metrics.update(eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})")))
+        self.recorder.step(record.step, record.metrics, record.samples)
+        if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
+            self.checkpoint(state)
+
+
+def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group: LearnerGroup, store: CheckpointStore,
+           saved: LoadedCheckpoint | None, recorder: Recorder) -> _Hooks:
+    """SFT and the held-out evaluation of the model RL starts from, or for a resumed run what its
+    checkpoint says they gave; the hooks of the training stage."""
+    evaluator = split_generation(engine, group)
+    sft_summary = _sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
+    held_out = task.eval_split(cfg.eval.num_prompts)
+    if saved is None:
+        start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
+        recorder.log_eval(0, start)
+        if cfg.train.seed is not None:
+            seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
+    else:
+        start = EvalResult.from_summary(saved.meta["start_eval"])
+    return _Hooks(cfg, group, policy, store, recorder, evaluator, task, held_out, sft_summary, start)
+
+
+def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpec | PreferenceSpec,
+           saved: LoadedCheckpoint | None, run_dir: RunDir) -> RLResult | DPOResult:
+    """The training stage after SFT (TRAINERS); a guard's stop or failed reward code is RunStopped."""
+    group, recorder = hooks.group, hooks.recorder
+    ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
+    recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
+    try:
+        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, hooks.on_step,
+                                                    saved=saved.tensors["rl"] if saved is not None else None, **ranks)
+    except NonFiniteStop as err:
+        path = hooks.checkpoint(err.state)   # skipped updates left the weights at the last good step
+        recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
+        raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
+                         f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+    except RewardError as err:
+        # User code failed: one line for the console, the traceback in the run directory, and a
+        # "failed" record so the run does not pass for one still going (no summary.json, no model).
+        log = Path(run_dir.path) / "error.log"
+        if group.rank == 0:
+            log.write_text(f"run failed: {err}\n\n{err.details}")
+            recorder.log({"stage": "failed", "reason": str(err)})
+        raise RunStopped(f"{err}; full traceback in {log}") from None
+
+
+def _finish(cfg: Config, hooks: _Hooks, rl: RLResult | DPOResult, saved: LoadedCheckpoint | None, run_dir: RunDir,
+            t_start: float) -> dict:
+    """The final evaluation, the exported model and summary.json; the summary."""
+    recorder = hooks.recorder
+    if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
+        recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
+    final = hooks.start if cfg.train.steps == 0 else \
+        _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)")   # an SFT-only run
+    recorder.log_eval(rl.steps, final)
+    run_dir.export_model(hooks.policy)
+    summary = {
+        "recipe": cfg.recipe,
+        "task": cfg.task.name,
+        "seed": cfg.seed,
+        "sft": hooks.sft_summary,
+        "rl_steps": rl.steps,
+        "rl_stopped": rl.stopped,
+        "resumed_from_step": saved.step if saved is not None else None,
+        "wall_seconds": time.perf_counter() - t_start,
+        "eval": {"start": hooks.start.to_summary(), "final": final.to_summary()},
+    }
+    run_dir.write_summary(summary)
+    return summary
 
 
 def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 import reinforge
 from reinforge.api import dataset_path, reward_name, train_overrides
 from reinforge.cli import app
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
+from reinforge.errors import ConfigError
 from reinforge.rewards.compose import resolve_reward_function
 from reinforge.user_rewards import register
 

@@ -255,7 +255,7 @@ def test_a_resumed_async_run_trains_the_same_prompts_in_the_same_order(tmp_path,
 
 
 def test_backend_ray_needs_async_or_learner_ranks(micro_overrides):
-    from reinforge.config import ConfigError
+    from reinforge.errors import ConfigError
     from reinforge.pipeline import prepare
 
     with pytest.raises(ConfigError, match="ray.learner_ranks >= 2"):

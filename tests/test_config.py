@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reinforge.config import ConfigError, build_config, parse_overrides
+from reinforge.config import build_config, parse_overrides
+from reinforge.errors import ConfigError
 
 
 def test_defaults_are_the_documented_pipeline() -> None:
@@ -58,3 +59,35 @@ def test_yaml_file_then_overrides(tmp_path) -> None:
     path.write_text("train:\n  stpes: 5\n")
     with pytest.raises(ConfigError, match="did you mean 'steps'"):
         build_config([], str(path))
+
+
+def test_the_objective_section_is_the_spec_s_fields_and_lists_what_the_registries_hold() -> None:
+    """One override per ObjectiveSpec field, in its order (plus the eps_low / eps_high shortcuts of
+    policy_params after policy_params), each None (keep the recipe's); the names a doc lists are
+    the registry's keys, so a new estimator shows up in `reinforge config objective` unasked."""
+    from dataclasses import fields
+
+    from reinforge.objective_config import ObjectiveConfig, TransformConfig
+    from reinforge.objectives import (
+        ADVANTAGE_TRANSFORMS,
+        ADVANTAGES,
+        AGGREGATIONS,
+        CORRECTIONS,
+        KL_ESTIMATORS,
+        POLICY_LOSSES,
+    )
+    from reinforge.objectives.spec import ObjectiveSpec
+
+    spec = [f.name for f in fields(ObjectiveSpec)]
+    at = spec.index("policy_params") + 1
+    assert list(ObjectiveConfig.model_fields) == [*spec[:at], "eps_low", "eps_high", *spec[at:]]
+    assert set(ObjectiveConfig().model_dump().values()) == {None}
+    docs = {key: f.description for key, f in ObjectiveConfig.model_fields.items()}
+    for key, table in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("correction", CORRECTIONS),
+                       ("aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
+        assert f"{', '.join(table)}" in docs[key], key
+    assert ", ".join(ADVANTAGE_TRANSFORMS) in TransformConfig.model_fields["name"].description
+    with pytest.raises(ConfigError, match="objective.kl_coef"):
+        build_config(["objective.kl_coef=-1"])       # the spec's bounds hold for an override
+    with pytest.raises(ConfigError, match="objective.reference_ema"):
+        build_config(["objective.reference_ema=1.5"])

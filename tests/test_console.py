@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from reinforge import __version__
 from reinforge.cli import app
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config, config_to_yaml
 from reinforge.config_keys import config_keys
+from reinforge.errors import ConfigError
 from reinforge.telemetry.alerts import Alert
 from reinforge.telemetry.console import BarSafeStream, bar_safe_console
 from reinforge.telemetry.recorder import Recorder
@@ -84,8 +85,9 @@ def test_recorder_alerts_and_sft_summary_go_through_the_bar_safe_writer(tmp_path
     written: list[str] = []
     monkeypatch.setattr("reinforge.telemetry.console.tqdm.write", lambda text, file=None, end="\n": written.append(text))
     cfg = build_config([*micro_overrides, f"output_dir={tmp_path / 'run'}"])
-    run_dir = RunDir(cfg.output_dir, cfg)
-    recorder = Recorder(cfg, run_dir)
+    run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout)
+    recorder = Recorder(run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps,
+                        resolved=cfg.model_dump(mode="json"))
     assert isinstance(recorder.console.file, BarSafeStream)
     recorder.start_rl(0)
     assert recorder._bar.n == 0      # the RL bar is up at step 0, before the first step has run

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
 from reinforge.data import CODE_SMALL, MATH_SMALL, DatasetError, load_records, read_records
 from reinforge.data.make_math import make_math, write_jsonl
+from reinforge.errors import ConfigError
 from reinforge.models.charset import CHARSET
 from reinforge.pipeline import run
 from reinforge.rewards.code import run_many

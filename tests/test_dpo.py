@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
 from reinforge.data import DatasetError
+from reinforge.errors import ConfigError
 from reinforge.learner import (
     ForwardPlan,
     Reference,

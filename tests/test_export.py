@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
+from reinforge.errors import ConfigError
 from reinforge.export import export_model
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import load_policy

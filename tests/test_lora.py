@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
+from reinforge.errors import ConfigError
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,

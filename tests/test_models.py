@@ -49,7 +49,8 @@ def test_saved_model_reloads_with_identical_logits(tiny_model_dir: str) -> None:
 def test_model_device_auto_is_the_cpu_without_cuda_and_cuda_is_refused_before_a_run() -> None:
     import pytest
 
-    from reinforge.config import ConfigError, build_config
+    from reinforge.config import build_config
+    from reinforge.errors import ConfigError
     from reinforge.models import model_device, resolve_device
     from reinforge.pipeline import prepare
 
@@ -173,7 +174,7 @@ def test_a_mistral_window_keeps_the_native_engine_and_drops_the_shared_prompt_fo
 
 def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> None:
     """The chunked log-prob head assumes logits = lm_head(hidden); Gemma 2 caps them after it."""
-    from reinforge.config import ConfigError
+    from reinforge.errors import ConfigError
     from reinforge.models.model_dir import architecture_plan
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}))

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import ConfigError
+from reinforge.errors import ConfigError
 from reinforge.multistage import PipelineSpec, run_pipeline, stage_configs
 
 runner = CliRunner()

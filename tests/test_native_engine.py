@@ -14,7 +14,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from reinforge.config import ConfigError, ModelConfig
+from reinforge.config import ModelConfig
+from reinforge.errors import ConfigError
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.models.decoder import DecoderShape, check_native_model_type

@@ -14,9 +14,10 @@ from conftest import MICRO
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
 from reinforge.data.formats import DatasetError
 from reinforge.data.loading import load_records
+from reinforge.errors import ConfigError
 from reinforge.tasks.dataset import DatasetTask
 
 RUN = [m for m in MICRO if not m.startswith("model.")]    # the built-in model's sizes do not apply to a folder

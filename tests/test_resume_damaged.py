@@ -230,7 +230,7 @@ def test_disk_full_during_a_run_ends_with_one_line_and_exit_2_then_resume_finish
 
 
 def test_export_names_a_damaged_checkpoint_instead_of_exporting_it(whole: Path, tmp_path: Path) -> None:
-    from reinforge.config import ConfigError
+    from reinforge.errors import ConfigError
     from reinforge.export import export_model
 
     out = _copy(whole, tmp_path)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.config import ConfigError, RewardConfig, build_config, config_to_yaml
+from reinforge.config import build_config, config_to_yaml
 from reinforge.data.chat import Conversation
+from reinforge.errors import ConfigError
 from reinforge.rewards.compose import (
     RewardComposer,
     RewardError,
@@ -21,6 +22,7 @@ from reinforge.rewards.compose import (
     think_answer,
 )
 from reinforge.rollout.base import Rollout
+from reinforge.settings import RewardConfig
 from reinforge.tasks import Example
 from reinforge.tasks.arithmetic import ArithmeticTask
 

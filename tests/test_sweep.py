@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import ConfigError, build_config
-from reinforge.loops.sweep import (
+from reinforge.config import build_config
+from reinforge.errors import ConfigError
+from reinforge.sweep import (
     Stat,
     SweepRun,
     _sweep_settings,

@@ -12,8 +12,9 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import Config, ConfigError, build_config
+from reinforge.config import Config, build_config
 from reinforge.config_input import optional_section
+from reinforge.errors import ConfigError
 from reinforge.synonyms import TRL_NAMES, VERL_NAMES
 
 runner = CliRunner()

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from conftest import MICRO
 from safetensors.torch import load_file
 
-from reinforge.config import ConfigError, build_config
+from reinforge.config import build_config
+from reinforge.errors import ConfigError
 from reinforge.pipeline import run
 from reinforge.telemetry.recorder import TIMING_KEYS
 

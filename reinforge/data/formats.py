@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.config import ConfigError
+from reinforge.errors import ConfigError
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 DATASETS_SUFFIXES = (".parquet", ".csv", ".arrow")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -35,20 +37,19 @@ class LearnerRank:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def run(self, cfg: Config, rank: int, world: int, master: tuple[str, int], resume: bool, overwrite: bool) -> dict:
+    def run(self, job: Callable[..., Any], cfg: Config, rank: int, world: int, master: tuple[str, int], resume: bool,
+            overwrite: bool) -> dict:
         # LOCAL_RANK 0: Ray gives each actor its own devices (CUDA_VISIBLE_DEVICES), so each sees one.
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
-        from reinforge.pipeline import (
-            run,  # in the actor: the learner's imports stay out of the driver's Ray
-        )
-
-        result = run(cfg, resume=resume, overwrite=overwrite)
+        result = job(cfg, resume=resume, overwrite=overwrite)
         return {"output_dir": result.output_dir, "summary": result.summary}
 
 
-def run_learner_group(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
-    """`pipeline.run` on `cfg.ray.learner_ranks` Ray actors; rank 0's result ({output_dir, summary})."""
+def run_learner_group(job: Callable[..., Any], cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """`job` (`pipeline.run`, passed in so that this module stays below the pipeline; Ray sends it by
+    reference, so the actor imports the pipeline itself) on `cfg.ray.learner_ranks` Ray actors; rank
+    0's result ({output_dir, summary})."""
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -65,7 +66,7 @@ def run_learner_group(cfg: Config, *, resume: bool = False, overwrite: bool = Fa
                  for i in range(world)]
         master = ray.get(ranks[0].address.remote())
         local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
-        results = ray.get([r.run.remote(local, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])
+        results = ray.get([r.run.remote(job, local, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])
         for r in ranks:
             ray.kill(r)
         return results[0]

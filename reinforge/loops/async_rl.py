@@ -239,7 +239,7 @@ def train_rl_async(
         pool.publish(policy.model, state.step)
         source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step), version=state.step,
                               pending=state.pending, generator=state.sampler_rng)
-        collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size),
+        collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size),
                                    tc.prompts_per_step, tc.group_size)
         policy.model.train()
         if state.step == 0:

@@ -230,7 +230,7 @@ def train_rl(
     if saved is not None:
         state.load_state_dict(saved)
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    engine, score = learner.dp.rollout_parts(engine, composed_scores(RewardComposer.from_config(cfg, task), tc.group_size))
+    engine, score = learner.dp.rollout_parts(engine, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size))
     source = SampleNow(state.pool, engine, tc.group_size, learner.sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()

@@ -21,10 +21,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from reinforge.config import ConfigError, ModelConfig, RolloutConfig
+from reinforge.errors import ConfigError
 from reinforge.models.lora import apply_lora, merged
 from reinforge.models.model_dir import check_model_files, read_model_config
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
+from reinforge.settings import ModelConfig, RolloutConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -25,7 +25,8 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from reinforge.config import ConfigError, LoraConfig
+from reinforge.errors import ConfigError
+from reinforge.settings import LoraConfig
 
 
 def is_peft(model: torch.nn.Module) -> bool:

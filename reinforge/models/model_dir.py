@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.config import Config, ConfigError
+from reinforge.errors import ConfigError
 
 # The decoders the native engine and the shared-prompt learner forward implement (the list
 # models/decoder.py checks loaded models against; kept here so that reading it needs no torch).
@@ -137,78 +137,15 @@ def architecture_plan(path: str | Path) -> ArchitecturePlan | None:
         config = read_model_config(path)
     except ConfigError:
         return None
-    return _plan(config)
+    return plan_for(config)
 
 
-def _plan(config: dict[str, Any]) -> ArchitecturePlan:
+def plan_for(config: dict[str, Any]) -> ArchitecturePlan:
     return ArchitecturePlan(config["model_type"], native_refusal(config), shared_prefix_refusal(config),
                             chunked_head_refusal(config))
 
 
-# Built-in-model sizes (model.*) and the names a config.json gives them.
-_BUILTIN_SIZES = {"hidden_size": ("hidden_size", "n_embd", "d_model"), "num_layers": ("num_hidden_layers", "n_layer"),
-                  "num_heads": ("num_attention_heads", "n_head"), "num_kv_heads": ("num_key_value_heads",),
-                  "intermediate_size": ("intermediate_size", "n_inner"),
-                  "max_positions": ("max_position_embeddings", "n_positions")}
-
-
-def _check_builtin_sizes(cfg: Config, given: set[str], config: dict[str, Any]) -> None:
-    """Sizes of the built-in model set together with a model folder must be the folder's own
-    (a sweep or pipeline may pass them to every run); any other value would be silently ignored."""
-    for name, aliases in _BUILTIN_SIZES.items():
-        if f"model.{name}" not in given:
-            continue
-        value = getattr(cfg.model, name)
-        theirs = next((config[a] for a in aliases if config.get(a) is not None), None)
-        if theirs != value:
-            has = f"has {aliases[0]}={theirs}" if theirs is not None else f"has no {aliases[0]}"
-            raise ConfigError(f"model.{name}={value} sizes the built-in model only, and model.path '{cfg.model.path}' "
-                              f"{has} (its config.json): remove model.{name}")
-
-
-def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None = None) -> Config:
-    """`cfg` with the rollout engine, the learner forward and the LoRA targets its model folder's
-    architecture needs, decided from config.json before anything loads. `given`: the dotted keys the
-    user (or the recipe preset) set; a setting given explicitly that the model cannot run is a
-    ConfigError, a default is changed (and the run says so in one line, see ArchitecturePlan.note).
-    `architecture_of`: a folder of the same architecture to read instead, for a model.path that a
-    pipeline's earlier stage has yet to write. A folder whose config.json cannot be read is returned
-    unchanged: the run's input check says why."""
-    try:
-        config = read_model_config(architecture_of or cfg.model.path)
-    except ConfigError:
-        return cfg
-    _check_builtin_sizes(cfg, given, config)
-    plan = _plan(config)
-    path = cfg.model.path
-    rollout, train, model = {}, {}, {}
-    if plan.native_reason is not None:
-        if cfg.train.mode == "async":
-            raise ConfigError(f"train.mode=async samples with the native engine, which cannot run '{path}': "
-                              f"{plan.native_reason}; use train.mode=sync and a recipe that is not asynchronous")
-        if cfg.rollout.engine == "native":
-            if "rollout.engine" in given:
-                raise ConfigError(f"rollout.engine=native cannot run '{path}': {plan.native_reason}; remove "
-                                  "rollout.engine=native (the transformers engine is chosen for this model) or set rollout.engine=hf")
-            rollout["engine"] = "hf"
-    if plan.shared_prefix_reason is not None and cfg.train.shared_prefix:
-        if "train.shared_prefix" in given:
-            raise ConfigError(f"train.shared_prefix=true cannot run '{path}': {plan.shared_prefix_reason}; "
-                              "remove it (the model's own forward is chosen for this model) or set train.shared_prefix=false")
-        train["shared_prefix"] = False
-    if plan.head_reason is not None and cfg.train.logprob_chunk_size > 0:
-        if "train.logprob_chunk_size" in given:
-            raise ConfigError(f"train.logprob_chunk_size={cfg.train.logprob_chunk_size} cannot run '{path}': "
-                              f"{plan.head_reason}; remove it (full logits are chosen for this model) or set it to 0")
-        train["logprob_chunk_size"] = 0
-    if cfg.model.lora is not None and plan.native_reason is not None and "model.lora.target_modules" not in given:
-        model["lora"] = cfg.model.lora.model_copy(update={"target_modules": _lora_targets(plan.model_type, path)})
-    return cfg.model_copy(update={
-        "rollout": cfg.rollout.model_copy(update=rollout), "train": cfg.train.model_copy(update=train),
-        "model": cfg.model.model_copy(update=model)})
-
-
-def _lora_targets(model_type: str, path: str) -> list[str]:
+def lora_targets(model_type: str, path: str) -> list[str]:
     """peft's default LoRA targets of an architecture whose projections are not named as Llama's."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
 

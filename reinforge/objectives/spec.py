@@ -12,7 +12,7 @@ during a step (verl's mutated live config is the bug this avoids).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Literal
 
@@ -68,27 +68,58 @@ class PreferenceSpec:
     label_smoothing: float = 0.0    # cDPO's s; 0 = DPO
 
 
+def _doc(text: str, *registries: str, **bounds: float) -> dict[str, object]:
+    """Field metadata: the doc that `reinforge config objective` prints, where '{names}' stands for
+    the keys of `registries` ('module:TABLE', read when the config is built, so the list is never
+    out of date), and the bounds (ge, le) the config checks an override against."""
+    return {"doc": text, "registries": registries, "bounds": bounds}
+
+
+_VALUE_FIELDS = ", ".join(f.name for f in fields(ValueSpec))
+
+
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """The objective parts of an RL method (ALGORITHMS.md recipe table)."""
+    """The objective parts of an RL method (ALGORITHMS.md recipe table).
 
-    advantage: str = "grpo"                                 # key of ADVANTAGES, "gae" (critic), or "module:function"
-    advantage_params: Mapping[str, object] = field(default_factory=dict, hash=False)   # keyword args of the estimator
-    advantage_transforms: tuple[Part, ...] = ()             # ADVANTAGE_TRANSFORMS applied in order (noise, |A| filter, EMA mix)
-    policy_loss: str = "ppo_clip"                           # key of POLICY_LOSSES, or "module:function"
-    policy_params: Mapping[str, object] = field(default_factory=dict, hash=False)      # e.g. {"eps_low": 0.2, "eps_high": 0.28}
-    ratio_anchor: Literal["old", "sampler"] = "old"         # the ratio's denominator: pi_old, or the sampler's mu (ScaleRL)
-    correction: str | None = None                           # key of CORRECTIONS (tis, tis_sequence, mis, mis_sequence); None = none
-    correction_params: Mapping[str, object] = field(default_factory=dict, hash=False)  # e.g. {"cap": 2.0}
-    aggregation: str = "seq_mean_token_mean"                # key of AGGREGATIONS
-    kl_estimator: str | None = "k3"                         # key of KL_ESTIMATORS; None = no KL term, no reference model
-    kl_placement: Literal["in_loss", "in_reward"] = "in_loss"   # J -= beta agg(k), or r_t -= beta sg(k_t)
-    kl_coef: float = 0.04                                   # beta
-    reference: Literal["fixed", "ema"] = "fixed"            # frozen initial policy, or ref <- ema ref + (1 - ema) theta (T1)
-    reference_ema: float = 0.99                             # the ema of an EMA reference
-    entropy_coef: float = 0.0                               # c of the entropy bonus: J += c agg(H)
-    nll_coef: float = 0.0                                   # VAPO's NLL on correct samples: J -= coef agg(-logp [correct])
-    value: ValueSpec | None = None                          # critic settings; None = critic-free
+    Each field is documented once, in its metadata: the config's objective section
+    (reinforge.objective_config.ObjectiveConfig) is derived from these fields, one override per field.
+    """
+
+    advantage: str = field(default="grpo", metadata=_doc(
+        "Advantage estimator: {names}, or 'module:function' (gae needs a critic: objective.value).",
+        "reinforge.objectives.advantages:ADVANTAGES", "reinforge.objectives.value:CRITIC_ADVANTAGES"))
+    advantage_params: Mapping[str, object] = field(default_factory=dict, hash=False, metadata=_doc(
+        "Keyword parameters of the advantage estimator, e.g. {eps: 1e-6}."))
+    advantage_transforms: tuple[Part, ...] = field(default=(), metadata=_doc(
+        "Transforms applied to the advantages in order (Gaussian noise, |A| filter, cross-prompt EMA baseline)."))
+    policy_loss: str = field(default="ppo_clip", metadata=_doc(
+        "Policy objective: {names}, or 'module:function'.", "reinforge.objectives.policy:POLICY_LOSSES"))
+    policy_params: Mapping[str, object] = field(default_factory=dict, hash=False, metadata=_doc(
+        "Keyword parameters of the policy objective, e.g. {eps_low: 0.2, eps_high: 0.28}; merged into the recipe's "
+        "while policy_loss stays the same, a new policy_loss starts from its own defaults."))
+    ratio_anchor: Literal["old", "sampler"] = field(default="old", metadata=_doc(
+        "Denominator of the ratio: the learner's pi_old, or the sampler's log-probs mu (ScaleRL)."))
+    correction: str | None = field(default=None, metadata=_doc(
+        "Sampler-learner correction: {names}, or 'none'.", "reinforge.objectives.corrections:CORRECTIONS"))
+    correction_params: Mapping[str, object] = field(default_factory=dict, hash=False, metadata=_doc(
+        "Keyword parameters of the correction, e.g. {cap: 2.0}."))
+    aggregation: str = field(default="seq_mean_token_mean", metadata=_doc(
+        "Loss aggregation: {names}.", "reinforge.objectives.aggregation:AGGREGATIONS"))
+    kl_estimator: str | None = field(default="k3", metadata=_doc(
+        "KL estimator {names}, or 'none' (no KL term, no reference model).", "reinforge.objectives.kl:KL_ESTIMATORS"))
+    kl_placement: Literal["in_loss", "in_reward"] = field(default="in_loss", metadata=_doc(
+        "KL term in the loss (J -= beta agg(k)), or subtracted from the reward (r_t -= beta sg(k_t))."))
+    kl_coef: float = field(default=0.04, metadata=_doc("KL coefficient beta.", ge=0))
+    reference: Literal["fixed", "ema"] = field(default="fixed", metadata=_doc(
+        "Reference policy: the frozen start of RL, or an EMA of the policy (T1)."))
+    reference_ema: float = field(default=0.99, metadata=_doc(
+        "EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta after each RL step.", ge=0, le=1))
+    entropy_coef: float = field(default=0.0, metadata=_doc("Entropy bonus coefficient c: J += c agg(H)."))
+    nll_coef: float = field(default=0.0, metadata=_doc(
+        "Weight of the NLL loss on correct samples (VAPO): J -= coef agg(-logp [correct]).", ge=0))
+    value: ValueSpec | None = field(default=None, metadata=_doc(
+        f"Critic settings ({_VALUE_FIELDS}) of PPO-family recipes; None: critic-free."))
 
     def __post_init__(self) -> None:
         # Read-only copies, so that no caller can mutate a spec (or the recipe table) in place.

@@ -21,7 +21,8 @@ keywords it declares (all of them if it takes **kwargs):
     <meta fields>                each key of example.meta not named above, e.g. target, numbers
     <params>                     the function's `params` from the config (they win over meta)
 
-Built-ins are in `REWARD_FUNCTIONS`; anything else is given as 'module:function'
+Built-ins are in `REWARD_FUNCTIONS` (reinforge.rewards.functions, with the check of a
+configured name and its params); anything else is given as 'module:function'
 (a module importable, or in the working directory) or 'path/to/file.py:function'.
 A function that raises costs its sample its gradient; past `max_error_rate` of a
 batch, `score` raises `RewardError`, whose message is one line naming the
@@ -30,9 +31,7 @@ function, the sample and the exception (the full traceback is its `.details`).
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,16 +40,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reinforge.config import Config, ConfigError, RewardConfig
 from reinforge.data.chat import Conversation
-from reinforge.objectives.common import accepted_params, check_params, resolve
+from reinforge.errors import ConfigError
+from reinforge.objectives.common import accepted_params
 from reinforge.rewards.conventions import (
-    SAMPLE_INPUTS,
     TRL_INPUTS,
     VERL_INPUTS,
     RewardForm,
     call_all,
-    import_user_function,
     keywords,
     reward_form,
     run_trl,
@@ -59,94 +56,19 @@ from reinforge.rewards.conventions import (
     unfilled_parameters,
     verl_value,
 )
+from reinforge.rewards.functions import (
+    FORM_INPUTS,
+    REWARD_FUNCTIONS,
+    REWARD_INPUTS,
+    format_match,
+    length_penalty,
+    resolve_reward_function,
+    think_answer,
+    verifier,
+)
 from reinforge.rollout.base import Rollout
+from reinforge.settings import RewardConfig
 from reinforge.tasks.base import Example, Task
-
-# The keywords a per-sample reward function may receive besides the example's meta fields and its params.
-REWARD_INPUTS = SAMPLE_INPUTS
-# What each convention's caller passes itself: a param of the same name would be shadowed.
-FORM_INPUTS: dict[RewardForm, tuple[str, ...]] = {"sample": SAMPLE_INPUTS, "trl": TRL_INPUTS, "verl": VERL_INPUTS}
-
-
-# ------------------------------------------------------------------ built-in functions
-
-
-def verifier(*, completion: str, example: Example, task: Task) -> float:
-    """The task's own verifier (1.0 correct, 0.0 otherwise): the reward before composition existed."""
-    return task.reward(example, completion)
-
-
-def format_match(*, completion: str, pattern: str, mode: str = "search") -> float:
-    """1.0 if the regex `pattern` matches the completion (re.search, or re.fullmatch for mode='fullmatch'), else 0.0.
-
-    The generic format reward of TRL / open-r1 (`format_reward`); DOTALL, so '.' spans lines.
-    """
-    if mode not in ("search", "fullmatch"):
-        raise ValueError(f"format mode must be 'search' or 'fullmatch', got {mode!r}")
-    match = re.search if mode == "search" else re.fullmatch
-    return 1.0 if match(pattern, completion, flags=re.DOTALL) else 0.0
-
-
-# One <think> block, then one <answer> block, nothing else but whitespace around them; neither body
-# may hold another think/answer tag (so "<think>a</think>b</think><answer>..." does not pass).
-_BODY = r"(?:(?!</?think>|</?answer>).)*"
-_THINK_ANSWER = re.compile(rf"\s*<think>{_BODY}</think>\s*<answer>{_BODY}</answer>\s*", re.DOTALL)
-
-
-def think_answer(*, completion: str, think_prefilled: bool = False) -> float:
-    """DeepSeek-R1 format reward (arXiv 2501.12948, sec. 2.2.2): 1.0 for '<think>...</think>
-    <answer>...</answer>' and nothing else, 0.0 otherwise.
-
-    think_prefilled: the prompt already ends with '<think>' (R1-Zero's template), so the
-    completion starts inside the think block.
-    """
-    return 1.0 if _THINK_ANSWER.fullmatch(("<think>" if think_prefilled else "") + completion) else 0.0
-
-
-def length_penalty(*, length: int, target: int, coef: float = 1.0) -> float:
-    """-coef * max(0, |y| - target) / target: 0 up to `target` tokens, then linear, -coef at 2 x target.
-
-    A one-sided, target-normalised form of L1's length term (LCPO, arXiv 2503.04697, eq. 1:
-    -alpha |n_gold - n_y|); one-sided so short completions are never punished (choice).
-    """
-    if target <= 0:
-        raise ValueError(f"length_penalty target must be > 0, got {target!r}")
-    return -coef * max(0, length - target) / target
-
-
-REWARD_FUNCTIONS: dict[str, Callable[..., float | None]] = {
-    "verifier": verifier,
-    "format": format_match,
-    "think_answer": think_answer,
-    "length_penalty": length_penalty,
-}
-
-
-def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..., Any]:
-    """The function named `name` (built-in or 'module:function'), after checking it and `params` against it.
-
-    Raises ValueError for an unknown name, a signature that fits none of the three conventions
-    (the message shows them), a parameter the function does not take, a parameter that shadows
-    an input of its convention, or a built-in's missing required parameter.
-    """
-    from reinforge.tasks.dataset import VERIFIERS
-
-    if name in VERIFIERS and name not in REWARD_FUNCTIONS:    # "math" is a verifier; people reach for it as a reward
-        raise ValueError(f"'{name}' is a verifier, not a reward function: the reward function 'verifier' scores with "
-                         f"the task's verifier, set with task.options.verifier={name} (task.name=dataset)")
-    fn = import_user_function(name) or resolve(REWARD_FUNCTIONS, name, "reward function")
-    kind = f"reward function {name!r}"
-    form = reward_form(fn, kind)
-    inputs = FORM_INPUTS[form]
-    for key in params:
-        if key in inputs:
-            raise ValueError(f"{kind}: parameter {key!r} is an input the composer passes itself ({', '.join(inputs)})")
-    check_params(fn, params, kind, reserved=inputs)
-    if name in REWARD_FUNCTIONS:   # a user function's required keywords may be meta fields, unknown here
-        for p in inspect.signature(fn).parameters.values():
-            if p.default is inspect.Parameter.empty and p.name not in REWARD_INPUTS and p.name not in params:
-                raise ValueError(f"{kind} needs parameter {p.name!r}, e.g. params: {{{p.name}: ...}}")
-    return fn
 
 
 def check_reward_inputs(reward: RewardConfig, example: Example) -> None:
@@ -290,10 +212,6 @@ class RewardComposer:
         self.overlong_cache = (cfg.overlong.cache or max(1, self.overlong_max_length // 5)) if cfg.overlong is not None else None
         if cfg.overlong is not None:
             overlong_shaping(torch.zeros(0), self.overlong_max_length, self.overlong_cache)   # validates the window now
-
-    @classmethod
-    def from_config(cls, cfg: Config, task: Task) -> RewardComposer:
-        return cls(cfg.reward, task, cfg.rollout.max_new_tokens)
 
     def score(self, examples: list[Example], rollout: Rollout, group_size: int) -> RewardBatch:
         """Rewards of every row of `rollout`; row r belongs to examples[r // group_size].

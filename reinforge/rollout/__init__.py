@@ -1,11 +1,11 @@
 """Rollout engines behind one interface (`RolloutEngine.generate -> Rollout`)."""
 
-from reinforge.config import RolloutConfig
 from reinforge.models import Policy
 from reinforge.rollout.base import Rollout, RolloutEngine, SamplingParams
 from reinforge.rollout.hf import HFEngine
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.prompts import encode_prompts
+from reinforge.settings import RolloutConfig
 
 
 def build_engine(rollout: RolloutConfig, policy: Policy, chat_template: str = "auto") -> RolloutEngine:

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from reinforge.config import RolloutConfig
+from reinforge.settings import RolloutConfig
 
 
 @dataclass(frozen=True)

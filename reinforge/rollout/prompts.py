@@ -11,8 +11,8 @@ from __future__ import annotations
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from reinforge.config import ConfigError
 from reinforge.data.chat import Conversation
+from reinforge.errors import ConfigError
 
 
 def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:

@@ -2,7 +2,7 @@
 
 `AlertMonitor.check` reads each RL step's metrics dict and returns the alerts
 that became true at that step; `AlertLog` prints them and appends them to
-RUN_DIR/alerts.jsonl. Thresholds are `reinforge.config.AlertConfig`.
+RUN_DIR/alerts.jsonl. Thresholds are `reinforge.settings.AlertConfig`.
 
 Why each signal:
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from reinforge.config import AlertConfig
+from reinforge.settings import AlertConfig
 
 # Metrics whose first `window` values form a baseline.
 _BASELINE_KEYS = ("entropy", "response_length_mean", "reward_mean")

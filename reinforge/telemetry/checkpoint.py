@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reinforge.config import ConfigError
+from reinforge.errors import ConfigError
 
 _NAME = re.compile(r"step-(\d{6,})")
 _TMP_PREFIX = ".tmp-"

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from rich.console import Console
 from tqdm import tqdm
 
-from reinforge.config import Config
 from reinforge.eval.evaluate import EvalResult
+from reinforge.settings import AlertConfig, LogConfig
 from reinforge.telemetry.alerts import AlertLog, AlertMonitor
 from reinforge.telemetry.console import bar_safe_console
 from reinforge.telemetry.run_dir import RunDir
@@ -49,12 +49,15 @@ def eval_metrics(result: EvalResult) -> dict[str, float]:
 
 
 class Recorder:
-    def __init__(self, cfg: Config, run_dir: RunDir, saved: Mapping | None = None, console: Console | None = None):
-        """`saved`: the `state_dict()` of a checkpoint being resumed (None: a new run)."""
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, run_dir: RunDir, log: LogConfig, alerts: AlertConfig, *, recipe: str, rl_steps: int,
+                 resolved: dict, saved: Mapping | None = None, console: Console | None = None):
+        """`recipe` and `rl_steps` label the RL progress bar; `resolved`: the run's config as a dict,
+        for the sinks that keep it (W&B); `saved`: the `state_dict()` of a checkpoint being resumed
+        (None: a new run)."""
+        self.run_dir, self.log_cfg, self.recipe, self.rl_steps = run_dir, log, recipe, rl_steps
         self.start_step = saved["step"] if saved else 0
         run_dir.truncate_metrics(saved["metrics_position"] if saved else 0)
-        self.monitor = AlertMonitor(cfg.alerts)
+        self.monitor = AlertMonitor(alerts)
         if saved:
             self.monitor.load_state_dict(saved["alerts"])
         self.console = console or bar_safe_console()
@@ -62,7 +65,7 @@ class Recorder:
                                   truncate_to=saved["alerts_position"] if saved else 0)
         truncate_samples(run_dir.path / SAMPLES_FILE, self.start_step)
         self.samples = SampleLog(run_dir.path / SAMPLES_FILE)
-        self.sinks = build_sinks(cfg.log, run_dir.path, cfg.model_dump(mode="json"), self.start_step,
+        self.sinks = build_sinks(log, run_dir.path, resolved, self.start_step,
                                  saved.get("wandb_id") if saved else None)
         self._bar: tqdm | None = None
         self._last_eval: str | None = None
@@ -99,8 +102,8 @@ class Recorder:
         """Draw the RL bar at `step` (0, or the checkpoint's step on resume) before the first RL
         step runs, so its first rate covers a whole step."""
         if self._bar is None:
-            self._bar = tqdm(total=self.cfg.train.steps, initial=step, desc=f"rl:{self.cfg.recipe}",
-                             disable=not self.cfg.log.progress, dynamic_ncols=True)
+            self._bar = tqdm(total=self.rl_steps, initial=step, desc=f"rl:{self.recipe}",
+                             disable=not self.log_cfg.progress, dynamic_ncols=True)
 
     def step(self, step: int, metrics: dict[str, float], samples: StepSamples | None = None) -> None:
         """One RL step: alerts first (so they print above the bar), then every sink, then the bar.
@@ -109,9 +112,9 @@ class Recorder:
         self.run_dir.log({"stage": "rl", "step": step, **metrics})
         for sink in self.sinks:
             sink.log(step, metrics)
-        every = self.cfg.log.samples_every
+        every = self.log_cfg.samples_every
         if samples is not None and every and step % every == 0:
-            records = pick_samples(step, samples, self.cfg.log.samples_per_step)
+            records = pick_samples(step, samples, self.log_cfg.samples_per_step)
             self.samples.write(records)
             for sink in self.sinks:
                 sink.log_samples(step, records)

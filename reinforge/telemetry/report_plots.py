@@ -8,13 +8,10 @@ so making a report never touches the global backend of the caller.
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from reinforge.telemetry.report import RunData
+from reinforge.telemetry.run_data import RunData, finite
 
 FIGSIZE = (7.0, 4.0)   # inches: readable on a laptop screen without zooming
 DPI = 110
@@ -62,10 +59,6 @@ PLOTS: tuple[PlotSpec, ...] = (
                   "float noise (1e-10 and below) when both are the same engine and precision; large values are "
                   "what importance-sampling corrections are for."),
 )
-
-
-def finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:

@@ -20,12 +20,13 @@ import shutil
 import time
 from pathlib import Path
 
-from reinforge.config import Config, ConfigError, config_to_yaml
+from reinforge.errors import ConfigError
 from reinforge.models import Policy, save_policy
+from reinforge.settings import RolloutConfig
 
 
-def default_output_dir(cfg: Config) -> Path:
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.recipe}"
+def default_output_dir(recipe: str) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{recipe}"
 
 
 def check_output_dir(path: str | Path) -> None:
@@ -52,9 +53,12 @@ def holds_run(path: Path) -> bool:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, cfg: Config, *, resume: bool = False, overwrite: bool = False):
+    def __init__(self, path: str | Path, config_yaml: str, sampling: RolloutConfig, *, resume: bool = False,
+                 overwrite: bool = False):
+        """`config_yaml`: the resolved config, written as RUN_DIR/config.yaml (a new run only);
+        `sampling`: the run's rollout settings, the exported model's generation defaults."""
         self.path = Path(path)
-        self.sampling = cfg.rollout     # the exported model's generation defaults
+        self.sampling = sampling
         if resume:
             if not (self.path / "config.yaml").is_file():
                 raise ConfigError(f"--resume: '{self.path}' holds no run (no config.yaml)")
@@ -66,7 +70,7 @@ class RunDir:
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         if not resume:
-            (self.path / "config.yaml").write_text(config_to_yaml(cfg))
+            (self.path / "config.yaml").write_text(config_yaml)
         self._metrics = (self.path / "metrics.jsonl").open("a")
 
     def log(self, record: dict) -> None:

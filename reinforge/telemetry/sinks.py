@@ -19,7 +19,7 @@ import numbers
 from pathlib import Path
 from typing import Literal, Protocol
 
-from reinforge.config import LogConfig
+from reinforge.settings import LogConfig
 
 
 class Sink(Protocol):

@@ -125,13 +125,11 @@ def drop_privileges(uid):
         raise PermissionError(f"still uid {os.geteuid()} after dropping to {uid}")
 
 
-def serve():
+def limit_resources(cpu_s, mem, fsize, wall):
+    """Step 1: rlimits, SIGXFSZ ignored, the alarm."""
     import resource
     import signal
 
-    (req_fd, resp_fd, cpu_s, mem, fsize, wall, limit, max_global, max_error,
-     uid) = map(int, sys.argv[1:11])
-    workdir = os.path.realpath(os.getcwd())
     for res, value in ((resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)), (resource.RLIMIT_AS, (mem, mem)),
                        (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
                        (resource.RLIMIT_NOFILE, (MAX_FD, MAX_FD)),
@@ -139,31 +137,11 @@ def serve():
         resource.setrlimit(res, value)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.alarm(wall)  # last resort if the judge is gone and nothing else kills us
-    layers = {"no_new_privs": no_new_privs(), "uid": False}
 
-    def message(exc):
-        try:
-            return str.__str__(str(exc))[:max_error]
-        except BaseException:  # noqa: B036 - str() of the program's exception may raise anything
-            return ""
 
-    def describe(exc):
-        return f"{type(exc).__name__}: {message(exc)}"[:max_error]
-
-    request = recv(req_fd, limit)
-    stdlib = [os.path.realpath(p) for p in sys.path if p]
-    read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
-    own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
-    guarded = guard_create_builtin(sys.modules["_imp"])
-    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds, guarded))
-    if uid >= 0:
-        try:
-            drop_privileges(uid)
-        except OSError as exc:
-            send(resp_fd, {"id": request["id"], "ok": False, "layers": layers,
-                           "error": f"sandbox: could not drop privileges: {exc}"})
-            return
-        layers["uid"] = True
+def remove_unaudited_calls(signal):
+    """Step 6: the calls that raise no audit event are removed or refuse. `signal`: the module as
+    serve imported it, before the guard went in."""
     posix = sys.modules.get("posix")
     for module, name in ((os, "pidfd_open"), (posix, "pidfd_open"),
                          (signal, "pidfd_send_signal"),
@@ -175,14 +153,23 @@ def serve():
             if hasattr(module, name):
                 setattr(module, name, refused(f"os.{name}"))
 
-    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+
+def message(exc, max_error):
     try:
-        exec(compile(request["program"], "<candidate>", "exec"), namespace)
-    except BaseException as exc:  # noqa: B036 - SystemExit and KeyboardInterrupt are failures too
-        send(resp_fd, {"id": request["id"], "ok": False, "error": describe(exc), "layers": layers})
-        return
+        return str.__str__(str(exc))[:max_error]
+    except BaseException:  # noqa: B036 - str() of the program's exception may raise anything
+        return ""
+
+
+def describe(exc, max_error):
+    return f"{type(exc).__name__}: {message(exc, max_error)}"[:max_error]
+
+
+def exported_names(namespace, wanted, max_global):
+    """Step 7, first part: the names the tests need, each a callable, a module imported under
+    its own name, or a plain-data value (encoded, at most max_global characters of JSON)."""
     names = {}
-    for name in request["names"]:
+    for name in wanted:
         if name not in namespace:
             continue
         value = namespace[name]
@@ -198,7 +185,11 @@ def serve():
             continue
         if len(json.dumps(encoded)) <= max_global:
             names[name] = encoded
-    send(resp_fd, {"id": request["id"], "ok": True, "names": names, "layers": layers})
+    return names
+
+
+def serve_calls(req_fd, resp_fd, namespace, limit, max_error):
+    """Step 7, second part: the judge's calls, each answered, until it closes the pipe."""
     while True:
         try:
             request = recv(req_fd, limit)
@@ -211,9 +202,45 @@ def serve():
         except BaseException as exc:  # noqa: B036 - every failure of the program is reported
             # "base": not an Exception (SystemExit...), which the tests' `except Exception`
             # must not catch, as in plain Python.
-            reply = {"ok": False, "exc": type(exc).__name__, "message": message(exc),
+            reply = {"ok": False, "exc": type(exc).__name__, "message": message(exc, max_error),
                      "base": not isinstance(exc, Exception)}
         send(resp_fd, {"id": request["id"], **reply})
+
+
+def serve():
+    import signal
+
+    (req_fd, resp_fd, cpu_s, mem, fsize, wall, limit, max_global, max_error,
+     uid) = map(int, sys.argv[1:11])
+    workdir = os.path.realpath(os.getcwd())
+    limit_resources(cpu_s, mem, fsize, wall)
+    layers = {"no_new_privs": no_new_privs(), "uid": False}
+
+    request = recv(req_fd, limit)
+    stdlib = [os.path.realpath(p) for p in sys.path if p]
+    read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
+    own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
+    guarded = guard_create_builtin(sys.modules["_imp"])
+    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds, guarded))
+    if uid >= 0:
+        try:
+            drop_privileges(uid)
+        except OSError as exc:
+            send(resp_fd, {"id": request["id"], "ok": False, "layers": layers,
+                           "error": f"sandbox: could not drop privileges: {exc}"})
+            return
+        layers["uid"] = True
+    remove_unaudited_calls(signal)
+
+    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    try:
+        exec(compile(request["program"], "<candidate>", "exec"), namespace)
+    except BaseException as exc:  # noqa: B036 - SystemExit and KeyboardInterrupt are failures too
+        send(resp_fd, {"id": request["id"], "ok": False, "error": describe(exc, max_error), "layers": layers})
+        return
+    names = exported_names(namespace, request["names"], max_global)
+    send(resp_fd, {"id": request["id"], "ok": True, "names": names, "layers": layers})
+    serve_calls(req_fd, resp_fd, namespace, limit, max_error)
 
 
 if __name__ == "__main__":

@@ -70,80 +70,86 @@ def make_undumpable():
         return False
 
 
-def main():
-    non_dumpable = make_undumpable()
-    p = json.loads(sys.stdin.buffer.read())
-    nonce, limit, max_error = p["nonce"], p["max_message"], p["max_error"]
-    cpu_s = max(1, math.ceil(p["timeout_s"]))
-    # The judge runs trusted code only; its limits just bound a runaway judge.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s + 1, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
+def verdict_writer(nonce):
+    """`emit(**record)`: one JSON line on the judge's own stdout, tagged with the nonce."""
     def emit(**rec):
         rec["nonce"] = nonce
         data = (json.dumps(rec) + "\n").encode()
         while data:
             data = data[os.write(1, data):]
 
-    req_r, req_w = os.pipe()
-    resp_r, resp_w = os.pipe()
-    workdir = os.getcwd()
-    child = subprocess.Popen(
-        [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_src"],
-         str(req_r), str(resp_w), str(cpu_s), str(p["memory_bytes"]), str(p["file_bytes"]),
-         str(cpu_s + 2), str(limit), str(p["max_global"]), str(max_error), str(p["uid"])],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        pass_fds=(req_r, resp_w), cwd=workdir,
-        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TMPDIR": workdir, "HOME": workdir},
-        start_new_session=True,  # a session leader cannot setsid() out of its group
-    )
-    os.close(req_r)
-    os.close(resp_w)
-    emit(kind="pid", pid=child.pid)
+    return emit
 
-    head = bytearray()
 
-    def drain():
-        # Keep the first output_bytes, read and drop the rest so the candidate never blocks.
-        while True:
-            chunk = child.stdout.read1(1 << 16)
-            if not chunk:
-                return
-            room = p["output_bytes"] - len(head)
-            if room > 0:
-                head.extend(chunk[:room])
+def describe(exc, max_error):
+    return f"{type(exc).__name__}: {exc}"[:max_error]
 
-    drainer = threading.Thread(target=drain, daemon=True)
-    drainer.start()
 
-    state = {"next_id": 0, "gone": None}
-    layers = {"non_dumpable": non_dumpable}
+class Candidate:
+    """The candidate process as the judge sees it: its pipes, the first output_bytes of what it
+    prints, and the calls into it (`exchange`, and `proxy` for a name the tests call)."""
 
-    def exchange(message):
-        if state["gone"]:
-            raise CandidateGone(state["gone"])
-        message["id"] = state["next_id"]
-        state["next_id"] += 1
+    def __init__(self, p, cpu_s, limit, max_error):
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        workdir = os.getcwd()
+        self.child = subprocess.Popen(
+            [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_src"],
+             str(req_r), str(resp_w), str(cpu_s), str(p["memory_bytes"]), str(p["file_bytes"]),
+             str(cpu_s + 2), str(limit), str(p["max_global"]), str(max_error), str(p["uid"])],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(req_r, resp_w), cwd=workdir,
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TMPDIR": workdir, "HOME": workdir},
+            start_new_session=True,  # a session leader cannot setsid() out of its group
+        )
+        os.close(req_r)
+        os.close(resp_w)
+        self.req_w, self.resp_r, self.limit, self.max_error = req_w, resp_r, limit, max_error
+        self.next_id, self.gone = 0, None
+        self.head = bytearray()
+        self.drainer = None
+
+    def keep_output(self, output_bytes):
+        """Keep the first output_bytes, read and drop the rest so the candidate never blocks."""
+        def drain():
+            while True:
+                chunk = self.child.stdout.read1(1 << 16)
+                if not chunk:
+                    return
+                room = output_bytes - len(self.head)
+                if room > 0:
+                    self.head.extend(chunk[:room])
+
+        self.drainer = threading.Thread(target=drain, daemon=True)
+        self.drainer.start()
+
+    def exchange(self, message):
+        if self.gone:
+            raise CandidateGone(self.gone)
+        message["id"] = self.next_id
+        self.next_id += 1
         try:
-            send(req_w, message)
-            reply = recv(resp_r, limit)
+            send(self.req_w, message)
+            reply = recv(self.resp_r, self.limit)
             if type(reply) is not dict or reply.get("id") != message["id"]:
                 raise ProtocolError("reply out of order")
         except (OSError, EOFError, ProtocolError) as exc:
-            state["gone"] = f"candidate process gone: {exc}"
-            raise CandidateGone(state["gone"]) from None
+            self.gone = f"candidate process gone: {exc}"
+            raise CandidateGone(self.gone) from None
         return reply
 
-    def proxy_for(name):
+    def proxy(self, name):
+        max_error = self.max_error
+
         def proxy(*args, **kwargs):
-            reply = exchange({"name": name, "args": [encode(a) for a in args],
-                              "kwargs": {str(k): encode(v) for k, v in kwargs.items()}})
+            reply = self.exchange({"name": name, "args": [encode(a) for a in args],
+                                   "kwargs": {str(k): encode(v) for k, v in kwargs.items()}})
             if reply.get("ok") is True:
                 try:
                     return decode(reply.get("value"))
                 except ProtocolError as exc:
-                    state["gone"] = f"candidate process gone: {exc}"
-                    raise CandidateGone(state["gone"]) from None
+                    self.gone = f"candidate process gone: {exc}"
+                    raise CandidateGone(self.gone) from None
             # Re-raise builtin exception types by name so tests can catch e.g. ValueError,
             # except those that steer control flow in the tests' own code (see UNTRANSLATED).
             kind = getattr(builtins, str(reply.get("exc")), None)
@@ -164,44 +170,33 @@ def main():
         proxy.__name__ = name
         return proxy
 
-    def describe(exc):
-        return f"{type(exc).__name__}: {exc}"[:max_error]
-
-    def finish(error=None):
-        os.close(req_w)  # the candidate sees EOF, flushes its output and exits
+    def stop(self):
+        """Close the request pipe, then kill what is left of the candidate's process group."""
+        os.close(self.req_w)  # the candidate sees EOF, flushes its output and exits
         try:
-            child.wait(timeout=0.5)
+            self.child.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
         try:
-            os.killpg(child.pid, 9)
+            os.killpg(self.child.pid, 9)
         except (ProcessLookupError, PermissionError):
             pass
-        child.wait()
-        drainer.join(timeout=1.0)
-        emit(kind="done", error=error, output=bytes(head).decode("utf-8", "replace"),
-             layers=layers)
+        self.child.wait()
+        self.drainer.join(timeout=1.0)
+        return bytes(self.head).decode("utf-8", "replace")
 
-    try:
-        loaded = exchange({"program": p["program"], "names": p["names"]})
-    except CandidateGone as exc:
-        return finish(f"program did not load: {exc}")
-    reported = loaded.get("layers")
-    if type(reported) is dict:
-        layers.update((k, v) for k, v in reported.items() if k in ("no_new_privs", "uid"))
-    if loaded.get("ok") is not True:
-        return finish(f"program raised: {str(loaded.get('error'))[:max_error]}")
-    # Only the names the tests need and do not define themselves, builtins excluded (the
-    # caller computed the list): the candidate can never replace `len` or a test helper.
+
+def tests_globals(candidate, wanted, names):
+    """The tests' globals: only the names the tests need and do not define themselves, builtins
+    excluded (the caller computed the list): the candidate can never replace `len` or a test helper."""
     env = {"__name__": "__tests__", "__builtins__": builtins}
-    names = loaded.get("names")
-    for name in p["names"]:
+    for name in wanted:
         value = names.get(name) if type(names) is dict else None
         if value is None:
             continue
         try:
             if value == ["callable"]:
-                env[name] = proxy_for(name)
+                env[name] = candidate.proxy(name)
             elif value == ["module"]:
                 # The judge imports the module itself, and only under the name the (trusted)
                 # tests use: MBPP-style tests call math.isclose relying on the program's import.
@@ -210,22 +205,58 @@ def main():
                 env[name] = decode(value)
         except (ProtocolError, ImportError):
             continue
-    try:
-        exec(compile(p["setup"], "<tests setup>", "exec"), env)
-    except (Exception, CandidateAbort, CandidateGone) as exc:
-        return finish(f"test setup raised: {describe(exc)}")
-    if state["gone"]:
-        return finish(f"test setup: {state['gone']}")
-    for index, case in enumerate(p["cases"]):
+    return env
+
+
+def run_cases(cases, env, candidate, emit, max_error):
+    """Each case in a fresh copy of the tests' globals; one verdict line each."""
+    for index, case in enumerate(cases):
         try:
             exec(compile(case, f"<case {index}>", "exec"), dict(env))
         except (Exception, CandidateAbort, CandidateGone) as exc:
-            emit(kind="case", index=index, ok=False, error=describe(exc))
+            emit(kind="case", index=index, ok=False, error=describe(exc, max_error))
         else:
-            if state["gone"]:  # the test caught CandidateGone (a bare except): still a failure
-                emit(kind="case", index=index, ok=False, error=state["gone"])
+            if candidate.gone:  # the test caught CandidateGone (a bare except): still a failure
+                emit(kind="case", index=index, ok=False, error=candidate.gone)
             else:
                 emit(kind="case", index=index, ok=True)
+
+
+def main():
+    non_dumpable = make_undumpable()
+    p = json.loads(sys.stdin.buffer.read())
+    nonce, limit, max_error = p["nonce"], p["max_message"], p["max_error"]
+    cpu_s = max(1, math.ceil(p["timeout_s"]))
+    # The judge runs trusted code only; its limits just bound a runaway judge.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s + 1, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    emit = verdict_writer(nonce)
+    candidate = Candidate(p, cpu_s, limit, max_error)
+    emit(kind="pid", pid=candidate.child.pid)
+    candidate.keep_output(p["output_bytes"])
+    layers = {"non_dumpable": non_dumpable}
+
+    def finish(error=None):
+        output = candidate.stop()
+        emit(kind="done", error=error, output=output, layers=layers)
+
+    try:
+        loaded = candidate.exchange({"program": p["program"], "names": p["names"]})
+    except CandidateGone as exc:
+        return finish(f"program did not load: {exc}")
+    reported = loaded.get("layers")
+    if type(reported) is dict:
+        layers.update((k, v) for k, v in reported.items() if k in ("no_new_privs", "uid"))
+    if loaded.get("ok") is not True:
+        return finish(f"program raised: {str(loaded.get('error'))[:max_error]}")
+    env = tests_globals(candidate, p["names"], loaded.get("names"))
+    try:
+        exec(compile(p["setup"], "<tests setup>", "exec"), env)
+    except (Exception, CandidateAbort, CandidateGone) as exc:
+        return finish(f"test setup raised: {describe(exc, max_error)}")
+    if candidate.gone:
+        return finish(f"test setup: {candidate.gone}")
+    run_cases(p["cases"], env, candidate, emit, max_error)
     finish()
 
 

@@ -36,7 +36,8 @@ from typing import Literal
 
 import yaml
 
-from reinforge.config import ConfigError, build_config, load_yaml
+from reinforge.config import build_config, load_yaml
+from reinforge.errors import ConfigError
 
 # The axes a group's runs differ in (the run's seed, or the RL stage's own seed from one SFT model);
 # every other swept axis defines a group.
