@@ -29,10 +29,10 @@ from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_wor
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.learner.forward import ForwardPlan
-from reinforge.loops.async_rl import train_rl_async
-from reinforge.loops.dpo import preference_pairs, preference_spec, train_dpo
-from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord, train_rl
+from reinforge.loops.dpo import preference_pairs, preference_spec
+from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord
 from reinforge.loops.sft import run_sft
+from reinforge.loops.start import run_dpo, run_rl
 from reinforge.models import load_policy, resolve_device
 from reinforge.models.factory import check_model_dir
 from reinforge.models.model_dir import architecture_plan
@@ -66,8 +66,7 @@ def objective_spec(cfg: Config) -> ObjectiveSpec | PreferenceSpec:
 # The training stage after SFT, by the kind of objective: policy-gradient RL (synchronous or
 # asynchronous, train.mode) or preference pairs. All take (cfg, policy, engine, task, spec,
 # on_step, saved) and checkpoint through on_step.
-TRAINERS = {(ObjectiveSpec, "sync"): train_rl, (ObjectiveSpec, "async"): train_rl_async,
-            (PreferenceSpec, "sync"): train_dpo}
+TRAINERS = {(ObjectiveSpec, "sync"): run_rl, (ObjectiveSpec, "async"): run_rl, (PreferenceSpec, "sync"): run_dpo}
 
 
 def seed_everything(seed: int) -> None:
@@ -282,7 +281,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
                 checkpoint(state)
 
-        ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
+        ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
         recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
         try:
             rl = TRAINERS[type(spec), cfg.train.mode](cfg, policy, engine, task, spec, on_step,

@@ -113,7 +113,6 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
         ("train.shared_prefix=true", "set train.shared_prefix=false"),
         ("model.lora.r=4", "model.lora is not supported under torchrun"),
         ("recipe=ppo", "trains a critic"),
-        ("train.mode=async", "set train.mode=sync"),
         ("recipe=dpo", "preference pairs"),
     ],
 )
