@@ -32,9 +32,8 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.eval.evaluate import evaluate
-from reinforge.loops.async_rl import train_rl_async
-from reinforge.loops.rl import train_rl
 from reinforge.loops.sft import run_sft
+from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec, seed_everything
 from reinforge.rollout import SamplingParams, build_engine
@@ -77,9 +76,8 @@ def run(mode: str, overrides: list[str], weights: dict) -> dict:
     policy.model.load_state_dict(weights)
     engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
     lengths: list[float] = []
-    trainer = train_rl_async if mode == "async" else train_rl
     t0 = time.perf_counter()
-    trainer(cfg, policy, engine, task, objective_spec(cfg),
+    run_rl(cfg, policy, engine, task, objective_spec(cfg),
             lambda record, state: lengths.append(record.metrics.get("response_length_mean", float("nan"))))
     seconds = time.perf_counter() - t0
     samples = cfg.train.steps * cfg.train.prompts_per_step * cfg.train.group_size

@@ -20,8 +20,9 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.eval.evaluate import evaluate
-from reinforge.loops.dpo import preference_spec, train_dpo
+from reinforge.loops.dpo import preference_spec
 from reinforge.loops.sft import run_sft
+from reinforge.loops.start import run_dpo
 from reinforge.models import load_policy
 from reinforge.pipeline import seed_everything
 from reinforge.rollout import SamplingParams, build_engine
@@ -56,7 +57,7 @@ def main(overrides: list[str], sft_cache: str | None = None) -> dict:
 
     start = held_out_eval()
     t1 = time.perf_counter()
-    train_dpo(cfg, policy, engine, task, preference_spec(cfg),
+    run_dpo(cfg, policy, engine, task, preference_spec(cfg),
               lambda record, state: print(json.dumps({"step": record.step, **{k: round(record.metrics[k], 4) for k in KEYS if k in record.metrics}})))
     t_dpo = time.perf_counter() - t1
     final = held_out_eval()

@@ -42,6 +42,7 @@ from reinforge.config import ModelConfig, build_config
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
+    UpdateSettings,
     build_optimizer,
     build_sequences,
     policy_update,
@@ -167,9 +168,7 @@ def main() -> None:
     for _ in range(args.repeats + 1):
         synchronize(device)
         start = time.perf_counter()
-        policy_update(policy.model, optimizer, scheduler, batch, spec, ppo_epochs=1, mini_batches=1, grad_clip=1.0,
-                      temperature=1.0, generator=torch.Generator().manual_seed(args.seed), forward=plan,
-                      max_length=args.max_new_tokens)
+        policy_update(policy.model, optimizer, scheduler, batch, spec, UpdateSettings(forward=plan, max_length=args.max_new_tokens), torch.Generator().manual_seed(args.seed))
         synchronize(device)
         learner.append(time.perf_counter() - start)
     learner_s = statistics.median(learner[1:])

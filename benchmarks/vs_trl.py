@@ -26,7 +26,7 @@ reinforge additionally runs each prompt once for its 8 completions in that forwa
 (`train.shared_prefix`) and samples with its native engine (`rollout.engine`); `--engine hf
 --no-shared-prefix` measures it without either.
 
-Method. Each framework runs its own real training loop (`reinforge.loops.rl.train_rl`;
+Method. Each framework runs its own real training loop (`reinforge.loops.start.run_rl`;
 `GRPOTrainer.train`) in the main thread of a child process of its own, and the parent
 alternates them: `--rounds` rounds of one reinforge child and one TRL child, each running a
 warm-up step and then `--steps` timed steps from the same initial weights. (Child processes,
@@ -62,7 +62,8 @@ import torch
 import transformers
 
 from reinforge.config import Config, build_config
-from reinforge.loops.rl import StepRecord, train_rl
+from reinforge.loops.rl import StepRecord
+from reinforge.loops.start import run_rl
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.pipeline import prepare, seed_everything
@@ -86,7 +87,7 @@ def shaped_reward(answer: str, completion: str) -> float:
 
 
 class ShapedArithmeticTask(ArithmeticTask):
-    """The arithmetic task with `shaped_reward`: how it reaches `train_rl`, which calls task.reward."""
+    """The arithmetic task with `shaped_reward`: how it reaches `run_rl`, which calls task.reward."""
 
     def reward(self, example, completion: str) -> float:
         return shaped_reward(example.answer, completion)
@@ -187,7 +188,7 @@ def run_side(args: argparse.Namespace) -> dict:
             records.append(record.metrics)
 
         engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-        train_rl(cfg, policy, engine, task, spec, on_step)
+        run_rl(cfg, policy, engine, task, spec, on_step)
         extra = {key: statistics.median(r[key] for r in records[1:]) for key in ("generation_seconds", "step_seconds")}
     else:
         from datasets import Dataset

@@ -30,10 +30,11 @@ from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, 
 from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.learner.forward import ForwardPlan
-from reinforge.loops.async_rl import train_rl_async
-from reinforge.loops.dpo import DPOResult, preference_pairs, preference_spec, train_dpo
-from reinforge.loops.rl import NonFiniteStop, RLResult, RLState, StepRecord, train_rl
+from reinforge.loops.dpo import preference_pairs, preference_spec
+from reinforge.loops.loop import RLResult
+from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord
 from reinforge.loops.sft import run_sft
+from reinforge.loops.start import run_dpo, run_rl
 from reinforge.models import Policy, load_policy, resolve_device
 from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir
@@ -67,8 +68,7 @@ def objective_spec(cfg: Config) -> ObjectiveSpec | PreferenceSpec:
 # The training stage after SFT, by the kind of objective: policy-gradient RL (synchronous or
 # asynchronous, train.mode) or preference pairs. All take (cfg, policy, engine, task, spec,
 # on_step, saved) and checkpoint through on_step.
-TRAINERS = {(ObjectiveSpec, "sync"): train_rl, (ObjectiveSpec, "async"): train_rl_async,
-            (PreferenceSpec, "sync"): train_dpo}
+TRAINERS = {(ObjectiveSpec, "sync"): run_rl, (ObjectiveSpec, "async"): run_rl, (PreferenceSpec, "sync"): run_dpo}
 
 
 def seed_everything(seed: int) -> None:
@@ -326,10 +326,10 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
 
 
 def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpec | PreferenceSpec,
-           saved: LoadedCheckpoint | None, run_dir: RunDir) -> RLResult | DPOResult:
+           saved: LoadedCheckpoint | None, run_dir: RunDir) -> RLResult:
     """The training stage after SFT (TRAINERS); a guard's stop or failed reward code is RunStopped."""
     group, recorder = hooks.group, hooks.recorder
-    ranks = {"group": group} if group.world_size > 1 else {}    # synchronous RL only (check_data_parallel)
+    ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
     recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
     try:
         return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, hooks.on_step,
@@ -349,7 +349,7 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
         raise RunStopped(f"{err}; full traceback in {log}") from None
 
 
-def _finish(cfg: Config, hooks: _Hooks, rl: RLResult | DPOResult, saved: LoadedCheckpoint | None, run_dir: RunDir,
+def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | None, run_dir: RunDir,
             t_start: float) -> dict:
     """The final evaluation, the exported model and summary.json; the summary."""
     recorder = hooks.recorder

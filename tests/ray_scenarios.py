@@ -21,7 +21,7 @@ from ray.util import placement_group_table
 from reinforge.config import build_config
 from reinforge.distributed.ray_workers import ray_workers
 from reinforge.loops import async_rl
-from reinforge.loops.async_rl import train_rl_async
+from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec, run
 from reinforge.rollout import build_engine
@@ -43,13 +43,17 @@ def train() -> dict:
 
 
 def kill() -> dict:
-    """`train_rl_async` on two Ray workers of a Ray instance started here, the actor of the worker
+    """`run_rl` (train.mode=async) on two Ray workers of a Ray instance started here, the actor of the worker
     holding the oldest request in flight killed after the first step: the request numbers each
     step took, the groups the workers returned, the requests the dead worker held, per-step
     gradient norms and sampler/learner log-prob gaps, and what is left after `close`."""
     ray.init(num_cpus=2)
     # One group decoded at a time per worker: groups finish one by one, and some are in flight at the kill.
-    cfg = build_config([*MICRO, *RAY, "train.steps=4", "sft.steps=0", "rollout.max_new_tokens=8", "rollout.max_batch_rows=4"])
+    # max_staleness=1: after step 1 at most requests 0..11 exist, all of them trained by step 4, so
+    # whatever the dead worker held is needed later however fast the workers ran (with areal's 4,
+    # fast workers could finish 0..19 first and the kill hit only requests no step takes).
+    cfg = build_config([*MICRO, *RAY, "train.steps=4", "sft.steps=0", "rollout.max_new_tokens=8", "rollout.max_batch_rows=4",
+                        "train.max_staleness=1"])
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg.model, cfg.seed)
     with torch.no_grad():   # weights the actors can only have from the driver
@@ -88,7 +92,7 @@ def kill() -> dict:
 
     async_rl.StreamSource.draw = recording_draw
     try:
-        train_rl_async(cfg, policy, build_engine(cfg.rollout, policy), build_task(cfg.task.name, **cfg.task.options),
+        run_rl(cfg, policy, build_engine(cfg.rollout, policy), build_task(cfg.task.name, **cfg.task.options),
                        objective_spec(cfg), on_step, workers=workers)
     finally:
         async_rl.StreamSource.draw = draw

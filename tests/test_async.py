@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from reinforge.config import build_config
-from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness, train_rl_async
+from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness
 from reinforge.loops.curation import PromptStream
-from reinforge.loops.rl import train_rl
+from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec
 from reinforge.rollout import SamplingParams, build_engine
@@ -36,8 +36,8 @@ def _run(overrides: list[str], mode: str):
     spec = objective_spec(cfg)
     engine = build_engine(cfg.rollout, policy)
     records = []
-    trainer = train_rl_async if mode == "async" else train_rl
-    trainer(cfg, policy, engine, task, spec, lambda record, state: records.append(record))
+    assert cfg.train.mode == mode
+    run_rl(cfg, policy, engine, task, spec, lambda record, state: records.append(record))
     return policy, records
 
 

@@ -29,9 +29,9 @@ from reinforge.loops.dpo import (
     preference_pairs,
     preference_spec,
     tokenized_pairs,
-    train_dpo,
     verifier_pairs,
 )
+from reinforge.loops.start import run_dpo
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import Rollout, SamplingParams, build_engine
@@ -257,7 +257,7 @@ def test_resume_after_step_k_equals_an_uninterrupted_run(micro_overrides, tmp_pa
                 kept["weights"] = copy.deepcopy(policy.model.state_dict())
 
         engine = build_engine(cfg.rollout, policy)
-        result = train_dpo(cfg, policy, engine, ParityTask(), preference_spec(cfg), on_step, saved=saved)
+        result = run_dpo(cfg, policy, engine, ParityTask(), preference_spec(cfg), on_step, saved=saved)
         return policy.model.state_dict(), kept, records, result
 
     straight, kept, records, result = run(stop_at=2)

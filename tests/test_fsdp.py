@@ -25,10 +25,11 @@ from reinforge.distributed import (
     rank_rows,
     shard_model,
 )
-from reinforge.distributed.data_parallel import SplitAcrossRanks, from_rank_0
+from reinforge.distributed.data_parallel import RankShare, SplitAcrossRanks, from_rank_0
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
+    UpdateSettings,
     build_optimizer,
     build_sequences,
     completion_token_stats,
@@ -66,15 +67,18 @@ def _batch(policy) -> LearnerBatch:
                         group_ids=group_ids, ref_logprobs=logprobs - 0.2 * torch.randn(n, T, generator=g) * mask)
 
 
-def _update(model, batch, aggregation, chunk, *, lr, grad_clip, reduce=LOCAL):
+def _update(model, batch, aggregation, chunk, *, lr, grad_clip):
     """One optimizer step (ppo_epochs = mini_batches = 1) in micro-batches of 3 rows; lr 0 keeps the
     weights, so the gradient stays readable after."""
     optimizer = build_optimizer(model, lr=lr)
-    return policy_update(
-        model, optimizer, warmup_constant(optimizer, 0), batch, resolve_spec("grpo", aggregation=aggregation),
-        ppo_epochs=1, mini_batches=1, grad_clip=grad_clip, temperature=1.0, generator=torch.Generator().manual_seed(0),
-        forward=ForwardPlan(micro_batch_size=3, chunk_size=chunk), max_length=T, reduce=reduce,
-    )
+    settings = UpdateSettings(grad_clip=grad_clip, forward=ForwardPlan(micro_batch_size=3, chunk_size=chunk), max_length=T)
+    return policy_update(model, optimizer, warmup_constant(optimizer, 0), batch, resolve_spec("grpo", aggregation=aggregation),
+                         settings, torch.Generator().manual_seed(0))
+
+
+def _rank_part(batch, mine, reduce):
+    """This rank's rows `mine` [N] (bool) of `batch`, as the learner gets them (DataParallel.share)."""
+    return dataclasses.replace(batch.select(mine), share=RankShare(reduce, rows=mine.nonzero().squeeze(1), total=len(mine)))
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -103,7 +107,7 @@ def _worker(rank: int, port: int) -> None:
             single = copy.deepcopy(policy.model)
             single_stats = _update(single, batch, aggregation, chunk, lr=0.0, grad_clip=1e9)
             sharded = shard_model(copy.deepcopy(policy.model))
-            stats = _update(sharded, batch.select(mine), aggregation, chunk, lr=0.0, grad_clip=1e9, reduce=group.reduce)
+            stats = _update(sharded, _rank_part(batch, mine, group.reduce), aggregation, chunk, lr=0.0, grad_clip=1e9)
             grads = {name: p.grad.full_tensor() for name, p in sharded.named_parameters()}
             expected = {name: p.grad for name, p in single.named_parameters()}
             assert sum(float(g.abs().sum()) for g in expected.values()) > 1e-2      # not vacuous
@@ -117,8 +121,8 @@ def _worker(rank: int, port: int) -> None:
         single = copy.deepcopy(policy.model)
         single_stats = _update(single, whole, "seq_mean_token_mean", 0, lr=1e-3, grad_clip=0.1)
         sharded = shard_model(copy.deepcopy(policy.model))
-        _update(sharded, whole.select(rank_rows(whole.group_ids, group.rank, 2)), "seq_mean_token_mean", 0, lr=1e-3,
-                grad_clip=0.1, reduce=group.reduce)
+        _update(sharded, _rank_part(whole, rank_rows(whole.group_ids, group.rank, 2), group.reduce), "seq_mean_token_mean", 0,
+                lr=1e-3, grad_clip=0.1)
         assert single_stats.metrics["grad_norm"] > 0.5
         state = full_state_dict(sharded)
         if rank == 0:
@@ -127,10 +131,10 @@ def _worker(rank: int, port: int) -> None:
 
         # A non-finite loss on rank 1 alone: both ranks skip the step, and the weights stay.
         sharded = shard_model(copy.deepcopy(policy.model))
-        local = whole.select(rank_rows(whole.group_ids, group.rank, 2))
+        local = _rank_part(whole, rank_rows(whole.group_ids, group.rank, 2), group.reduce)
         if rank == 1:
             local = dataclasses.replace(local, advantages=local.advantages.index_fill(0, torch.tensor([0]), float("nan")))
-        stats = _update(sharded, local, "token_mean", 0, lr=1e-3, grad_clip=1.0, reduce=group.reduce)
+        stats = _update(sharded, local, "token_mean", 0, lr=1e-3, grad_clip=1.0)
         assert (stats.optimizer_steps, stats.skipped_steps) == (0, 1)
         state = full_state_dict(sharded)
         if rank == 0:
@@ -160,9 +164,8 @@ def _worker(rank: int, port: int) -> None:
             load_full_state_dict(sharded, policy.model.state_dict() if rank == 0 else {})
 
         with pytest.raises(NotImplementedError, match="train.shared_prefix=false"):
-            policy_update(sharded, build_optimizer(sharded, lr=0.0), None, whole, resolve_spec("grpo"), ppo_epochs=1,
-                          mini_batches=1, grad_clip=1.0, temperature=1.0, generator=torch.Generator(),
-                          forward=ForwardPlan(shared_prefix=True), reduce=group.reduce)
+            policy_update(sharded, build_optimizer(sharded, lr=0.0), None, whole, resolve_spec("grpo"),
+                          UpdateSettings(forward=ForwardPlan(shared_prefix=True)), torch.Generator())
     finally:
         dist.destroy_process_group()
 

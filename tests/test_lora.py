@@ -14,6 +14,7 @@ from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
     Reference,
+    UpdateSettings,
     build_optimizer,
     build_sequences,
     completion_token_stats,
@@ -168,8 +169,7 @@ def test_sft_and_rl_updates_move_only_the_adapters(micro_overrides) -> None:
     batch = LearnerBatch(sequences=seq, advantages=torch.randn(len(rollout.group_ids), generator=torch.Generator().manual_seed(2)),
                          old_logprobs=None, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
                          ref_logprobs=reference.logprobs(seq, 1.0, PLAN))
-    stats = policy_update(policy.model, optimizer, warmup_constant(optimizer, 0), batch, spec, ppo_epochs=1, mini_batches=1,
-                          grad_clip=1.0, temperature=1.0, generator=torch.Generator().manual_seed(0), forward=PLAN)
+    stats = policy_update(policy.model, optimizer, warmup_constant(optimizer, 0), batch, spec, UpdateSettings(forward=PLAN), torch.Generator().manual_seed(0))
     assert stats.optimizer_steps == 1
     after_rl = adapters(policy.model)
     assert all(not torch.equal(after_rl[n], after_sft[n]) for n in start)

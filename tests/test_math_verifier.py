@@ -342,8 +342,7 @@ def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(
     import torch
 
     from reinforge.config import build_config
-    from reinforge.loops.async_rl import train_rl_async
-    from reinforge.loops.rl import train_rl
+    from reinforge.loops.start import run_rl
     from reinforge.models import load_policy
     from reinforge.pipeline import objective_spec
     from reinforge.rollout import build_engine
@@ -359,7 +358,6 @@ def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(
     remote: list[tuple] = []
     pool_call = math_rewards._POOL.call
     monkeypatch.setattr(math_rewards._POOL, "call", lambda fn, args, timeout_s: remote.append(args) or pool_call(fn, args, timeout_s))
-    trainer = train_rl_async if mode == "async" else train_rl
-    trainer(cfg, policy, build_engine(cfg.rollout, policy), task, objective_spec(cfg), lambda record, state: None)
+    run_rl(cfg, policy, build_engine(cfg.rollout, policy), task, objective_spec(cfg), lambda record, state: None)
     judged = remote if mode == "async" else inline
     assert len(judged) > 0 and (inline if mode == "async" else remote) == []

@@ -1,8 +1,9 @@
 """Data-parallel RL learner ranks under torchrun (`torchrun --nproc_per_node=N -m reinforge.cli train ...`).
 
-This module owns what the synchronous RL loop needs beyond one process: which configurations it
-refuses, the sharded model each rank trains next to the plain one the rollout engine reads, the
-exchange of the per-row learner tensors, and the combination of per-rank metrics.
+This module owns what the RL loop needs beyond one process: which configurations it refuses, the
+sharded model each rank trains next to the plain one the rollout engine reads, each rank's share
+of a batch (`RankShare`: its rows, the zero-loss passes FSDP needs), the exchange of the per-row
+learner tensors, and the combination of per-rank metrics.
 
 First version, and how it departs from a one-process run:
 
@@ -11,7 +12,9 @@ First version, and how it departs from a one-process run:
   so the batch is the one a single process samples. Rewards are rank 0's, sent to every rank
   (`from_rank_0`: a reward's timeout must not differ between ranks), and every rank curates the
   same batch. With the HF engine rank 0 samples, scores and curates alone and sends the batch.
-  The held-out evaluations are split the same way. SFT and advantages run on every rank with the
+  The held-out evaluations are split the same way. With train.mode=async rank 0 alone runs the
+  rollout workers and the stream of groups (one sampler, one staleness gate, one publication of
+  the weights per step), and sends every curated batch to all ranks (`RankZeroSource`). SFT and advantages run on every rank with the
   same seeds (DUPLICATED, not split).
   The learner is split too: each rank holds the `rank_rows` of every
   rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
@@ -30,6 +33,7 @@ With one process (no torchrun) every method here is the identity and the loop ru
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,7 +45,8 @@ from torch import Tensor
 from reinforge.config import Config, ConfigError
 from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_rows, shard_model
 from reinforge.learner.sequences import SequenceBatch
-from reinforge.objectives import LOCAL, ObjectiveSpec
+from reinforge.learner.update import LearnerBatch
+from reinforge.objectives import LOCAL, BatchReduce, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout.base import Rollout, concat_rollouts
 from reinforge.rollout.native import NativeEngine
@@ -63,8 +68,6 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
     if spec.needs_critic:
         raise ConfigError(f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
                           "or use a critic-free recipe (grpo, dr_grpo, ...)")
-    if cfg.train.mode != "sync":
-        raise ConfigError(f"train.mode={cfg.train.mode} is not supported {where} yet: set train.mode=sync")
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 
@@ -140,6 +143,73 @@ def split_generation(engine, group: LearnerGroup | None):
     return SplitAcrossRanks(engine, group)
 
 
+class RankShare:
+    """One learner rank's rows of an optimizer batch that all ranks hold together (learner/update.py's
+    `BatchShare`): the update cuts its mini-batches from one shuffle of the WHOLE batch, each rank
+    taking its own rows of each, so the optimizer steps see the mini-batches one process would.
+
+    Each rank runs as many forward/backward passes per mini-batch as the busiest rank, its extra passes
+    adding exactly zero loss: FSDP all-gathers each layer's weights inside every forward, so a rank
+    that ran fewer would leave the others waiting. The ranks agree to skip a step when any of them saw
+    a non-finite loss; the gradient norm is already global (the norm of the sharded gradients).
+    """
+
+    def __init__(self, reduce: BatchReduce, rows: Tensor, total: int):
+        self.reduce, self.total = reduce, total
+        # own[i]: the row of this rank's batch that is row i of the whole batch (-1: another rank's)
+        self.own = torch.full((total,), -1, dtype=torch.long).index_copy_(0, rows, torch.arange(len(rows)))
+
+    def sum(self, values: Tensor) -> Tensor:
+        return self.reduce.sum(values)
+
+    def cat(self, values: Tensor) -> Tensor:
+        return self.reduce.cat(values)
+
+    def order(self, rows: int, generator: torch.Generator) -> Tensor:
+        return torch.randperm(self.total, generator=generator)
+
+    def mine(self, chunk: Tensor) -> Tensor:
+        rows = self.own[chunk]
+        return rows[rows >= 0]
+
+    def any_rows(self, mine: Tensor) -> bool:
+        return int(self.reduce.sum(torch.tensor(len(mine)))) > 0
+
+    def all_finite(self, finite: bool) -> bool:
+        return int(self.reduce.sum(torch.tensor(int(not finite)))) == 0
+
+    def run_passes(self, micro: list[Tensor], run: Callable[[Tensor], None], forward: Callable[[SequenceBatch], Tensor]) -> None:
+        idle = int(self.reduce.cat(torch.tensor([len(micro)])).max()) - len(micro)   # before any FSDP collective
+        for local in micro:
+            run(local)
+        for _ in range(idle):
+            (0.0 * forward(_idle_row()).sum()).backward()
+
+
+def _idle_row() -> SequenceBatch:
+    """The input of a rank's extra passes: one completion token after a one-token prompt, all token 0
+    (in every vocabulary). Its loss is multiplied by 0: the pass is there for FSDP's collectives."""
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    return SequenceBatch(input_ids=ids, attention_mask=torch.ones_like(ids), starts=torch.ones(1, dtype=torch.long),
+                         completion_ids=ids[:, 1:], completion_mask=torch.ones(1, 1), group_ids=torch.zeros(1, dtype=torch.long))
+
+
+class RankZeroSource:
+    """A batch source that rank 0 holds, as every rank sees it (`DataParallel.from_rank_0`)."""
+
+    def __init__(self, group: LearnerGroup, source):
+        self.group, self.source = group, source
+
+    def collect(self, version: int):
+        return from_rank_0(self.group, lambda: self.source.collect(version))
+
+    def pending(self) -> list[int]:
+        return self.source.pending() if self.source is not None else []
+
+    def step_metrics(self, batch) -> dict[str, float]:
+        return self.source.step_metrics(batch) if self.source is not None else {}
+
+
 class DataParallel:
     """One learner rank's share of the work, around the plain policy model the rollout engine reads.
 
@@ -167,31 +237,44 @@ class DataParallel:
             return engine, score
         return split, lambda examples, rollout: from_rank_0(self.group, lambda: score(examples, rollout))
 
+    def from_rank_0(self, source):
+        """A batch source (loops/loop.py's `BatchSource`) that rank 0 alone holds (`source`; None on the
+        others), as one every rank collects from: rank 0's batches, and its errors (the prompts ran out),
+        sent to every rank. Its other figures are rank 0's (the only rank that writes). One process: `source`."""
+        return source if self.sharded is None else RankZeroSource(self.group, source)
+
     def collect(self, collector, version: int):
         """One step's curated batch, the same on every rank (see `rollout_parts`)."""
         if self.sharded is None or self.split:
             return collector.collect(version)
         return from_rank_0(self.group, lambda: collector.collect(version))
 
-    def rows(self, group_ids: Tensor) -> Tensor:
-        """[N] bool: the rows of a rollout batch this rank trains on (whole prompt groups); all of them in one process."""
+    def rowwise(self, sequences: SequenceBatch, compute: Callable[[SequenceBatch], Tensor | None]) -> Tensor | None:
+        """`compute` [N, T] of the whole batch, every rank computing it for its own rows (`rank_rows`: whole
+        prompt groups) on the plain models, with no collective inside; the rows are then summed over the
+        ranks (each row belongs to one rank), so that every rank holds the whole batch's. One process:
+        `compute(sequences)`."""
         if self.sharded is None:
-            return torch.ones_like(group_ids, dtype=torch.bool)
-        return rank_rows(group_ids, self.group.rank, self.group.world_size)
-
-    def own(self, sequences: SequenceBatch, mine: Tensor) -> SequenceBatch:
-        """This rank's rows of `sequences` (the batch itself in one process)."""
-        return sequences.rows(mine.nonzero().squeeze(1)) if self.sharded is not None else sequences
-
-    def whole(self, part: Tensor | None, mine: Tensor, like: Tensor) -> Tensor | None:
-        """[N, T] (`like`'s shape) from this rank's rows [n, t] of it (t <= T): every rank holds the
-        whole batch's after the exchange (a sum over ranks: each row belongs to one rank)."""
-        if part is None or self.sharded is None:
-            return part
-        out = torch.zeros(like.shape, dtype=part.dtype)
+            return compute(sequences)
+        mine = rank_rows(sequences.group_ids, self.group.rank, self.group.world_size)
+        part = compute(sequences.rows(mine.nonzero().squeeze(1)))
+        if part is None:
+            return None
+        out = torch.zeros(sequences.completion_mask.shape, dtype=part.dtype)
         out[mine.nonzero().squeeze(1), : part.shape[1]] = part
         dist.all_reduce(out)
         return out
+
+    def share(self, batch: LearnerBatch, keep: Tensor) -> LearnerBatch:
+        """The rows of the whole batch `batch` [N] that the learner trains on (`keep`), and of those this
+        rank's (whole prompt groups), with a `RankShare` saying where they sit in the whole. One process:
+        `batch.select(keep)`."""
+        if self.sharded is None:
+            return batch.select(keep)
+        mine = rank_rows(batch.group_ids, self.group.rank, self.group.world_size)
+        kept = keep.nonzero().squeeze(1)               # the rows trained on, by all ranks together
+        own = batch.select(keep & mine)
+        return dataclasses.replace(own, share=RankShare(self.reduce, rows=mine[kept].nonzero().squeeze(1), total=len(kept)))
 
     def sync(self) -> None:
         """The plain copy (the engine's weights, the reference's EMA target, the checkpoint) takes the

@@ -5,7 +5,7 @@ This module owns the actors, their placement, weight publication to them and
 their restarts. Each actor runs the in-process worker of `rollout.stream`,
 `LocalSampler` (a sampler thread decoding a `DecodeSession`), over a policy it
 builds from the run's config; the driver side, `RayRolloutWorkers`, lives in
-the learner's process and implements `RolloutWorkers` for `train_rl_async`.
+the learner's process and implements `RolloutWorkers` for asynchronous RL (loops/async_rl.py).
 
 - Placement: one placement-group bundle per worker ({CPU, GPU} as
   `ray.num_cpus_per_worker` / `ray.num_gpus_per_worker`), strategy PACK.

@@ -11,14 +11,24 @@ from reinforge.learner.sequences import (
     completion_token_stats,
 )
 from reinforge.learner.shared_prefix import completion_token_stats_shared
-from reinforge.learner.update import LearnerBatch, UpdateStats, policy_update
+from reinforge.learner.update import (
+    WHOLE,
+    BatchShare,
+    LearnerBatch,
+    UpdateSettings,
+    UpdateStats,
+    policy_update,
+)
 
 __all__ = [
+    "WHOLE",
+    "BatchShare",
     "ForwardPlan",
     "LearnerBatch",
     "Reference",
     "SequenceBatch",
     "TokenStats",
+    "UpdateSettings",
     "UpdateStats",
     "build_optimizer",
     "build_sequences",

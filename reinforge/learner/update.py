@@ -12,32 +12,85 @@ its gradient is dropped and neither the weights, the optimizer's moments nor
 the scheduler move (one bad batch must not poison Adam's state for good).
 The caller counts these and decides when to stop.
 
-Data-parallel ranks (reinforge.distributed.fsdp): each rank passes its own
-rows of the rollout batch and `reduce`, the all-reduce form of the
-aggregation's counts, so its loss is its share of the global-batch loss
-(pass `max_length` then: without it the Dr. GRPO normaliser is each rank's
-own padded width). An optimizer step's batch is the union of the ranks'
-mini-batches. Each rank runs as many forward/backward passes per step as the
-busiest rank, its extra passes adding exactly zero loss: FSDP all-gathers
-each layer's weights inside every forward, so a rank that ran fewer would
-leave the others waiting. The ranks agree to skip a step when any of them
-saw a non-finite loss; the gradient norm is already global (the norm of the
-sharded gradients).
+The code reads as the one-process algorithm. What a process holds of the
+batch is `LearnerBatch.share` (a `BatchShare`): in one process `WHOLE`, the
+identity; under data-parallel ranks, `distributed.data_parallel.RankShare`,
+which maps each mini-batch of the one shuffle of the whole batch to this
+rank's rows, reduces the aggregation's counts over the ranks, agrees on
+skipping a step, and runs the zero-loss passes FSDP needs (see there).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 
+from reinforge.config import RolloutConfig, TrainConfig
 from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.models.factory import model_device
-from reinforge.objectives import LOCAL, BatchReduce, ObjectiveSpec, loss_weights, objective_loss
+from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
+from reinforge.objectives.aggregation import BatchReduce, LocalReduce
+from reinforge.objectives.corrections import mismatch_metrics
+
+
+class BatchShare(BatchReduce, Protocol):
+    """What this process holds of an optimizer batch, and how its counts combine with the others'.
+
+    `sum` / `cat` are the aggregation's reductions over every process holding rows (`BatchReduce`).
+    """
+
+    def order(self, rows: int, generator: torch.Generator) -> torch.Tensor:
+        """[R] one shuffle of the WHOLE batch's rows (`rows`: this process's count)."""
+        ...
+
+    def mine(self, chunk: torch.Tensor) -> torch.Tensor:
+        """This process's rows (indices into its own batch) among the whole-batch rows `chunk`."""
+        ...
+
+    def any_rows(self, mine: torch.Tensor) -> bool:
+        """Some process holds rows of this mini-batch."""
+        ...
+
+    def all_finite(self, finite: bool) -> bool:
+        """Every process's loss was finite."""
+        ...
+
+    def run_passes(self, micro: list[torch.Tensor], run: Callable[[torch.Tensor], None],
+                   forward: Callable[[SequenceBatch], torch.Tensor]) -> None:
+        """`run(m)` for each micro-batch `m` of a mini-batch (`forward`: the model's log-probs of a batch,
+        for passes of its own that a sharded model needs)."""
+        ...
+
+
+class WholeBatch(LocalReduce):
+    """One process holds the whole batch: every method is the identity."""
+
+    def order(self, rows: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randperm(rows, generator=generator)
+
+    def mine(self, chunk: torch.Tensor) -> torch.Tensor:
+        return chunk
+
+    def any_rows(self, mine: torch.Tensor) -> bool:
+        return len(mine) > 0
+
+    def all_finite(self, finite: bool) -> bool:
+        return finite
+
+    def run_passes(self, micro: list[torch.Tensor], run: Callable[[torch.Tensor], None],
+                   forward: Callable[[SequenceBatch], torch.Tensor]) -> None:
+        for local in micro:
+            run(local)
+
+
+WHOLE = WholeBatch()
 
 
 @dataclass
@@ -53,6 +106,11 @@ class LearnerBatch:
     group_ids: torch.Tensor                  # [N]
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference policy, when the objective has a KL term
     correct: torch.Tensor | None = None       # [N] bool, verified-correct samples (for an NLL term)
+    share: BatchShare = field(default=WHOLE)  # which rows of the whole batch these are (WHOLE: all of them)
+
+    @property
+    def rows(self) -> int:
+        return self.sequences.input_ids.shape[0]
 
     def select(self, keep: torch.Tensor) -> LearnerBatch:
         """The rows where `keep` [N] (bool) is set: samples that curation or an advantage filter dropped leave
@@ -67,15 +125,35 @@ class LearnerBatch:
             old_logprobs=_slice_rows(self.old_logprobs, rows, width),
             sampler_logprobs=_slice_rows(self.sampler_logprobs, rows, width),
             group_ids=self.group_ids[rows], ref_logprobs=_slice_rows(self.ref_logprobs, rows, width),
-            correct=_slice_rows(self.correct, rows, width),
+            correct=_slice_rows(self.correct, rows, width), share=self.share,
         )
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How a rollout batch is optimised (train.*, and the rollout's temperature and length limit)."""
+
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    grad_clip: float = 1.0
+    temperature: float = 1.0                 # the sampler's: log-probs of the tempered distribution
+    forward: ForwardPlan = field(default_factory=ForwardPlan)
+    # L_max of the Dr. GRPO normaliser; pass it under data-parallel ranks, or it is each rank's own padded width
+    max_length: int | None = None
+
+    @classmethod
+    def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
+        return cls(ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
+                   temperature=rollout.temperature, forward=ForwardPlan.from_config(train), max_length=rollout.max_new_tokens)
 
 
 @dataclass
 class UpdateStats:
     optimizer_steps: int                  # steps taken; skipped ones do not count
     skipped_steps: int                    # steps skipped because the loss or gradient was not finite
-    metrics: dict[str, float]  # means over optimizer steps (grad_norm) and micro-batches (loss parts)
+    # means over optimizer steps (grad_norm) and micro-batches (loss parts); the sampler-learner
+    # mismatch (mismatch_*, is_weight_*) over the whole batch at pi_old
+    metrics: dict[str, float]
     old_logprobs: torch.Tensor  # [N, T] the pi_old log-probs the update used
 
 
@@ -88,105 +166,94 @@ def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int, device:
     return x if device is None else x.to(device)
 
 
-def _idle_row(device: torch.device) -> SequenceBatch:
-    """The input of a rank's extra passes: one completion token after a one-token prompt, all token 0
-    (in every vocabulary). Its loss is multiplied by 0: the pass is there for FSDP's collectives."""
-    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
-    return SequenceBatch(input_ids=ids, attention_mask=torch.ones_like(ids), starts=torch.ones(1, dtype=torch.long, device=device),
-                         completion_ids=ids[:, 1:], completion_mask=torch.ones(1, 1, device=device),
-                         group_ids=torch.zeros(1, dtype=torch.long, device=device))
+class _Means:
+    """Running means of per-micro-batch and per-step metrics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.sums[key] += value
+            self.counts[key] += 1
+
+    def result(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
-def policy_update(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    batch: LearnerBatch,
-    spec: ObjectiveSpec,
-    *,
-    ppo_epochs: int,
-    mini_batches: int,
-    grad_clip: float,
-    temperature: float,
-    generator: torch.Generator,
-    forward: ForwardPlan,
-    max_length: int | None = None,
-    reduce: BatchReduce = LOCAL,
-    batch_rows: torch.Tensor | None = None,
-    total_rows: int | None = None,
-) -> UpdateStats:
-    """`batch_rows` [n]: under data-parallel ranks, each of this rank's rows' place in the whole batch of
-    `total_rows` (the same on every rank): mini-batches are cut from one shuffle of the whole batch,
-    each rank taking its own rows of each, so the optimizer steps see the mini-batches one process
-    would. None: this process holds the whole batch."""
-    if forward.shared_prefix and isinstance(model, FSDPModule):
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                  batch: LearnerBatch, spec: ObjectiveSpec, settings: UpdateSettings, generator: torch.Generator) -> UpdateStats:
+    """ppo_epochs passes over `batch`, each cut into mini_batches optimizer steps from one shuffle of its rows."""
+    if settings.forward.shared_prefix and isinstance(model, FSDPModule):
         raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
                                   "per-layer all-gathers; set train.shared_prefix=false")
-    n = batch.sequences.input_ids.shape[0]
-    device = model_device(model)
-    in_place = batch.old_logprobs is None
-    if in_place and ppo_epochs * mini_batches != 1:
+    if batch.old_logprobs is None and settings.ppo_epochs * settings.mini_batches != 1:
         raise ValueError("old_logprobs=None (pi_old from the update's own forward) needs ppo_epochs = mini_batches = 1")
-    old_all = torch.zeros_like(batch.sequences.completion_mask) if in_place else batch.old_logprobs
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+    # pi_old: given, or filled in by the first (and only) step's forward
+    old_all = torch.zeros_like(batch.sequences.completion_mask) if batch.old_logprobs is None else batch.old_logprobs
+    share, means = batch.share, _Means()
     steps = skipped = 0
-    mask_all = batch.sequences.completion_mask
-    total = n if batch_rows is None else total_rows
-    # own[i]: the row of this rank's batch that is row i of the whole batch (-1: another rank's)
-    own = torch.arange(n) if batch_rows is None else torch.full((total,), -1, dtype=torch.long).index_copy_(0, batch_rows, torch.arange(n))
-    for _ in range(ppo_epochs):
-        order = torch.randperm(total, generator=generator)
-        for chunk in torch.tensor_split(order, mini_batches):
-            mb = own[chunk]
-            mb = mb[mb >= 0]                              # this rank's rows of the mini-batch
-            if int(reduce.sum(torch.tensor(len(mb)))) == 0:   # no rank has rows here
+    for _ in range(settings.ppo_epochs):
+        order = share.order(batch.rows, generator)
+        for chunk in torch.tensor_split(order, settings.mini_batches):
+            mb = share.mine(chunk)                    # this process's rows of the mini-batch
+            if not share.any_rows(mb):
                 continue
-            weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=max_length,
-                                   reduce=reduce)  # [M, T]
             optimizer.zero_grad(set_to_none=True)
-            finite = True
-            micro = forward.micro_batches(batch.sequences, mb)
-            idle_passes = int(reduce.cat(torch.tensor([len(micro)])).max()) - len(micro)
-            for local in micro:
-                rows = mb[local]
-                # The batch stays where the rollout put it (the CPU); each micro-batch goes to the model.
-                seq = batch.sequences.rows(rows).to(device)
-                width = seq.completion_ids.shape[1]
-                stats = token_stats(model, seq, temperature, forward)
-                if in_place:   # no step has been taken yet: these weights are pi_old
-                    old_all[rows, :width] = stats.logprobs.detach().to(old_all.device)
-                out = objective_loss(
-                    spec,
-                    logprobs=stats.logprobs,
-                    old_logprobs=_slice_rows(old_all, rows, width, device),
-                    advantages=_slice_rows(batch.advantages, rows, width, device),
-                    mask=seq.completion_mask,
-                    weights=weights[local][:, :width].to(device),
-                    ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width, device),
-                    sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width, device),
-                    entropy=stats.entropy,
-                    correct=_slice_rows(batch.correct, rows, width, device),
-                )
-                finite &= bool(torch.isfinite(out.loss.detach()))
-                out.loss.backward()
-                for key, value in out.metrics.items():
-                    sums[key] += value
-                    counts[key] += 1
-            for _ in range(idle_passes):
-                idle = token_stats(model, _idle_row(mask_all.device), temperature, forward)
-                (0.0 * idle.logprobs.sum()).backward()
-            finite = int(reduce.sum(torch.tensor(int(not finite)))) == 0
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+            finite = share.all_finite(_accumulate(model, batch, mb, old_all, spec, settings, means))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
             if not (finite and math.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
             optimizer.step()
             scheduler.step()
-            sums["grad_norm"] += grad_norm
-            counts["grad_norm"] += 1
+            means.add({"grad_norm": grad_norm})
             steps += 1
-    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics = means.result()
     metrics.setdefault("grad_norm", float("nan"))     # every step skipped
+    # |p_sampler - p_learner| per token at the same weights, over the rows trained on (ALGORITHMS.md,
+    # sampler-learner mismatch), and the IS weights pi_old / mu: once, over the whole batch.
+    metrics.update(mismatch_metrics(old_all, batch.sampler_logprobs, batch.sequences.completion_mask))
     return UpdateStats(optimizer_steps=steps, skipped_steps=skipped, metrics=metrics, old_logprobs=old_all)
+
+
+def _accumulate(model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
+                settings: UpdateSettings, means: _Means) -> bool:
+    """The gradient of mini-batch `mb`'s loss into `.grad`, micro-batch by micro-batch; whether the loss was finite.
+    A `None` pi_old (`old_all` zeros) is taken from these forwards: no step has been taken yet."""
+    device, forward, temperature = model_device(model), settings.forward, settings.temperature
+    mask_all = batch.sequences.completion_mask
+    weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=settings.max_length,
+                           reduce=batch.share)  # [M, T]
+    finite = True
+
+    def run(local: torch.Tensor) -> None:
+        nonlocal finite
+        rows = mb[local]
+        # The batch stays where the rollout put it (the CPU); each micro-batch goes to the model.
+        seq = batch.sequences.rows(rows).to(device)
+        width = seq.completion_ids.shape[1]
+        stats = token_stats(model, seq, temperature, forward)
+        if batch.old_logprobs is None:
+            old_all[rows, :width] = stats.logprobs.detach().to(old_all.device)
+        out = objective_loss(
+            spec,
+            logprobs=stats.logprobs,
+            old_logprobs=_slice_rows(old_all, rows, width, device),
+            advantages=_slice_rows(batch.advantages, rows, width, device),
+            mask=seq.completion_mask,
+            weights=weights[local][:, :width].to(device),
+            ref_logprobs=_slice_rows(batch.ref_logprobs, rows, width, device),
+            sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width, device),
+            entropy=stats.entropy,
+            correct=_slice_rows(batch.correct, rows, width, device),
+        )
+        finite &= bool(torch.isfinite(out.loss.detach()))
+        out.loss.backward()
+        means.add(out.metrics)
+
+    batch.share.run_passes(forward.micro_batches(batch.sequences, mb), run,
+                           lambda seq: token_stats(model, seq, temperature, forward).logprobs)
+    return finite

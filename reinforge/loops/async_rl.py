@@ -1,5 +1,5 @@
-"""The asynchronous RL loop (`train.mode=async`): rollout workers keep generating while the
-learner trains, with bounded staleness (AReaL, arXiv 2505.24298; ALGORITHMS.md,
+"""Asynchronous RL (`train.mode=async`): the batch source of the one loop (loops/loop.py) when
+rollout workers keep generating while the learner trains, with bounded staleness (AReaL, arXiv 2505.24298; ALGORITHMS.md,
 "Asynchronous training").
 
 Synchronous RL waits for the slowest completion of every batch, and the
@@ -7,8 +7,9 @@ sampler waits for the learner. Here requests for prompt groups go to rollout
 workers (`rollout.stream`) as the staleness gate allows, finished groups come
 back in any order, and each learner step takes the next B groups in request
 order. Everything after that is the synchronous loop's own code: the same
-curation (`BatchCollector` over a different `GroupSource`), the same
-`Learner` step.
+loop, the same curation (`BatchCollector` over a different `GroupSource`),
+the same `Learner` step; the loop's `after_update` hook publishes the new
+weights to the workers (`StreamBatches.publish`).
 
 Staleness. The version v is the number of learner steps taken; the workers
 hold the weights of some version, and every token records the version that
@@ -40,22 +41,14 @@ import torch
 from reinforge.config import Config
 from reinforge.loops.curation import (
     BatchCollector,
+    CuratedBatch,
     PoolExhausted,
     PromptStream,
     pool_exhausted,
 )
-from reinforge.loops.rl import (
-    Learner,
-    RLResult,
-    RLState,
-    StepRecord,
-    composed_scores,
-    pretrain_critic,
-)
+from reinforge.loops.rl import Learner, RLState
 from reinforge.models import Policy
-from reinforge.objectives import ObjectiveSpec
-from reinforge.rewards.compose import RewardComposer
-from reinforge.rollout import Rollout, RolloutEngine
+from reinforge.rollout import Rollout
 from reinforge.rollout.base import concat_rollouts
 from reinforge.rollout.sampling import draw_group_keys
 from reinforge.rollout.stream import (
@@ -65,7 +58,7 @@ from reinforge.rollout.stream import (
     RolloutWorkers,
     WorkerTimes,
 )
-from reinforge.tasks import Example, Task
+from reinforge.tasks import Example
 
 
 @dataclass
@@ -197,6 +190,57 @@ def staleness(version: int, group: FinishedGroup) -> torch.Tensor:
     return version - group.oldest_versions()
 
 
+class StreamBatches:
+    """The asynchronous batch source of the loop: curated batches (`BatchCollector`) over a
+    `StreamSource`, and, as the loop's `after_update` hook, `publish`: the new weights to the workers.
+
+    Its step figures: the staleness of the samples trained on, the learner's idle (waiting for the
+    workers) and busy time, the workers' busy and idle time, and the weight sync's. A step's time
+    runs from the previous step's end (after publishing) to this one's.
+    """
+
+    def __init__(self, collector: BatchCollector, source: StreamSource, workers: RolloutWorkers):
+        self.collector, self.source, self.workers = collector, source, workers
+        self.times = workers.times()
+        self.t_end = time.perf_counter()
+        self.idle0 = source.idle
+        self.sample_figures: dict[str, float] = {}
+        self.sync_seconds = 0.0
+
+    def collect(self, version: int) -> CuratedBatch:
+        self.idle0 = self.source.idle
+        self.source.top_up()
+        return self.collector.collect(version)
+
+    def publish(self, model: torch.nn.Module) -> None:
+        """The learner took a step: the staleness of what it trained on (at the version that trained it), then the
+        new weights to the workers, and the requests they allow."""
+        self.sample_figures = self.source.step_metrics()
+        self.sync_seconds = self.source.publish(model)
+
+    def pending(self) -> list[int]:
+        return self.source.pending()
+
+    def step_metrics(self, batch: CuratedBatch) -> dict[str, float]:
+        t0, self.t_end = self.t_end, time.perf_counter()
+        now, seconds = self.workers.times(), self.t_end - t0
+        learner_idle = self.source.idle - self.idle0
+        rows = batch.rollout.num_rows if batch.rollout is not None else 0
+        metrics = {
+            **self.sample_figures,
+            "samples_per_s": rows / seconds,
+            "async/learner_idle_s": learner_idle,
+            "async/learner_busy_s": seconds - learner_idle,
+            "async/generation_busy_s": now.busy - self.times.busy,
+            "async/generation_idle_s": now.idle - self.times.idle,
+            "async/weight_sync_s": self.sync_seconds + now.weight_sync,
+            "generation_seconds": learner_idle,
+            "step_seconds": seconds,
+        }
+        self.times, self.sample_figures = now, {}
+        return metrics
+
+
 def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> LocalSampler:
     """The default worker: a sampler thread of this process, `rollout.max_batch_rows` (else one
     batch's rows) decoded at once."""
@@ -207,78 +251,14 @@ def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner)
                         cpu_kernels=cfg.rollout.cpu_kernels)
 
 
-def train_rl_async(
-    cfg: Config,
-    policy: Policy,
-    engine: RolloutEngine,
-    task: Task,
-    spec: ObjectiveSpec,
-    on_step: Callable[[StepRecord, RLState], None],
-    saved: dict | None = None,
-    workers: Callable[[Config, Policy, RLState, Learner], RolloutWorkers] | None = None,
-) -> RLResult:
-    """`train_rl` with generation running ahead of the learner by at most train.max_staleness
-    steps. `engine` (the pipeline's, for evaluation) is not used to sample: `workers` builds the
-    rollout workers (default by `backend`: a local sampler thread, or Ray actors)."""
-    tc = cfg.train
-    if workers is None:
-        if cfg.backend == "ray":
-            from reinforge.distributed.ray_workers import (
-                ray_workers,  # Ray is imported only when asked for
-            )
-            workers = ray_workers
-        else:
-            workers = local_workers
-    state = RLState.start(cfg, policy.model, task, spec)
-    if saved is not None:
-        state.load_state_dict(saved)
-    learner = Learner(cfg, policy, spec)
-    pool = workers(cfg, policy, state, learner)
-    try:
-        # The version counts learner steps (one weight publication each) and is what staleness counts.
-        pool.publish(policy.model, state.step)
-        source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step), version=state.step,
-                              pending=state.pending, generator=state.sampler_rng)
-        collector = BatchCollector(cfg.curation, state.pool, source, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size),
-                                   tc.prompts_per_step, tc.group_size)
-        policy.model.train()
-        if state.step == 0:
-            pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
-                            after_collect=source.release_consumed)
-        times = pool.times()
-        t_end = time.perf_counter()
-        for step in range(state.step + 1, tc.steps + 1):
-            t0, idle0 = t_end, source.idle
-            state.step = step
-            try:
-                source.top_up()
-                curated = collector.collect(state.version)
-            except PoolExhausted as err:    # no-positive-resampling left fewer prompts than a batch: RL ends here
-                state.step = step - 1
-                return RLResult(steps=state.step, policy_version=state.version, optimizer=state.optimizer, stopped=str(err))
-            metrics = {**learner.step(state, curated), **source.step_metrics()}
-            sync_seconds = source.publish(policy.model)
-            state.pending = source.pending()
-            t_end = time.perf_counter()
-            now, seconds = pool.times(), t_end - t0
-            learner_idle = source.idle - idle0
-            rows = curated.rollout.num_rows if curated.rollout is not None else 0
-            metrics.update({
-                "samples_per_s": rows / seconds,
-                "async/learner_idle_s": learner_idle,
-                "async/learner_busy_s": seconds - learner_idle,
-                "async/generation_busy_s": now.busy - times.busy,
-                "async/generation_idle_s": now.idle - times.idle,
-                "async/weight_sync_s": sync_seconds + now.weight_sync,
-                "generation_seconds": learner_idle,
-                "step_seconds": seconds,
-            })
-            times = now
-            on_step(StepRecord(step=step, metrics=metrics, samples=learner.samples), state)
-            learner.check_finite(state)
-    finally:
-        pool.close()
-    return RLResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)
+def default_workers(cfg: Config) -> Callable[[Config, Policy, RLState, Learner], RolloutWorkers]:
+    """The rollout workers of `backend`: a local sampler thread, or Ray actors."""
+    if cfg.backend == "ray":
+        from reinforge.distributed.ray_workers import (
+            ray_workers,  # Ray is imported only when asked for
+        )
+        return ray_workers
+    return local_workers
 
 
-__all__ = ["StalenessGate", "StreamSource", "WorkerTimes", "train_rl_async"]
+__all__ = ["StalenessGate", "StreamBatches", "StreamSource", "WorkerTimes", "default_workers", "local_workers"]

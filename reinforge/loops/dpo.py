@@ -1,4 +1,4 @@
-"""The preference loop (recipe dpo): pairs, reference, pairwise loss, update, log.
+"""DPO (recipe dpo) in the one loop (loops/loop.py): a pair source and a preference learner step.
 
 DPO (arXiv 2305.18290) trains on (prompt, chosen, rejected) triples against a
 frozen reference, here the policy as DPO starts. Pairs come from one of two
@@ -14,9 +14,12 @@ sources (`dpo.pairs`, a table below, never a branch in the loop):
 - `dataset`: pairs read from a JSONL / Parquet file (`preference_pairs`),
   drawn in a seeded order reshuffled every epoch.
 
-How it departs from the RL loop (loops/rl.py): no advantage and no pi_old;
-one optimizer step per step over all of its pairs; log-probs at temperature 1
-(the implicit reward beta (log pi - log ref) is of the model's own
+It runs the same loop as RL (`train_rl`): the same start and resume, step
+range, guard against NaN/inf updates, result and checkpointed state
+(`LoopState`). Its batch source is a `PairSource` and its step a
+`PreferenceLearner`, which departs from RL's: no advantage and no pi_old;
+one optimizer step per step over all of its pairs; log-probs at temperature
+1 (the implicit reward beta (log pi - log ref) is of the model's own
 distribution, whatever temperature the sampler drew at).
 """
 
@@ -24,13 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import Config
+from reinforge.config import Config, TrainConfig
 from reinforge.data import DatasetError, read_records
 from reinforge.learner import (
     ForwardPlan,
@@ -43,7 +45,7 @@ from reinforge.learner import (
 )
 from reinforge.learner.batching import plan_micro_batches
 from reinforge.loops.curation import Groups, PromptStream, rollout_metrics
-from reinforge.loops.rl import NonFiniteStop, StepRecord
+from reinforge.loops.loop import LoopState, Timed
 from reinforge.loops.sft import tokenize_pairs
 from reinforge.models import Policy
 from reinforge.objectives.preference import preference_loss
@@ -51,7 +53,6 @@ from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import RolloutEngine, SamplingParams
 from reinforge.tasks import SFTExample, Task
-from reinforge.telemetry.checkpoint import global_rng_state, set_global_rng_state
 
 # Log-probs of the DPO loss are of the untempered model (see the module docstring).
 TEMPERATURE = 1.0
@@ -151,11 +152,33 @@ class Pairs:
     tokens: int                         # completion tokens sampled (on-policy) or read (dataset)
 
 
-class OnPolicyPairs:
+class PairSource:
+    """The loop's batch source over a `draw(version) -> Pairs`: timings, and nothing pending."""
+
+    clock: Timed
+
+    def draw(self, version: int) -> Pairs:
+        raise NotImplementedError
+
+    def collect(self, version: int) -> Pairs:
+        self.clock.start()
+        pairs = self.draw(version)
+        self.clock.collected()
+        return pairs
+
+    def pending(self) -> list[int]:
+        return []
+
+    def step_metrics(self, batch: Pairs) -> dict[str, float]:
+        return self.clock.timings(batch.tokens if batch.sequences is not None else None)
+
+
+class OnPolicyPairs(PairSource):
     """Pairs from the current policy's samples and the task's verifier (dpo.pairs=on_policy)."""
 
     def __init__(self, pool: PromptStream, engine: RolloutEngine, task: Task, sampling: SamplingParams, prompts_per_step: int,
                  group_size: int, pairs_per_prompt: int, pad_id: int):
+        self.clock = Timed()
         self.pool, self.engine, self.task, self.sampling = pool, engine, task, sampling
         self.prompts, self.group, self.per_prompt, self.pad_id = prompts_per_step, group_size, pairs_per_prompt, pad_id
 
@@ -184,10 +207,11 @@ class OnPolicyPairs:
         return Pairs(seq, metrics, tokens)
 
 
-class DatasetPairs:
+class DatasetPairs(PairSource):
     """Pairs from a file (dpo.pairs=dataset), train.prompts_per_step per step."""
 
     def __init__(self, pool: PromptStream, policy: Policy, pairs_per_step: int, chat_template: str):
+        self.clock = Timed()
         self.pool, self.policy, self.per_step, self.chat_template = pool, policy, pairs_per_step, chat_template
 
     @classmethod
@@ -290,112 +314,54 @@ def dpo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
 # ------------------------------------------------------------------ loop
 
 
-@dataclass
-class DPOResult:
-    steps: int
-    policy_version: int
-    optimizer: torch.optim.Optimizer
-    stopped: str | None = None       # as RLResult's; DPO always runs its train.steps
-
-
-@dataclass
-class DPOState:
+@dataclass(kw_only=True)
+class DPOState(LoopState):
     """Everything DPO carries from one step to the next: what a checkpoint saves and resume restores.
 
     No generator of its own: the only randomness is the sampler's (torch's global generator, saved with
     the other global RNGs) and the pool's order (its own RNG).
     """
 
-    step: int                                   # last completed DPO step
-    version: int                                # optimizer steps taken
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     reference: Reference                        # frozen: the policy as DPO started (adapters only with LoRA)
     pool: PromptStream                          # prompts (on_policy) or pairs (dataset): order, epoch
-    nonfinite_streak: int = 0                   # steps in a row with a skipped update
-    skipped_total: int = 0                      # updates skipped over the stage
 
     @classmethod
-    def start(cls, cfg: Config, model: torch.nn.Module, pool: PromptStream) -> DPOState:
-        optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
-        return cls(step=0, version=0, optimizer=optimizer, scheduler=warmup_constant(optimizer, cfg.train.warmup_steps),
-                   reference=Reference.of(model), pool=pool)
+    def start(cls, train: TrainConfig, model: torch.nn.Module, pool: PromptStream) -> DPOState:
+        optimizer = build_optimizer(model, train.lr, train.weight_decay)
+        return cls(optimizer=optimizer, scheduler=warmup_constant(optimizer, train.warmup_steps), reference=Reference.of(model), pool=pool)
 
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step, "version": self.version,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "reference": self.reference.state_dict(), "pool": self.pool.state_dict(),
-            "global_rng": global_rng_state(),
-            "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
-        }
+    def extra_state(self) -> dict:
+        return {"reference": self.reference.state_dict(), "pool": self.pool.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.version = state["step"], state["version"]
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def load_extra_state(self, state: dict) -> None:
         self.reference.load_state_dict(state["reference"])          # the start of DPO, not the resumed weights
         self.pool.load_state_dict(state["pool"])
-        self.nonfinite_streak, self.skipped_total = state["nonfinite_streak"], state["skipped_total"]
-        set_global_rng_state(state["global_rng"])
 
 
-def train_dpo(
-    cfg: Config,
-    policy: Policy,
-    engine: RolloutEngine,
-    task: Task,
-    spec: PreferenceSpec,
-    on_step: Callable[[StepRecord, DPOState], None],
-    saved: dict | None = None,
-) -> DPOResult:
-    """DPO from step 1, or from the step after `saved` (a `DPOState.state_dict()`; the weights are the caller's).
+class PreferenceLearner:
+    """A DPO step of the loop: the frozen reference's summed log-probs of every row, then one optimizer
+    step on all pairs (none on a NaN/inf loss or gradient)."""
 
-    `on_step` gets every step's record and the state after it (to log, evaluate and checkpoint).
-    Raises NonFiniteStop (its `state` a DPOState) after train.max_nonfinite_steps steps in a row
-    with a skipped update, once `on_step` has seen the last of them.
-    """
-    model, tc = policy.model, cfg.train
-    forward = ForwardPlan.from_config(tc)
-    source = PAIR_SOURCES[cfg.dpo.pairs](cfg, policy, engine, task)
-    state = DPOState.start(cfg, model, source.pool)
-    if saved is not None:
-        state.load_state_dict(saved)
-    model.train()
-    for step in range(state.step + 1, tc.steps + 1):
-        t0 = time.perf_counter()
-        state.step = step
-        # 1. pairs: sampled and verified (on-policy), or read
-        pairs = source.draw(state.version)
-        t_gen = time.perf_counter() - t0
+    def __init__(self, policy: Policy, spec: PreferenceSpec, forward: ForwardPlan, grad_clip: float, max_nonfinite_steps: int):
+        self.model, self.spec, self.forward, self.grad_clip = policy.model, spec, forward, grad_clip
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.samples = None                     # DPO writes no samples.jsonl
+
+    def step(self, state: DPOState, pairs: Pairs) -> dict[str, float]:
         if pairs.sequences is None:     # no prompt had both a correct and an incorrect sample
-            on_step(StepRecord(step=step, metrics={**pairs.metrics, "policy_version": state.version, "generation_seconds": t_gen,
-                                                   "step_seconds": time.perf_counter() - t0}), state)
-            continue
-        # 2. the frozen reference's summed log-probs of every row
-        ref_logprobs = state.reference.logprobs(pairs.sequences, TEMPERATURE, forward).sum(dim=1)     # [2P]
-        # 3. update (one optimizer step; none on a NaN/inf loss or gradient)
-        update = dpo_update(model, state.optimizer, state.scheduler, pairs.sequences, ref_logprobs, spec, forward, tc.grad_clip)
-        state.version += int(update.stepped)
-        state.skipped_total += int(not update.stepped)
-        state.nonfinite_streak = 0 if update.stepped else state.nonfinite_streak + 1
-        # 4. log
-        seconds = time.perf_counter() - t0
-        metrics = {
+            return {**pairs.metrics, "policy_version": state.version}
+        ref_logprobs = state.reference.logprobs(pairs.sequences, TEMPERATURE, self.forward).sum(dim=1)     # [2P]
+        update = dpo_update(self.model, state.optimizer, state.scheduler, pairs.sequences, ref_logprobs, self.spec,
+                            self.forward, self.grad_clip)
+        state.record_update(int(update.stepped), int(not update.stepped))
+        return {
             **update.metrics,
             **pairs.metrics,
             "guard/skipped_steps": float(not update.stepped),
             "guard/skipped_total": float(state.skipped_total),
             "lr": state.scheduler.get_last_lr()[0],
             "policy_version": state.version,
-            "tokens_per_s": pairs.tokens / seconds,
-            "generation_seconds": t_gen,
-            "step_seconds": seconds,
         }
-        on_step(StepRecord(step=step, metrics=metrics), state)
-        if state.nonfinite_streak >= tc.max_nonfinite_steps:
-            raise NonFiniteStop(
-                f"DPO step {step}: {state.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
-                f"updates were skipped (train.max_nonfinite_steps={tc.max_nonfinite_steps}); the weights are still "
-                "those of the last good step. Lower train.lr, or look for NaN in the data.", state)   # type: ignore[arg-type]
-    return DPOResult(steps=tc.steps, policy_version=state.version, optimizer=state.optimizer)
+
+    def check_finite(self, state: DPOState) -> None:
+        state.check_finite(self.max_nonfinite_steps, "DPO", "the data")

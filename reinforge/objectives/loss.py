@@ -33,7 +33,6 @@ from reinforge.objectives.corrections import (
     CORRECTION_INPUTS,
     CORRECTIONS,
     apply_correction,
-    mismatch_metrics,
 )
 from reinforge.objectives.kl import KL_ESTIMATORS, kl_terms, sequence_kl_penalty
 from reinforge.objectives.policy import POLICY_LOSSES
@@ -185,8 +184,10 @@ def objective_loss(
     loss of the whole batch (the weights carry all normalisation). Metrics are
     means over this micro-batch's valid tokens: policy_loss, kl, entropy, the
     policy's per-token metrics (clip_frac_low / _high, ratio_mean / _min /
-    _max, ...), the correction's (is_weight ...), the sampler-learner mismatch
-    (mismatch_*) and masked_frac (the fraction of [N, T] positions masked out).
+    _max, ...), the correction's (is_weight ...) and masked_frac (the fraction
+    of [N, T] positions masked out). The sampler-learner mismatch is a figure of
+    the whole batch, not of a micro-batch: `corrections.mismatch_metrics`, which
+    the learner computes once per update.
     """
     _check_shapes(logprobs, advantages, old_logprobs=old_logprobs, mask=mask, weights=weights,
                   ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs, entropy=entropy)
@@ -226,10 +227,7 @@ def objective_loss(
 
     metrics.update(_summarise(token_metrics, mask))
     metrics["masked_frac"] = 1.0 - mask.bool().sum() / max(mask.numel(), 1)
-    out = {key: float(value) for key, value in metrics.items()}
-    if sampler_logprobs is not None:
-        out.update(mismatch_metrics(old_logprobs, sampler_logprobs, mask))
-    return LossOutput(loss=loss, metrics=out)
+    return LossOutput(loss=loss, metrics={key: float(value) for key, value in metrics.items()})
 
 
 def recipe_loss(
