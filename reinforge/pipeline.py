@@ -18,14 +18,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
 from reinforge.config import Config, config_to_yaml, format_validation_error, load_yaml
-from reinforge.distributed import LearnerGroup, init_learner_group, torchrun_world_size
+from reinforge.distributed import (
+    LearnerGroup,
+    init_learner_group,
+    leave_learner_group,
+    torchrun_world_size,
+)
 from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
 from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
@@ -196,11 +200,13 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
         # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": str(group.device)})})
+    finished = False
     try:
-        return _run(cfg, task, spec, group, t_start, resume=resume, overwrite=overwrite)
+        result = _run(cfg, task, spec, group, t_start, resume=resume, overwrite=overwrite)
+        finished = True
+        return result
     finally:
-        if group.world_size > 1:
-            dist.destroy_process_group()
+        leave_learner_group(finished)
 
 
 def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: LearnerGroup, t_start: float, *,

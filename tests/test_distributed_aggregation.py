@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from reinforge.distributed import DistributedReduce
+from reinforge.distributed import DistributedReduce, leave_learner_group
 from reinforge.objectives import AGGREGATIONS, loss_weights, objective_loss, resolve_spec
 
 N, T, D, V = 8, 5, 4, 6
@@ -65,8 +65,10 @@ def _worker(rank, path):
             single = _grad(p, slice(0, N), aggregation, policy_loss)
             assert single.abs().sum() > 0
             torch.testing.assert_close(grad, single, atol=1e-10, rtol=0, msg=f"{aggregation} / {policy_loss}")
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_learner_group(finished=False)
+        raise
+    leave_learner_group(finished=True)
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):

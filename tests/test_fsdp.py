@@ -21,6 +21,7 @@ from reinforge.config import ModelConfig
 from reinforge.distributed import (
     full_state_dict,
     init_learner_group,
+    leave_learner_group,
     load_full_state_dict,
     rank_rows,
     shard_model,
@@ -166,8 +167,10 @@ def _worker(rank: int, port: int) -> None:
         with pytest.raises(NotImplementedError, match="train.shared_prefix=false"):
             policy_update(sharded, build_optimizer(sharded, lr=0.0), None, whole, resolve_spec("grpo"),
                           UpdateSettings(forward=ForwardPlan(shared_prefix=True)), torch.Generator())
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_learner_group(finished=False)
+        raise
+    leave_learner_group(finished=True)
 
 
 def _free_port() -> int:
@@ -199,8 +202,10 @@ def _broadcast_worker(rank: int, port: int) -> None:
 
         with pytest.raises(PoolExhausted, match="no prompts left"):
             from_rank_0(group, fail)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_learner_group(finished=False)
+        raise
+    leave_learner_group(finished=True)
 
 
 def _split_worker(rank: int, port: int) -> None:
@@ -229,8 +234,10 @@ def _split_worker(rank: int, port: int) -> None:
         torch.testing.assert_close(got.sampler_logprobs, want.sampler_logprobs, atol=1e-5, rtol=0)
         assert got.texts == want.texts and got.prompt_ids == want.prompt_ids and got.policy_version == 7
         assert torch.equal(split.get_state(), alone.get_state())     # the generator advanced alike
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_learner_group(finished=False)
+        raise
+    leave_learner_group(finished=True)
 
 
 def test_generation_split_across_ranks_gives_the_one_process_rollout():
