@@ -33,11 +33,11 @@ import torch
 from reinforge.config import build_config
 from reinforge.eval.evaluate import evaluate
 from reinforge.loops.sft import run_sft
-from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec, seed_everything
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.tasks import build_task
+from reinforge.trainers import run_rl
 
 DEFAULTS = [
     "task.options={trailing_max: 40}", "rollout.max_new_tokens=48",

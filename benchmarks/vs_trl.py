@@ -26,7 +26,7 @@ reinforge additionally runs each prompt once for its 8 completions in that forwa
 (`train.shared_prefix`) and samples with its native engine (`rollout.engine`); `--engine hf
 --no-shared-prefix` measures it without either.
 
-Method. Each framework runs its own real training loop (`reinforge.loops.start.run_rl`;
+Method. Each framework runs its own real training loop (`reinforge.trainers.run_rl`;
 `GRPOTrainer.train`) in the main thread of a child process of its own, and the parent
 alternates them: `--rounds` rounds of one reinforge child and one TRL child, each running a
 warm-up step and then `--steps` timed steps from the same initial weights. (Child processes,
@@ -63,13 +63,13 @@ import transformers
 
 from reinforge.config import Config, build_config
 from reinforge.loops.rl import StepRecord
-from reinforge.loops.start import run_rl
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.pipeline import prepare, seed_everything
 from reinforge.rewards.arithmetic import verify_integer
 from reinforge.rollout import build_engine
 from reinforge.tasks.arithmetic import ArithmeticTask
+from reinforge.trainers import run_rl
 
 PROMPTS_PER_STEP, GROUP_SIZE, MAX_NEW_TOKENS, TEMPERATURE, LR = 8, 8, 16, 1.0, 5e-5
 RECIPE, TRL_LOSS = "dr_grpo", {"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.2, "beta": 0.0}

@@ -30,15 +30,14 @@ from reinforge.distributed import (
     leave_learner_group,
     torchrun_world_size,
 )
-from reinforge.distributed.data_parallel import check_data_parallel, on_rank_0, split_generation
+from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.learner.forward import ForwardPlan
-from reinforge.loops.dpo import preference_pairs, preference_spec
+from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import RLResult
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord
 from reinforge.loops.sft import run_sft
-from reinforge.loops.start import run_dpo, run_rl
 from reinforge.models import Policy, load_policy, resolve_device
 from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir
@@ -54,6 +53,7 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
+from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl
 
 
 @dataclass

@@ -19,13 +19,12 @@ from conftest import MICRO
 from ray.util import placement_group_table
 
 from reinforge.config import build_config
-from reinforge.distributed.ray_workers import ray_workers
 from reinforge.loops import async_rl
-from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec, run
 from reinforge.rollout import build_engine
 from reinforge.tasks import build_task
+from reinforge.trainers import default_workers, run_rl
 
 RAY = ["recipe=areal", "backend=ray", "ray.num_workers=2", "ray.num_cpus_per_worker=0.5"]
 
@@ -61,8 +60,8 @@ def kill() -> dict:
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     pools, taken, returned, killed, records = [], [], [], [], []
 
-    def workers(*args):
-        pool = ray_workers(*args)
+    def workers(policy):
+        pool = default_workers(cfg)(policy)
         get = pool.get
 
         def recording_get(timeout):

@@ -12,7 +12,6 @@ import torch
 from reinforge.config import build_config
 from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness
 from reinforge.loops.curation import PromptStream
-from reinforge.loops.start import run_rl
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec
 from reinforge.rollout import SamplingParams, build_engine
@@ -26,6 +25,7 @@ from reinforge.rollout.stream import (
 )
 from reinforge.tasks import Example, build_task
 from reinforge.telemetry.recorder import TIMING_KEYS
+from reinforge.trainers import run_rl
 
 
 def _run(overrides: list[str], mode: str):

@@ -27,16 +27,15 @@ from reinforge.loops.dpo import (
     dpo_update,
     preference_backward,
     preference_pairs,
-    preference_spec,
     tokenized_pairs,
     verifier_pairs,
 )
-from reinforge.loops.start import run_dpo
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import Rollout, SamplingParams, build_engine
 from reinforge.tasks import Example
 from reinforge.tasks.arithmetic import ArithmeticTask
+from reinforge.trainers import preference_spec, run_dpo
 
 PAIRS = [
     PreferencePair("05+34=", "039", "040"),

@@ -42,34 +42,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from reinforge.config import Config, ConfigError
 from reinforge.distributed.fsdp import LearnerGroup, copy_full_weights, rank_rows, shard_model
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.learner.update import LearnerBatch
-from reinforge.objectives import LOCAL, BatchReduce, ObjectiveSpec
-from reinforge.objectives.spec import PreferenceSpec
+from reinforge.objectives import LOCAL, BatchReduce
 from reinforge.rollout.base import Rollout, concat_rollouts
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.sampling import draw_group_keys
 
 T = TypeVar("T")
-
-
-def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world_size: int) -> None:
-    """Refuse, before anything is written, what data-parallel learner ranks do not support yet."""
-    where = f"under torchrun (WORLD_SIZE={world_size}: data-parallel FSDP learner ranks)"
-    if cfg.train.shared_prefix:
-        raise ConfigError(f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
-                          "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false")
-    if cfg.model.lora is not None:
-        raise ConfigError(f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process")
-    if isinstance(spec, PreferenceSpec):
-        raise ConfigError(f"recipe {cfg.recipe!r} (preference pairs) is not supported {where} yet: run one process")
-    if spec.needs_critic:
-        raise ConfigError(f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
-                          "or use a critic-free recipe (grpo, dr_grpo, ...)")
-    if cfg.backend != "local":
-        raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 
 
 def on_rank_0(group: LearnerGroup, make: Callable[[], T]) -> T | None:

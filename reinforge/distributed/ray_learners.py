@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from reinforge.config import Config
+if TYPE_CHECKING:   # the job's config passes through unread here, to the job (pipeline.run)
+    from reinforge.config import Config
 
 PLACEMENT_TIMEOUT_S = 120.0
 

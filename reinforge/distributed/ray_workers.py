@@ -32,7 +32,6 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -41,13 +40,9 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from reinforge.config import Config
 from reinforge.models import Policy, load_policy
-from reinforge.rollout.base import SamplingParams
-from reinforge.rollout.stream import FinishedGroup, GroupRequest, LocalSampler, WorkerTimes
-
-if TYPE_CHECKING:   # every actor imports this module, and needs no learner
-    from reinforge.loops.rl import Learner, RLState
+from reinforge.rollout.stream import FinishedGroup, GroupRequest, WorkerSettings, WorkerTimes
+from reinforge.settings import ModelConfig, RayConfig
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +53,29 @@ POLL_WAIT_S = 0.05
 PLACEMENT_TIMEOUT_S = 120.0
 
 
+@dataclass(frozen=True)
+class RayWorkerSettings:
+    """What a rollout actor builds its sampler from: the model to load (the driver's weights follow),
+    its seed, the Ray resources and how to sample."""
+
+    worker: WorkerSettings
+    model: ModelConfig
+    seed: int
+    ray: RayConfig
+
+
 @ray.remote
 class RolloutActor:
     """One rollout worker: the run's policy, decoded by a `LocalSampler` thread of this actor."""
 
-    def __init__(self, cfg: Config, index: int, sampling: SamplingParams):
-        ray_cfg, tc = cfg.ray, cfg.train
-        torch.set_num_threads(max(1, int(ray_cfg.num_cpus_per_worker)))
+    def __init__(self, settings: RayWorkerSettings):
+        torch.set_num_threads(max(1, int(settings.ray.num_cpus_per_worker)))
         # The worker's device is its Ray resources' (Ray shows an actor only the GPUs it was given),
         # whatever model.device the learner runs on.
-        device = "cuda" if ray_cfg.num_gpus_per_worker > 0 else "cpu"
-        policy = load_policy(cfg.model.model_copy(update={"device": device}), cfg.seed)   # the driver's weights follow
+        device = "cuda" if settings.ray.num_gpus_per_worker > 0 else "cpu"
+        policy = load_policy(settings.model.model_copy(update={"device": device}), settings.seed)   # the driver's weights follow
         # Each request brings its group's sampling key: a group's samples do not depend on which worker decodes it.
-        self.sampler = LocalSampler(policy, sampling, tc.group_size,
-                                    slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                                    in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
-                                    cpu_kernels=cfg.rollout.cpu_kernels)
+        self.sampler = settings.worker.sampler(policy)
         # The sampler decodes its own copy; this one receives published weights on the CPU, where they arrive.
         self.staging = policy.model.cpu()
 
@@ -120,15 +122,15 @@ class _Worker:
 
 
 class RayRolloutWorkers:
-    """`RolloutWorkers` over `cfg.ray.num_workers` Ray actors (see the module docstring).
+    """`RolloutWorkers` over `ray.num_workers` Ray actors (see the module docstring).
 
     `restarts` counts the workers replaced so far. `owns_ray`: this object started Ray, and
     `close` shuts it down.
     """
 
-    def __init__(self, cfg: Config, sampling: SamplingParams, owns_ray: bool = False):
-        self.cfg, self.sampling, self.owns_ray = cfg, sampling, owns_ray
-        rc = cfg.ray
+    def __init__(self, settings: RayWorkerSettings, owns_ray: bool = False):
+        self.settings, self.owns_ray = settings, owns_ray
+        rc = settings.ray
         bundle = {"CPU": rc.num_cpus_per_worker}
         if rc.num_gpus_per_worker > 0:
             bundle["GPU"] = rc.num_gpus_per_worker
@@ -145,10 +147,10 @@ class RayRolloutWorkers:
         self.restarts = 0
 
     def _spawn(self, index: int) -> ActorHandle:
-        rc = self.cfg.ray
+        rc = self.settings.ray
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
         return RolloutActor.options(num_cpus=rc.num_cpus_per_worker, num_gpus=rc.num_gpus_per_worker,
-                                    scheduling_strategy=strategy).remote(self.cfg, index, self.sampling)
+                                    scheduling_strategy=strategy).remote(self.settings)
 
     def submit(self, requests: list[GroupRequest]) -> None:
         batches: dict[int, list[GroupRequest]] = {}
@@ -203,9 +205,9 @@ class RayRolloutWorkers:
 
     def _restart(self, worker: _Worker, err: RayActorError) -> None:
         """A fresh actor on the dead one's bundle, with the latest weights and its requests in flight."""
-        if worker.restarts >= self.cfg.ray.max_restarts:
+        if worker.restarts >= self.settings.ray.max_restarts:
             raise RuntimeError(f"rollout worker {worker.index} died after {worker.restarts} restarts "
-                               f"(ray.max_restarts={self.cfg.ray.max_restarts})") from err
+                               f"(ray.max_restarts={self.settings.ray.max_restarts})") from err
         logger.warning("rollout worker %d died (%s); restarting it with its %d requests in flight",
                        worker.index, type(err).__name__, len(worker.inflight))
         ray.kill(worker.actor)            # one that is only unreachable would keep its bundle
@@ -242,20 +244,20 @@ class RayRolloutWorkers:
             ray.shutdown()
 
 
-def ray_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> RayRolloutWorkers:
+def ray_workers(settings: RayWorkerSettings, policy: Policy) -> RayRolloutWorkers:
     """The rollout workers of `backend=ray`, joining `ray.address` (or, when None, starting a Ray
     instance on this machine) unless this process has already initialised Ray.
 
-    `policy` and `state` are not sent: the actors build the policy from the config and take the
-    weights the loop publishes first, and sample from streams of their own.
+    `policy` is not sent: the actors build it from `settings.model` and take the weights the loop
+    publishes first, and sample from streams of their own.
     """
     owns_ray = not ray.is_initialized()
     if owns_ray:
         # A training run reports nothing to Ray's usage statistics unless the environment asks for it.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=cfg.ray.address)
+        ray.init(address=settings.ray.address)
     try:
-        return RayRolloutWorkers(cfg, learner.sampling, owns_ray=owns_ray)
+        return RayRolloutWorkers(settings, owns_ray=owns_ray)
     except BaseException:
         if owns_ray:
             ray.shutdown()

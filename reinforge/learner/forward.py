@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from reinforge.config import TrainConfig
 from reinforge.learner.batching import plan_micro_batches
 from reinforge.learner.logprobs import completion_token_stats_chunked
 from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
 from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.models.factory import model_device
+from reinforge.settings import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ from typing import Protocol
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from reinforge.config import RolloutConfig, TrainConfig
 from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.models.factory import model_device
 from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
 from reinforge.objectives.aggregation import BatchReduce, LocalReduce
 from reinforge.objectives.corrections import mismatch_metrics
+from reinforge.settings import RolloutConfig, TrainConfig
 
 
 class BatchShare(BatchReduce, Protocol):

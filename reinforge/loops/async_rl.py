@@ -33,12 +33,10 @@ the update, the behaviour policy the sampler's log-probs (objectives/policy.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import Config
 from reinforge.loops.curation import (
     BatchCollector,
     CuratedBatch,
@@ -46,15 +44,12 @@ from reinforge.loops.curation import (
     PromptStream,
     pool_exhausted,
 )
-from reinforge.loops.rl import Learner, RLState
-from reinforge.models import Policy
 from reinforge.rollout import Rollout
 from reinforge.rollout.base import concat_rollouts
 from reinforge.rollout.sampling import draw_group_keys
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,
-    LocalSampler,
     RolloutWorkers,
     WorkerTimes,
 )
@@ -241,24 +236,4 @@ class StreamBatches:
         return metrics
 
 
-def local_workers(cfg: Config, policy: Policy, state: RLState, learner: Learner) -> LocalSampler:
-    """The default worker: a sampler thread of this process, `rollout.max_batch_rows` (else one
-    batch's rows) decoded at once."""
-    tc = cfg.train
-    return LocalSampler(policy, learner.sampling, tc.group_size,
-                        slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
-                        in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
-                        cpu_kernels=cfg.rollout.cpu_kernels)
-
-
-def default_workers(cfg: Config) -> Callable[[Config, Policy, RLState, Learner], RolloutWorkers]:
-    """The rollout workers of `backend`: a local sampler thread, or Ray actors."""
-    if cfg.backend == "ray":
-        from reinforge.distributed.ray_workers import (
-            ray_workers,  # Ray is imported only when asked for
-        )
-        return ray_workers
-    return local_workers
-
-
-__all__ = ["StalenessGate", "StreamBatches", "StreamSource", "WorkerTimes", "default_workers", "local_workers"]
+__all__ = ["StalenessGate", "StreamBatches", "StreamSource", "WorkerTimes"]

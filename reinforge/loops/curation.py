@@ -36,9 +36,9 @@ from typing import Protocol
 
 import torch
 
-from reinforge.config import CurationConfig
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.rollout.base import concat_rollouts
+from reinforge.settings import CurationConfig
 from reinforge.tasks import Example
 
 

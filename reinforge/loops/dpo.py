@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import Config, TrainConfig
 from reinforge.data import DatasetError, read_records
 from reinforge.learner import (
     ForwardPlan,
@@ -49,33 +47,13 @@ from reinforge.loops.loop import LoopState, Timed
 from reinforge.loops.sft import tokenize_pairs
 from reinforge.models import Policy
 from reinforge.objectives.preference import preference_loss
-from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.settings import TrainConfig
 from reinforge.tasks import SFTExample, Task
 
 # Log-probs of the DPO loss are of the untempered model (see the module docstring).
 TEMPERATURE = 1.0
-
-
-def preference_spec(cfg: Config) -> PreferenceSpec:
-    """The recipe's preference objective with dpo.beta / dpo.loss_type / dpo.label_smoothing applied.
-
-    Raises ValueError for a recipe that is not a preference one, for objective.* overrides (those
-    are the parts of RL objectives), and for an unknown loss or a bad parameter.
-    """
-    objective = RECIPES[cfg.recipe].objective
-    if not isinstance(objective, PreferenceSpec):
-        raise ValueError(f"recipe {cfg.recipe!r} is not a preference objective")
-    if cfg.objective.overrides():
-        raise ValueError(f"objective.{next(iter(cfg.objective.overrides()))} sets a part of an RL objective; "
-                         f"recipe {cfg.recipe!r} takes dpo.beta, dpo.loss_type and dpo.label_smoothing")
-    changes = {k: v for k in ("beta", "loss_type", "label_smoothing") if (v := getattr(cfg.dpo, k)) is not None}
-    spec = dataclasses.replace(objective, **changes)
-    empty = torch.zeros(0)
-    preference_loss(chosen_logprobs=empty, rejected_logprobs=empty, ref_chosen_logprobs=empty, ref_rejected_logprobs=empty,
-                    **dataclasses.asdict(spec))     # raises for a bad loss name or parameter
-    return spec
 
 
 # ------------------------------------------------------------------ pairs
@@ -182,12 +160,6 @@ class OnPolicyPairs(PairSource):
         self.pool, self.engine, self.task, self.sampling = pool, engine, task, sampling
         self.prompts, self.group, self.per_prompt, self.pad_id = prompts_per_step, group_size, pairs_per_prompt, pad_id
 
-    @classmethod
-    def from_config(cls, cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> OnPolicyPairs:
-        return cls(PromptStream(task.train_split(cfg.train.num_prompts), seed=cfg.rl_seed), engine, task,
-                   SamplingParams.from_config(cfg.rollout), cfg.train.prompts_per_step, cfg.train.group_size,
-                   cfg.dpo.pairs_per_prompt, policy.tokenizer.pad_token_id)
-
     def draw(self, version: int) -> Pairs:
         examples = self.pool.next(self.prompts)
         rollout = self.engine.generate([e.prompt for e in examples], self.group, self.sampling, policy_version=version)
@@ -214,11 +186,6 @@ class DatasetPairs(PairSource):
         self.clock = Timed()
         self.pool, self.policy, self.per_step, self.chat_template = pool, policy, pairs_per_step, chat_template
 
-    @classmethod
-    def from_config(cls, cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> DatasetPairs:
-        pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)   # type: ignore[arg-type]
-        return cls(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
-
     def draw(self, version: int) -> Pairs:
         drawn: list[PreferencePair] = self.pool.next(self.per_step)                               # type: ignore[assignment]
         seq = tokenized_pairs(self.policy, drawn, self.chat_template)
@@ -226,10 +193,6 @@ class DatasetPairs(PairSource):
         return Pairs(seq, {"dpo/pairs": float(len(drawn)), "response_length_mean": tokens / (2 * len(drawn))}, int(tokens))
 
 
-PAIR_SOURCES: dict[str, Callable[[Config, Policy, RolloutEngine, Task], OnPolicyPairs | DatasetPairs]] = {
-    "on_policy": OnPolicyPairs.from_config,
-    "dataset": DatasetPairs.from_config,
-}
 
 
 # ------------------------------------------------------------------ update

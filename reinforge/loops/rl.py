@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import CriticConfig, TrainConfig
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.learner import (
     ForwardPlan,
@@ -34,6 +33,7 @@ from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
+from reinforge.settings import CriticConfig, TrainConfig
 from reinforge.tasks import Example
 from reinforge.telemetry.samples import StepSamples
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.config import SFTConfig
 from reinforge.learner import (
     build_optimizer,
     build_sequences,
@@ -21,6 +20,7 @@ from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.models import Policy, model_device
 from reinforge.objectives import loss_weights
 from reinforge.rollout import encode_prompts
+from reinforge.settings import SFTConfig
 from reinforge.tasks import SFTExample
 
 

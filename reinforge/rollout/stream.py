@@ -99,6 +99,23 @@ class _Inbox:
     closed: bool = False
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a rollout worker samples: what the edge (reinforge/trainers.py) reads from the config."""
+
+    sampling: SamplingParams
+    group_size: int
+    slots: int                  # rows decoded at once: rollout.max_batch_rows, else one batch's rows
+    in_flight: InFlight = "interrupt"
+    chat_template: str = "auto"
+    cpu_kernels: bool = True
+
+    def sampler(self, policy: Policy) -> LocalSampler:
+        """A sampler thread of this process decoding `policy`'s own copy."""
+        return LocalSampler(policy, self.sampling, self.group_size, slots=self.slots, in_flight=self.in_flight,
+                            chat_template=self.chat_template, cpu_kernels=self.cpu_kernels)
+
+
 class LocalSampler:
     """The in-process rollout worker: a thread decoding one `DecodeSession` over its own copy of
     the policy (the learner changes its weights in place while the sampler decodes).

@@ -1,22 +1,34 @@
 """The edge between the config and the loop: RL and DPO runs built from a `Config`.
 
-Everything below here (loops/loop.py, loops/rl.py, loops/async_rl.py, loops/dpo.py, learner/,
-distributed/) takes small typed settings or the config sections it needs; this module reads the
-whole config once and wires the parts: the learner step, the state (resumed from `saved`), the
-batch source and the `after_update` hook of train.mode, and the data-parallel ranks (`group`).
+Everything below here (loops/, learner/, distributed/, rollout/, rewards/) takes small typed
+settings or the config sections it needs; this module reads the whole config and wires the
+parts: the learner step, the state (resumed from `saved`), the batch source and the
+`after_update` hook of train.mode, the rollout workers of `backend`, the data-parallel ranks
+(`group`), and the preference objective and pair source of DPO. It also refuses, before anything
+is written, what learner ranks do not support (`check_data_parallel`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+
+import torch
 
 from reinforge.config import Config
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
+from reinforge.errors import ConfigError
 from reinforge.learner import ForwardPlan, UpdateSettings
-from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource, default_workers
-from reinforge.loops.curation import BatchCollector, SampleNow
-from reinforge.loops.dpo import PAIR_SOURCES, DPOState, PreferenceLearner
+from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
+from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow
+from reinforge.loops.dpo import (
+    DatasetPairs,
+    DPOState,
+    OnPolicyPairs,
+    PreferenceLearner,
+    preference_pairs,
+)
 from reinforge.loops.loop import RLResult, StepRecord, no_publish, train_rl
 from reinforge.loops.rl import (
     Learner,
@@ -28,13 +40,15 @@ from reinforge.loops.rl import (
 )
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
+from reinforge.objectives.preference import preference_loss
+from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import RolloutEngine, SamplingParams
-from reinforge.rollout.stream import RolloutWorkers
+from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.tasks import Task
 
-Workers = Callable[[Config, Policy, RLState, Learner], RolloutWorkers]
+Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
 
 
 def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec: ObjectiveSpec,
@@ -74,7 +88,7 @@ def _run_async(cfg: Config, policy: Policy, task: Task, spec: ObjectiveSpec, on_
     learner ranks rank 0 alone holds the workers and the stream, and sends each batch to every rank."""
     tc, dp = cfg.train, learner.dp
     lead = dp.group is None or dp.group.rank == 0
-    pool = workers(cfg, policy, state, learner) if lead else None
+    pool = workers(policy) if lead else None
     try:
         collector = source = None
         if lead:
@@ -110,3 +124,76 @@ def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec
     policy.model.train()
     return train_rl(tc.steps, state, source, PreferenceLearner(policy, spec, forward, tc.grad_clip, tc.max_nonfinite_steps),
                     on_step)
+
+
+def default_workers(cfg: Config) -> Workers:
+    """The rollout workers of `backend`: a sampler thread of this process, or Ray actors."""
+    tc = cfg.train
+    settings = WorkerSettings(SamplingParams.from_config(cfg.rollout), tc.group_size,
+                              slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
+                              in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
+                              cpu_kernels=cfg.rollout.cpu_kernels)
+    if cfg.backend != "ray":
+        return settings.sampler
+    from reinforge.distributed.ray_workers import (  # Ray is imported only when asked for
+        RayWorkerSettings,
+        ray_workers,
+    )
+    ray_settings = RayWorkerSettings(settings, cfg.model, cfg.seed, cfg.ray)
+    return lambda policy: ray_workers(ray_settings, policy)
+
+
+def _on_policy_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> OnPolicyPairs:
+    tc = cfg.train
+    return OnPolicyPairs(PromptStream(task.train_split(tc.num_prompts), seed=cfg.rl_seed), engine, task,
+                         SamplingParams.from_config(cfg.rollout), tc.prompts_per_step, tc.group_size,
+                         cfg.dpo.pairs_per_prompt, policy.tokenizer.pad_token_id)
+
+
+def _dataset_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> DatasetPairs:
+    pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)   # type: ignore[arg-type]
+    return DatasetPairs(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
+
+
+# DPO's pairs (dpo.pairs): sampled from the policy and paired by the verifier, or read from a file.
+PAIR_SOURCES: dict[str, Callable[[Config, Policy, RolloutEngine, Task], OnPolicyPairs | DatasetPairs]] = {
+    "on_policy": _on_policy_pairs,
+    "dataset": _dataset_pairs,
+}
+
+
+def preference_spec(cfg: Config) -> PreferenceSpec:
+    """The recipe's preference objective with dpo.beta / dpo.loss_type / dpo.label_smoothing applied.
+
+    Raises ValueError for a recipe that is not a preference one, for objective.* overrides (those
+    are the parts of RL objectives), and for an unknown loss or a bad parameter.
+    """
+    objective = RECIPES[cfg.recipe].objective
+    if not isinstance(objective, PreferenceSpec):
+        raise ValueError(f"recipe {cfg.recipe!r} is not a preference objective")
+    if cfg.objective.overrides():
+        raise ValueError(f"objective.{next(iter(cfg.objective.overrides()))} sets a part of an RL objective; "
+                         f"recipe {cfg.recipe!r} takes dpo.beta, dpo.loss_type and dpo.label_smoothing")
+    changes = {k: v for k in ("beta", "loss_type", "label_smoothing") if (v := getattr(cfg.dpo, k)) is not None}
+    spec = dataclasses.replace(objective, **changes)
+    empty = torch.zeros(0)
+    preference_loss(chosen_logprobs=empty, rejected_logprobs=empty, ref_chosen_logprobs=empty, ref_rejected_logprobs=empty,
+                    **dataclasses.asdict(spec))     # raises for a bad loss name or parameter
+    return spec
+
+
+def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world_size: int) -> None:
+    """Refuse, before anything is written, what data-parallel learner ranks do not support yet."""
+    where = f"under torchrun (WORLD_SIZE={world_size}: data-parallel FSDP learner ranks)"
+    if cfg.train.shared_prefix:
+        raise ConfigError(f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
+                          "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false")
+    if cfg.model.lora is not None:
+        raise ConfigError(f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process")
+    if isinstance(spec, PreferenceSpec):
+        raise ConfigError(f"recipe {cfg.recipe!r} (preference pairs) is not supported {where} yet: run one process")
+    if spec.needs_critic:
+        raise ConfigError(f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
+                          "or use a critic-free recipe (grpo, dr_grpo, ...)")
+    if cfg.backend != "local":
+        raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
