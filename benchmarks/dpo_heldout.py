@@ -41,7 +41,9 @@ def main(overrides: list[str], sft_cache: str | None = None) -> dict:
         policy.model.load_state_dict(torch.load(sft_cache))
         sft_loss = None
     else:
-        data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)   # as the pipeline's cold start
+        data = task.sft_examples(
+            cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed
+        )  # as the pipeline's cold start
         sft_loss = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed).final_loss
         if sft_cache:
             torch.save(policy.model.state_dict(), sft_cache)
@@ -52,12 +54,24 @@ def main(overrides: list[str], sft_cache: str | None = None) -> dict:
     def held_out_eval() -> dict:
         result = evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples,
                           sampling=SamplingParams.from_config(cfg.rollout), seed=cfg.eval.seed)
-        return {"pass@1": result.pass_at_1, "greedy_accuracy": result.greedy_accuracy, "pass@8": result.pass_at_k.get("8")}
+        return {
+            "pass@1": result.pass_at_1,
+            "greedy_accuracy": result.greedy_accuracy,
+            "pass@8": result.pass_at_k.get("8"),
+        }
 
     start = held_out_eval()
     t1 = time.perf_counter()
-    run_dpo(cfg, policy, engine, task, preference_spec(cfg),
-              lambda record, state: print(json.dumps({"step": record.step, **{k: round(record.metrics[k], 4) for k in KEYS if k in record.metrics}})))
+    run_dpo(
+        cfg,
+        policy,
+        engine,
+        task,
+        preference_spec(cfg),
+        lambda record, state: print(
+            json.dumps({"step": record.step, **{k: round(record.metrics[k], 4) for k in KEYS if k in record.metrics}})
+        ),
+    )
     t_dpo = time.perf_counter() - t1
     final = held_out_eval()
     summary = {"overrides": overrides, "sft_final_loss": sft_loss, "sft_seconds": t_sft, "dpo_seconds": t_dpo,

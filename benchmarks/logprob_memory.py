@@ -129,7 +129,9 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    print(f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, {args.device}, chunk_size {args.chunk_size}")
+    print(
+        f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, {args.device}, chunk_size {args.chunk_size}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         reports = {v: run_child(v, args, Path(tmp) / f"{v}.pt") for v in ("naive", "chunked")}
         naive_out = torch.load(Path(tmp) / "naive.pt")
@@ -153,26 +155,34 @@ def main() -> None:
     max_abs_diff = max(diffs.values())
     print(f"ratio chunked/naive {chunked_mb / naive_mb:.3f}; max abs diff {max_abs_diff:.3g} "
           f"({'<' if max_abs_diff < 1e-5 else 'NOT <'} 1e-5, full problem); {time.perf_counter() - start:.0f} s total")
-    print(json.dumps({
-        "naive_peak_mb": round(naive_mb, 1),
-        "chunked_peak_mb": round(chunked_mb, 1),
-        "ratio": round(chunked_mb / naive_mb, 4),
-        "max_abs_diff": max_abs_diff,
-        "tokens": args.tokens,
-        "vocab": args.vocab,
-        "hidden": args.hidden,
-        "chunk_size": args.chunk_size,
-        "naive_err_vs_fp64": fp64_err["naive"],
-        "chunked_err_vs_fp64": fp64_err["chunked"],
-        "naive_seconds": round(reports["naive"]["seconds"], 1),
-        "chunked_seconds": round(reports["chunked"]["seconds"], 1),
-        "device": args.device,
-        "method": ("peak CUDA allocation growth per variant in a fresh subprocess: max_memory_allocated after "
-                   "forward+backward minus memory_allocated after moving the inputs" if args.device.startswith("cuda") else
-                   "peak RSS growth per variant in a fresh subprocess: ru_maxrss after forward+backward minus "
-                   "RSS (/proc/self/statm) after making the inputs") + "; logprobs, entropy, d hidden, d weight "
-                  "compared on the full problem",
-    }))
+    print(
+        json.dumps(
+            {
+                "naive_peak_mb": round(naive_mb, 1),
+                "chunked_peak_mb": round(chunked_mb, 1),
+                "ratio": round(chunked_mb / naive_mb, 4),
+                "max_abs_diff": max_abs_diff,
+                "tokens": args.tokens,
+                "vocab": args.vocab,
+                "hidden": args.hidden,
+                "chunk_size": args.chunk_size,
+                "naive_err_vs_fp64": fp64_err["naive"],
+                "chunked_err_vs_fp64": fp64_err["chunked"],
+                "naive_seconds": round(reports["naive"]["seconds"], 1),
+                "chunked_seconds": round(reports["chunked"]["seconds"], 1),
+                "device": args.device,
+                "method": (
+                    "peak CUDA allocation growth per variant in a fresh subprocess: max_memory_allocated after "
+                    "forward+backward minus memory_allocated after moving the inputs"
+                    if args.device.startswith("cuda")
+                    else "peak RSS growth per variant in a fresh subprocess: ru_maxrss after forward+backward minus "
+                    "RSS (/proc/self/statm) after making the inputs"
+                )
+                + "; logprobs, entropy, d hidden, d weight "
+                "compared on the full problem",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

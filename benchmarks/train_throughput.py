@@ -168,7 +168,15 @@ def main() -> None:
     for _ in range(args.repeats + 1):
         synchronize(device)
         start = time.perf_counter()
-        policy_update(policy.model, optimizer, scheduler, batch, spec, UpdateSettings(forward=plan, max_length=args.max_new_tokens), torch.Generator().manual_seed(args.seed))
+        policy_update(
+            policy.model,
+            optimizer,
+            scheduler,
+            batch,
+            spec,
+            UpdateSettings(forward=plan, max_length=args.max_new_tokens),
+            torch.Generator().manual_seed(args.seed),
+        )
         synchronize(device)
         learner.append(time.perf_counter() - start)
     learner_s = statistics.median(learner[1:])
@@ -177,7 +185,11 @@ def main() -> None:
     peak = args.peak_tflops
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if peak is None:
-        peak = next((tf for name, tf in PEAK_TFLOPS.items() if name in device_name), None) if dtype != torch.float32 else None
+        peak = (
+            next((tf for name, tf in PEAK_TFLOPS.items() if name in device_name), None)
+            if dtype != torch.float32
+            else None
+        )
     print(json.dumps({
         "rollout_tokens_per_s": round(rollout_rate, 1),
         "learner_tokens_per_s": round(tokens / learner_s, 1),

@@ -24,11 +24,18 @@ from reinforge.rewards.math import MathVerifier
 
 PROGRAMS = [
     ("def f(n):\n    return n * n\n", "assert f(3) == 9\nassert f(0) == 0\nassert f(-2) == 4\n"),
-    ("import math\ndef f(x):\n    return math.sqrt(x)\n",
-     "assert abs(f(2.0) - 1.41421) < 1e-4\nassert f(4) == 2\nassert f(0) == 0\n"),
-    ("from collections import Counter\ndef f(s):\n    return Counter(s).most_common(1)[0][0]\n",
-     "assert f('aab') == 'a'\nassert f('xyy') == 'y'\nassert f('z') == 'z'\n"),
-    ("def f(xs):\n    return sorted(set(xs))\n", "assert f([3, 1, 3]) == [1, 3]\nassert f([]) == []\nassert len(f([1, 1])) == 1\n"),
+    (
+        "import math\ndef f(x):\n    return math.sqrt(x)\n",
+        "assert abs(f(2.0) - 1.41421) < 1e-4\nassert f(4) == 2\nassert f(0) == 0\n",
+    ),
+    (
+        "from collections import Counter\ndef f(s):\n    return Counter(s).most_common(1)[0][0]\n",
+        "assert f('aab') == 'a'\nassert f('xyy') == 'y'\nassert f('z') == 'z'\n",
+    ),
+    (
+        "def f(xs):\n    return sorted(set(xs))\n",
+        "assert f([3, 1, 3]) == [1, 3]\nassert f([]) == []\nassert len(f([1, 1])) == 1\n",
+    ),
 ]
 BOMB = "\\boxed{9^{9^{9^{9^{9}}}}}"
 

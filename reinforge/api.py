@@ -97,7 +97,9 @@ def train_overrides(model: Any, dataset: Any, reward_funcs: Any, recipe: str | N
     if dataset is not None:
         tree["task"] = {"name": "dataset", "options": {"path": dataset_path(dataset)}}
     if reward_funcs is not None:
-        funcs = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str | Mapping) else list(reward_funcs)
+        funcs = (
+            [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str | Mapping) else list(reward_funcs)
+        )
         tree["reward"] = {"functions": [reward_entry(f) for f in funcs]}
     pairs = _leaves("", tree) if tree else []
     for key, value in settings.items():   # the user's settings last: they win over what the arguments implied
@@ -129,7 +131,9 @@ def reward_entry(fn: Callable | str | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(fn, Mapping):
         entry = dict(fn)
         if "name" not in entry:
-            raise TypeError(f"a reward function given as a dict needs a 'name' (a callable or a string), got {sorted(entry)}")
+            raise TypeError(
+                f"a reward function given as a dict needs a 'name' (a callable or a string), got {sorted(entry)}"
+            )
         entry["name"] = reward_name(entry["name"])
         return entry
     return {"name": reward_name(fn)}
@@ -160,10 +164,14 @@ def dataset_path(dataset: Any) -> str:
         return os.fspath(dataset)
     if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):      # a datasets.Dataset
         dataset = dataset.to_list()
-    elif hasattr(dataset, "to_json") and hasattr(dataset, "columns"):         # a pandas DataFrame (verl's parquet, read)
+    elif hasattr(dataset, "to_json") and hasattr(dataset, "columns"):  # a pandas DataFrame (verl's parquet, read)
         # Through pandas' own JSON: a Parquet list column arrives as a numpy array, which json.dumps refuses.
         dataset = json.loads(dataset.to_json(orient="records"))
-    if isinstance(dataset, Mapping) or not isinstance(dataset, Sequence) or not all(isinstance(r, Mapping) for r in dataset):
+    if (
+        isinstance(dataset, Mapping)
+        or not isinstance(dataset, Sequence)
+        or not all(isinstance(r, Mapping) for r in dataset)
+    ):
         raise TypeError("dataset must be a file path, a list of dicts, a datasets.Dataset (a DatasetDict: pick "
                         f"a split, dataset['train']) or a pandas DataFrame, got {type(dataset).__name__}")
     text = "".join(json.dumps(dict(row), sort_keys=True) + "\n" for row in dataset)

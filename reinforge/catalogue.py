@@ -66,11 +66,15 @@ def recipe_row(recipe: Recipe) -> RecipeRow:
     spec = recipe.objective
     extras = "; ".join(recipe.extras)
     if isinstance(spec, PreferenceSpec):
-        return RecipeRow(recipe.name, "-", f"{spec.loss_type} (beta={spec.beta})", "mean over pairs", "-", extras, status)
+        return RecipeRow(
+            recipe.name, "-", f"{spec.loss_type} (beta={spec.beta})", "mean over pairs", "-", extras, status
+        )
     advantage = _with_params(spec.advantage, spec.advantage_params)
     if spec.value is not None:
         advantage += f" (lambda actor {spec.value.lam_actor}, critic {spec.value.lam_critic}"
-        advantage += f", length-adaptive alpha {spec.value.length_adaptive_alpha})" if spec.value.length_adaptive_alpha else ")"
+        advantage += (
+            f", length-adaptive alpha {spec.value.length_adaptive_alpha})" if spec.value.length_adaptive_alpha else ")"
+        )
     objective = _with_params(spec.policy_loss, spec.policy_params)
     if spec.ratio_anchor != "old":
         objective += f" vs {spec.ratio_anchor}"
@@ -108,7 +112,9 @@ def objective_section(spec: ObjectiveSpec) -> dict:
     if spec.advantage_params:
         section["advantage_params"] = dict(spec.advantage_params)
     if spec.advantage_transforms:
-        section["advantage_transforms"] = [{"name": t.name, "params": dict(t.params)} for t in spec.advantage_transforms]
+        section["advantage_transforms"] = [
+            {"name": t.name, "params": dict(t.params)} for t in spec.advantage_transforms
+        ]
     section["policy_loss"] = spec.policy_loss
     if spec.policy_params:
         section["policy_params"] = dict(spec.policy_params)
@@ -196,8 +202,11 @@ def algorithms_markdown() -> str:
                           "`fn(rewards [N], group_ids [N], **params) -> [N]`, in `objectives/advantages.py`.")
     lines += _parts_table("Advantage transforms", ADVANTAGE_TRANSFORMS,
                           "Applied in order after the estimator; may drop samples.")
-    lines += _parts_table("Policy objectives", POLICY_LOSSES,
-                          "Per-token terms l = -J, `fn(*, logprobs, old_logprobs, advantages, mask, sampler_logprobs, **params)`.")
+    lines += _parts_table(
+        "Policy objectives",
+        POLICY_LOSSES,
+        "Per-token terms l = -J, `fn(*, logprobs, old_logprobs, advantages, mask, sampler_logprobs, **params)`.",
+    )
     lines += _parts_table("Sampler-learner corrections", CORRECTIONS,
                           "Detached per-token weights from rho = exp(old - mu) that multiply the policy terms.")
     lines += _parts_table("Aggregations", AGGREGATIONS,

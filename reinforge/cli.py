@@ -17,7 +17,9 @@ from reinforge.config import build_config
 from reinforge.errors import ConfigError, UserError
 from reinforge.telemetry.errors import os_error_message
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards."
+)
 console = Console()
 
 
@@ -56,7 +58,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit")
+    ] = False,
 ) -> None:
     """reinforge: RL post-training with verifiable rewards."""
     # transformers' per-file progress bars (loading and saving weights) would interleave with ours.
@@ -67,9 +71,18 @@ def _root(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(
-    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. recipe=dr_grpo train.steps=20 model=/path/to/hf_model")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value overrides, e.g. recipe=dr_grpo train.steps=20 model=/path/to/hf_model"),
+    ] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
-    resume: Annotated[str | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not allowed)")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not allowed)",
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in output_dir")] = False,
 ) -> None:
     """Cold-start SFT, RL with the chosen recipe, and held-out evaluation.
@@ -81,7 +94,9 @@ def train(
     with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
         if resume is not None:
             if overrides or config:
-                raise ConfigError("--resume continues a run with its own config.yaml; start a new run to change settings")
+                raise ConfigError(
+                    "--resume continues a run with its own config.yaml; start a new run to change settings"
+                )
             cfg = resume_config(resume)
         else:
             cfg = build_config(overrides or [], config)
@@ -93,8 +108,17 @@ def train(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def pipeline(
     name: Annotated[str, typer.Argument(help="A shipped pipeline (r1, r1_zero) or a pipeline YAML file")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="key=value for every stage, STAGE:key=value for one stage")] = None,
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips finished stages and resumes an interrupted one")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value for every stage, STAGE:key=value for one stage")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips finished stages and resumes an interrupted one",
+        ),
+    ] = None,
 ) -> None:
     """Multi-stage training: each stage a train run starting from the previous stage's model."""
     import time
@@ -123,8 +147,12 @@ def pipeline(
 
 @app.command(name="filter", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def filter_prompts(
-    out: Annotated[str, typer.Argument(help="JSONL file to write the kept prompts to (read back with task.name=dataset)")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides: model=PATH, task.*, rollout.*, train.num_prompts")] = None,
+    out: Annotated[
+        str, typer.Argument(help="JSONL file to write the kept prompts to (read back with task.name=dataset)")
+    ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value overrides: model=PATH, task.*, rollout.*, train.num_prompts")
+    ] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
     k: Annotated[int, typer.Option(help="Samples per prompt")] = 8,
     lo: Annotated[float, typer.Option(help="Lowest pass rate kept")] = 0.1,
@@ -156,8 +184,17 @@ def filter_prompts(
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[str], typer.Argument(help="Run directories (each holds metrics.jsonl)", show_default=False)],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder for report.html and its PNGs; default: the run directory (one run), else ./report")] = None,
+    run_dirs: Annotated[
+        list[str], typer.Argument(help="Run directories (each holds metrics.jsonl)", show_default=False)
+    ],
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for report.html and its PNGs; default: the run directory (one run), else ./report",
+        ),
+    ] = None,
 ) -> None:
     """One HTML page of one or several runs: the before/after table, plots of every run overlaid, and the alerts."""
     from pathlib import Path
@@ -180,10 +217,32 @@ def report(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sweep(
-    overrides: Annotated[list[str] | None, typer.Argument(help="Axes key=a,b,c (the grid is their product) and plain key=value settings, e.g. recipe=grpo,dr_grpo seed=0,1,2 train.steps=50")] = None,
-    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings shared by every run")] = None,
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Sweep folder; default sweeps/<time>. Re-running into the same folder skips finished runs")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Runs at a time (each a subprocess with cores/jobs torch threads unless threads is set)")] = 1,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Axes key=a,b,c (the grid is their product) and plain key=value settings, e.g. recipe=grpo,dr_grpo seed=0,1,2 train.steps=50"
+        ),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="YAML file of settings shared by every run")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Sweep folder; default sweeps/<time>. Re-running into the same folder skips finished runs",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            help="Runs at a time (each a subprocess with cores/jobs torch threads unless threads is set)",
+        ),
+    ] = 1,
 ) -> None:
     """Run every combination of the values given (each a `reinforge train` run), then compare the groups: mean ± std over seeds."""
     import time
@@ -213,8 +272,15 @@ def sweep(
         console.print(escape(result.note), soft_wrap=True, highlight=False)
     for run in result.failed:
         last = (run.error or "").splitlines()[-1:] or ["no output"]
-        console.print(f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} (log: {escape(str(target / 'logs' / run.name))}.log)", soft_wrap=True)
-    console.print(f"table: {escape(str(result.markdown))} (also {result.json.name}, {result.csv.name})", soft_wrap=True, highlight=False)
+        console.print(
+            f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} (log: {escape(str(target / 'logs' / run.name))}.log)",
+            soft_wrap=True,
+        )
+    console.print(
+        f"table: {escape(str(result.markdown))} (also {result.json.name}, {result.csv.name})",
+        soft_wrap=True,
+        highlight=False,
+    )
     if result.report is not None:
         console.print(f"report: {escape(str(result.report))}", soft_wrap=True, highlight=False)
     if result.failed:
@@ -223,7 +289,9 @@ def sweep(
 
 @app.command()
 def recipes(
-    name: Annotated[str | None, typer.Argument(help="A recipe: print its preset (its full composition) instead of the table")] = None,
+    name: Annotated[
+        str | None, typer.Argument(help="A recipe: print its preset (its full composition) instead of the table")
+    ] = None,
 ) -> None:
     """The catalogue of methods, generated from the registry: advantage, objective, aggregation, KL, extras."""
     from dataclasses import fields
@@ -250,8 +318,13 @@ def recipes(
 
 @app.command(name="config")
 def config_command(
-    section: Annotated[str | None, typer.Argument(help="A section (rollout, train, ...) or top-level key (seed); default every key")] = None,
-    recipe: Annotated[str | None, typer.Option("--recipe", "-r", help="Show the values this recipe resolves to (its preset over the defaults)")] = None,
+    section: Annotated[
+        str | None, typer.Argument(help="A section (rollout, train, ...) or top-level key (seed); default every key")
+    ] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option("--recipe", "-r", help="Show the values this recipe resolves to (its preset over the defaults)"),
+    ] = None,
 ) -> None:
     """Every config key with its type, default (or a recipe's value) and documentation: what key=value accepts."""
     from reinforge.config_keys import config_keys, format_keys
@@ -263,9 +336,22 @@ def config_command(
 
 @app.command(name="export")
 def export_run(
-    run_dir: Annotated[str, typer.Argument(help="Run directory of `reinforge train` (holds config.yaml and checkpoints/)", show_default=False)],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder to write the model to (must not exist, or be empty); default RUN_DIR/export")] = None,
-    step: Annotated[int | None, typer.Option("--step", help="Checkpoint step to export; default the newest checkpoint, else RUN_DIR/model")] = None,
+    run_dir: Annotated[
+        str,
+        typer.Argument(
+            help="Run directory of `reinforge train` (holds config.yaml and checkpoints/)", show_default=False
+        ),
+    ],
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", "-o", help="Folder to write the model to (must not exist, or be empty); default RUN_DIR/export"
+        ),
+    ] = None,
+    step: Annotated[
+        int | None,
+        typer.Option("--step", help="Checkpoint step to export; default the newest checkpoint, else RUN_DIR/model"),
+    ] = None,
 ) -> None:
     """A run's model as a plain Hugging Face folder: LoRA adapters merged, the run's sampling settings as generation defaults."""
     from pathlib import Path
@@ -284,7 +370,10 @@ def _print_summary(output_dir: str, summary: dict) -> None:
     table.add_column("start of RL", justify="right")
     table.add_column("after RL", justify="right")
     table.add_column("change", justify="right")
-    rows = [("pass@1", start["pass@1"], final["pass@1"]), ("greedy accuracy", start["greedy_accuracy"], final["greedy_accuracy"])]
+    rows = [
+        ("pass@1", start["pass@1"], final["pass@1"]),
+        ("greedy accuracy", start["greedy_accuracy"], final["greedy_accuracy"]),
+    ]
     rows += [(f"pass@{k}", start["pass@k"][k], final["pass@k"][k]) for k in start["pass@k"] if k != "1"]
     for name, a, b in rows:
         table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")

@@ -54,8 +54,13 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
 class TaskConfig(Section):
-    name: str = Field("arithmetic", description="Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see reinforge.tasks.dataset).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic.")
+    name: str = Field(
+        "arithmetic",
+        description="Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see reinforge.tasks.dataset).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic."
+    )
 
     @model_validator(mode="after")
     def _check_task(self) -> TaskConfig:
@@ -67,14 +72,22 @@ class TaskConfig(Section):
         params = [p for p in signature.parameters if p != "self"]
         for key in self.options:
             if key not in params:
-                others = [n for n, cls in TASKS.items() if n != self.name and key in inspect.signature(cls.__init__).parameters]
+                others = [
+                    n
+                    for n, cls in TASKS.items()
+                    if n != self.name and key in inspect.signature(cls.__init__).parameters
+                ]
                 if others:    # task.options.path without task.name=dataset: the option is right, the task is not
-                    raise ConfigError(f"task.options.{key} is an option of task.name={' or '.join(others)}, not of the "
-                                      f"task '{self.name}'{' (the default)' if 'name' not in self.model_fields_set else ''}"
-                                      f": set task.name={others[0]}")
+                    raise ConfigError(
+                        f"task.options.{key} is an option of task.name={' or '.join(others)}, not of the "
+                        f"task '{self.name}'{' (the default)' if 'name' not in self.model_fields_set else ''}"
+                        f": set task.name={others[0]}"
+                    )
                 raise ConfigError(_unknown_key_message(f"task.options.{key}", key, params))
         # Options without a default (the dataset task's path) must be given.
-        missing = [p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in self.options]
+        missing = [
+            p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in self.options
+        ]
         if missing:
             raise ConfigError(f"task '{self.name}' needs task.options.{missing[0]}")
         return self
@@ -100,7 +113,10 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig)
     alerts: AlertConfig = Field(default_factory=AlertConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
-    backend: Literal["local", "ray"] = Field("local", description="Where train.mode=async generates: local (a sampler thread of this process, no Ray needed) or ray (rollout worker actors on a Ray cluster, section ray).")
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="Where train.mode=async generates: local (a sampler thread of this process, no Ray needed) or ray (rollout worker actors on a Ray cluster, section ray).",
+    )
     ray: RayConfig = Field(default_factory=RayConfig)
 
     @property
@@ -205,13 +221,17 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
                               f"{plan.native_reason}; use train.mode=sync and a recipe that is not asynchronous")
         if cfg.rollout.engine == "native":
             if "rollout.engine" in given:
-                raise ConfigError(f"rollout.engine=native cannot run '{path}': {plan.native_reason}; remove "
-                                  "rollout.engine=native (the transformers engine is chosen for this model) or set rollout.engine=hf")
+                raise ConfigError(
+                    f"rollout.engine=native cannot run '{path}': {plan.native_reason}; remove "
+                    "rollout.engine=native (the transformers engine is chosen for this model) or set rollout.engine=hf"
+                )
             rollout["engine"] = "hf"
     if plan.shared_prefix_reason is not None and cfg.train.shared_prefix:
         if "train.shared_prefix" in given:
-            raise ConfigError(f"train.shared_prefix=true cannot run '{path}': {plan.shared_prefix_reason}; "
-                              "remove it (the model's own forward is chosen for this model) or set train.shared_prefix=false")
+            raise ConfigError(
+                f"train.shared_prefix=true cannot run '{path}': {plan.shared_prefix_reason}; "
+                "remove it (the model's own forward is chosen for this model) or set train.shared_prefix=false"
+            )
         train["shared_prefix"] = False
     if plan.head_reason is not None and cfg.train.logprob_chunk_size > 0:
         if "train.logprob_chunk_size" in given:

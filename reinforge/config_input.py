@@ -153,7 +153,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     message) for a file that is missing, unreadable, not YAML, or not a mapping."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' {'is a directory' if path.is_dir() else 'does not exist'}: give a YAML file")
+        raise ConfigError(
+            f"config file '{path}' {'is a directory' if path.is_dir() else 'does not exist'}: give a YAML file"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as err:
@@ -163,7 +165,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error_message(path, err)) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys (lines like 'recipe: grpo'), not a {type(data).__name__}")
+        raise ConfigError(
+            f"config file '{path}' must hold a mapping of keys (lines like 'recipe: grpo'), not a {type(data).__name__}"
+        )
     return data
 
 

@@ -50,7 +50,11 @@ def _type_name(annotation: Any) -> str:
 
 def _section_class(annotation: Any) -> type[BaseModel] | None:
     """The config section class of a field (`LoraConfig` for `LoraConfig | None`), None for a plain value."""
-    candidates = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    candidates = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
     for c in candidates:
         if isinstance(c, type) and issubclass(c, BaseModel):
             return c
@@ -127,5 +131,7 @@ def format_keys(keys: list[KeyDoc], width: int = 100, recipe: str | None = None)
         if k.doc:
             lines += textwrap.wrap(k.doc, width=max(40, width - 4), initial_indent="    ", subsequent_indent="    ")
     if recipe is not None:
-        lines.append(f"\n* set by the preset of recipe {recipe} (reinforge/recipes/{recipe}.yaml); other values are the defaults")
+        lines.append(
+            f"\n* set by the preset of recipe {recipe} (reinforge/recipes/{recipe}.yaml); other values are the defaults"
+        )
     return "\n".join(lines)

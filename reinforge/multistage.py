@@ -61,7 +61,9 @@ class PipelineSpec:
             path = PIPELINES_DIR / f"{name_or_path}.yaml"
             if not path.is_file():
                 shipped = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
-                raise ConfigError(f"unknown pipeline '{name_or_path}' (shipped: {', '.join(shipped)}; or give a YAML file)")
+                raise ConfigError(
+                    f"unknown pipeline '{name_or_path}' (shipped: {', '.join(shipped)}; or give a YAML file)"
+                )
         data = load_yaml(path)
         unknown = set(data) - {"name", "description", "settings", "stages"}
         if unknown:

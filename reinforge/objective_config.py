@@ -21,20 +21,32 @@ from reinforge.settings import Section
 
 def _names(registries: tuple[str, ...]) -> str:
     """The keys of each 'module:TABLE', in table order, comma-separated."""
-    tables = [getattr(importlib.import_module(module), table) for module, _, table in (r.partition(":") for r in registries)]
+    tables = [
+        getattr(importlib.import_module(module), table) for module, _, table in (r.partition(":") for r in registries)
+    ]
     return ", ".join(key for t in tables for key in t)
 
 
 class TransformConfig(Section):
-    name: str = Field(description=f"Advantage transform: "
-                                  f"{_names(('reinforge.objectives.advantages:ADVANTAGE_TRANSFORMS',))}, or 'module:function'.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the transform, e.g. sigma=0.1.")
+    name: str = Field(
+        description=f"Advantage transform: "
+        f"{_names(('reinforge.objectives.advantages:ADVANTAGE_TRANSFORMS',))}, or 'module:function'."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword parameters of the transform, e.g. sigma=0.1."
+    )
 
 
 # Not spec fields: keys of policy_params, given at the top of the section (objective.eps_high=0.28).
 _SHORTCUTS: dict[str, Any] = {
-    "eps_low": (float | None, Field(None, ge=0, description="Shortcut for the policy objective's eps_low (lower clip range of the ratio).")),
-    "eps_high": (float | None, Field(None, ge=0, description="Shortcut for the policy objective's eps_high (clip-higher when > eps_low).")),
+    "eps_low": (
+        float | None,
+        Field(None, ge=0, description="Shortcut for the policy objective's eps_low (lower clip range of the ratio)."),
+    ),
+    "eps_high": (
+        float | None,
+        Field(None, ge=0, description="Shortcut for the policy objective's eps_high (clip-higher when > eps_low)."),
+    ),
 }
 _SHORTCUTS_AFTER = "policy_params"
 

@@ -122,8 +122,10 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         if torchrun_world_size() > 1:     # shard_model shards the same Llama-family decoders
             check_native_model_type(path, "torchrun (FSDP learner ranks)", "one process")
     if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
-        raise ConfigError("model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
-                          "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)")
+        raise ConfigError(
+            "model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
+            "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)"
+        )
     check_output_dir(cfg.output_dir or default_output_dir(cfg.recipe))
     plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
     lora_targets = list(cfg.model.lora.target_modules) if cfg.model.lora is not None else None
@@ -137,19 +139,25 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
 def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
     """train.mode against what the recipe and engine can do."""
     if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
-        raise ConfigError(f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
-                          f"{cfg.train.mode} it would not be {cfg.recipe}: compose its objective under another recipe name instead")
+        raise ConfigError(
+            f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
+            f"{cfg.train.mode} it would not be {cfg.recipe}: compose its objective under another recipe name instead"
+        )
     if cfg.backend == "ray" and cfg.train.mode == "sync":
         if cfg.ray.learner_ranks < 2:
-            raise ConfigError("backend=ray runs rollout workers for train.mode=async, or data-parallel learner ranks for "
-                              "train.mode=sync (ray.learner_ranks >= 2): set one of them, or backend=local")
+            raise ConfigError(
+                "backend=ray runs rollout workers for train.mode=async, or data-parallel learner ranks for "
+                "train.mode=sync (ray.learner_ranks >= 2): set one of them, or backend=local"
+            )
         check_data_parallel(cfg.model_copy(update={"backend": "local"}), spec, cfg.ray.learner_ranks)
     if cfg.train.mode != "async":
         return
     if isinstance(spec, PreferenceSpec):
         raise ConfigError("train.mode=async is for RL recipes; DPO trains synchronously (train.mode=sync)")
     if cfg.rollout.engine != "native":
-        raise ConfigError("train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native")
+        raise ConfigError(
+            "train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native"
+        )
 
 
 class RunStopped(RuntimeError):
@@ -257,8 +265,10 @@ def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy
     meta = saved.meta if saved is not None else None
     if meta is not None and (meta.get("learner_ranks", 1) > 1) != (group.world_size > 1):
         # A sharded optimizer's state is saved gathered, by parameter name: not what one process loads.
-        raise ConfigError(f"--resume: the checkpoint was written by {meta.get('learner_ranks', 1)} learner rank(s) and "
-                          f"this run has {group.world_size}: resume {'under torchrun' if group.world_size == 1 else 'in one process'}")
+        raise ConfigError(
+            f"--resume: the checkpoint was written by {meta.get('learner_ranks', 1)} learner rank(s) and "
+            f"this run has {group.world_size}: resume {'under torchrun' if group.world_size == 1 else 'in one process'}"
+        )
     if saved is not None:
         policy.model.load_state_dict(saved.tensors["model"])
     return saved
@@ -266,8 +276,15 @@ def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy
 
 def _writers(cfg: Config, saved: LoadedCheckpoint | None, *, overwrite: bool) -> tuple[RunDir, Recorder]:
     run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout, resume=saved is not None, overwrite=overwrite)
-    return run_dir, Recorder(run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps,
-                             resolved=cfg.model_dump(mode="json"), saved=saved.meta["telemetry"] if saved is not None else None)
+    return run_dir, Recorder(
+        run_dir,
+        cfg.log,
+        cfg.alerts,
+        recipe=cfg.recipe,
+        rl_steps=cfg.train.steps,
+        resolved=cfg.model_dump(mode="json"),
+        saved=saved.meta["telemetry"] if saved is not None else None,
+    )
 
 
 @dataclass
@@ -291,8 +308,13 @@ class _Hooks:
         if self.group.rank != 0:
             return self.store.root
         self.recorder.sync()
-        record = {"step": state.step, "sft": self.sft_summary, "start_eval": self.start.to_summary(),
-                  "telemetry": {"step": state.step, **self.recorder.state_dict()}, "learner_ranks": self.group.world_size}
+        record = {
+            "step": state.step,
+            "sft": self.sft_summary,
+            "start_eval": self.start.to_summary(),
+            "telemetry": {"step": state.step, **self.recorder.state_dict()},
+            "learner_ranks": self.group.world_size,
+        }
         # policy.model is the plain model; learner ranks copy the trained shards into it after every update
         try:
             return self.store.save(state.step, {"model": self.policy.model.state_dict(), "rl": rl_state}, record).path
@@ -308,7 +330,9 @@ class _Hooks:
         if every and record.step % every == 0 and record.step < cfg.train.steps:
             # Under its own seed (evaluate forks the RNG): the training numbers do not change.
             part = self.held_out[: cfg.eval.every_prompts or len(self.held_out)]
-            record.metrics.update(eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})")))
+            record.metrics.update(
+                eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})"))
+            )
         self.recorder.step(record.step, record.metrics, record.samples)
         if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
             self.checkpoint(state)
@@ -417,7 +441,13 @@ def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> d
     sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
                   forward=ForwardPlan.from_config(cfg.train))
     bar.close()
-    summary = {"source": cfg.sft.source, **figures, "steps": sft.steps, "first_loss": sft.first_loss, "final_loss": sft.final_loss}
+    summary = {
+        "source": cfg.sft.source,
+        **figures,
+        "steps": sft.steps,
+        "first_loss": sft.first_loss,
+        "final_loss": sft.final_loss,
+    }
     recorder.sft_done(summary, time.perf_counter() - t0)
     return summary
 

@@ -27,29 +27,58 @@ class LoraConfig(Section):
     """LoRA adapters (Hu et al., arXiv 2106.09685) through peft: h = W x + (alpha / r) B A x, W frozen."""
 
     r: int = Field(gt=0, description="Rank of the adapters; setting it (model.lora.r=8) turns LoRA on.")
-    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / r) B A. Kept fixed when r changes, as in the LoRA paper (sec. 4.1: r can then vary without retuning the learning rate); alpha = 2 r is another common choice.")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training mode; > 0 needs train.shared_prefix=false (the shared-prompt forward runs merged weights).")
-    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1, description="Module names (suffixes) that get adapters; default the attention and MLP projections of Llama-family decoders. The native engine and shared-prompt forward also handle lm_head.")
+    alpha: float = Field(
+        16.0,
+        gt=0,
+        description="Scale numerator: the update is (alpha / r) B A. Kept fixed when r changes, as in the LoRA paper (sec. 4.1: r can then vary without retuning the learning rate); alpha = 2 r is another common choice.",
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input in training mode; > 0 needs train.shared_prefix=false (the shared-prompt forward runs merged weights).",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        description="Module names (suffixes) that get adapters; default the attention and MLP projections of Llama-family decoders. The native engine and shared-prompt forward also handle lm_head.",
+    )
 
 
 class ModelConfig(Section):
-    path: str = Field("builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory.")
+    path: str = Field(
+        "builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory."
+    )
     hidden_size: int = Field(128, gt=0, description="Built-in model only: width.")
     num_layers: int = Field(4, gt=0, description="Built-in model only: decoder layers.")
     num_heads: int = Field(8, gt=0, description="Built-in model only: attention heads.")
-    num_kv_heads: int = Field(8, gt=0, description="Built-in model only: key/value heads (GQA when fewer than num_heads; with 2 the default SFT stayed on its loss plateau for 2 of 3 seeds, with 8 it learned on all 4 seeds tried).")
+    num_kv_heads: int = Field(
+        8,
+        gt=0,
+        description="Built-in model only: key/value heads (GQA when fewer than num_heads; with 2 the default SFT stayed on its loss plateau for 2 of 3 seeds, with 8 it learned on all 4 seeds tried).",
+    )
     intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
     max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward moves its batch to the model.")
-    lora: LoraConfig | None = Field(None, description="LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning.")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward moves its batch to the model.",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning.",
+    )
 
 
 class PromptConfig(Section):
     chat_template: Literal["auto", "always", "never"] = Field(
         "auto", description="Wrap prompts in the tokenizer's chat template: 'auto' uses it when the tokenizer has one."
     )
-    system: str | None = Field(None, description="A system message before every prompt: a plain prompt becomes [system, user] for the chat template (the model's tokenizer must have one); a conversation from the data file (a list of messages) without a system message gets it, one with its own keeps that. None: no system message.")
+    system: str | None = Field(
+        None,
+        description="A system message before every prompt: a plain prompt becomes [system, user] for the chat template (the model's tokenizer must have one); a conversation from the data file (a list of messages) without a system message gets it, one with its own keeps that. None: no system message.",
+    )
 
 
 class SFTConfig(Section):
@@ -59,13 +88,30 @@ class SFTConfig(Section):
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (linear warm-up, cosine decay).")
     warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    num_examples: int = Field(150000, gt=0, description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh problems keep the model from memorising noisy answers).")
-    corrupt_fraction: float = Field(0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start).")
-    source: Literal["teacher", "rejection", "file"] = Field("teacher", description="What SFT trains on: the task's (noisy) teacher traces; 'rejection': the model's own verified-correct samples (rejection-sampling SFT, DeepSeek-R1 stage 3, arXiv 2501.12948 sec. 2.3.3); 'file': teacher traces from sft.data_path (distillation).")
-    data_path: str | None = Field(None, description="source=file: a JSONL / Parquet / datasets folder of prompt and completion fields.")
+    num_examples: int = Field(
+        150000,
+        gt=0,
+        description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh problems keep the model from memorising noisy answers).",
+    )
+    corrupt_fraction: float = Field(
+        0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start)."
+    )
+    source: Literal["teacher", "rejection", "file"] = Field(
+        "teacher",
+        description="What SFT trains on: the task's (noisy) teacher traces; 'rejection': the model's own verified-correct samples (rejection-sampling SFT, DeepSeek-R1 stage 3, arXiv 2501.12948 sec. 2.3.3); 'file': teacher traces from sft.data_path (distillation).",
+    )
+    data_path: str | None = Field(
+        None, description="source=file: a JSONL / Parquet / datasets folder of prompt and completion fields."
+    )
     rejection_prompts: int = Field(512, gt=0, description="source=rejection: train prompts sampled.")
-    rejection_samples: int = Field(8, gt=0, description="source=rejection: samples per prompt (at the rollout temperature).")
-    rejection_max_per_prompt: int = Field(2, gt=0, description="source=rejection: distinct correct samples kept per prompt at most, so easy prompts do not crowd out hard ones.")
+    rejection_samples: int = Field(
+        8, gt=0, description="source=rejection: samples per prompt (at the rollout temperature)."
+    )
+    rejection_max_per_prompt: int = Field(
+        2,
+        gt=0,
+        description="source=rejection: distinct correct samples kept per prompt at most, so easy prompts do not crowd out hard ones.",
+    )
 
     @model_validator(mode="after")
     def _check_source(self) -> SFTConfig:
@@ -75,55 +121,143 @@ class SFTConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["native", "hf"] = Field("native", description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.")
-    max_batch_rows: int | None = Field(None, gt=0, description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one (continuous batching). None: all rows of a call at once.")
-    cpu_kernels: bool = Field(True, description="Native engine on CPU in fp32: each decoder layer's decoding step runs as one fused C++ op (reinforge/kernels/csrc/decode.cpp: the matmuls stay ATen's, the norms, rotary, cache write, attention and SwiGLU between them are fused), compiled with the machine's C++ compiler on first use (~10 s) and cached in ~/.cache/reinforge; where it cannot be built (no compiler) the engine warns once and uses its PyTorch path, which gives the same tokens and log-probs within 1e-5. false: always the PyTorch path (also REINFORGE_CPU_KERNELS=0).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation.")
+    engine: Literal["native", "hf"] = Field(
+        "native",
+        description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.",
+    )
+    max_batch_rows: int | None = Field(
+        None,
+        gt=0,
+        description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one (continuous batching). None: all rows of a call at once.",
+    )
+    cpu_kernels: bool = Field(
+        True,
+        description="Native engine on CPU in fp32: each decoder layer's decoding step runs as one fused C++ op (reinforge/kernels/csrc/decode.cpp: the matmuls stay ATen's, the norms, rotary, cache write, attention and SwiGLU between them are fused), compiled with the machine's C++ compiler on first use (~10 s) and cached in ~/.cache/reinforge; where it cannot be built (no compiler) the engine warns once and uses its PyTorch path, which gives the same tokens and log-probs within 1e-5. false: always the PyTorch path (also REINFORGE_CPU_KERNELS=0).",
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
     max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings: a completion ends with the token that completes one (eos always ends it).")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a completion ends with the token that completes one (eos always ends it).",
+    )
 
 
 class TrainConfig(Section):
     steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
-    seed: int | None = Field(None, description="Seed of the stage after SFT (RL or DPO): its sampling, prompt order and mini-batch order. None: the run's seed. With seed fixed and train.seed swept (seed=0 train.seed=0,1,2) every run starts RL from the same SFT model, so a comparison of methods measures RL's variance, not SFT's.")
+    seed: int | None = Field(
+        None,
+        description="Seed of the stage after SFT (RL or DPO): its sampling, prompt order and mini-batch order. None: the run's seed. With seed fixed and train.seed swept (seed=0 train.seed=0,1,2) every run starts RL from the same SFT model, so a comparison of methods measures RL's variance, not SFT's.",
+    )
     prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
-    num_prompts: int = Field(1000, gt=0, description="Train-split prompts that RL samples from, reshuffled every epoch.")
+    num_prompts: int = Field(
+        1000, gt=0, description="Train-split prompts that RL samples from, reshuffled every epoch."
+    )
     group_size: int = Field(8, gt=1, description="Completions per prompt (G).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
-    mini_batches: int = Field(2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches.")
-    micro_batch_size: int = Field(256, gt=0, description="Completions per forward/backward at most (gradient accumulation); never changes the gradient. With micro_batch_tokens, whichever limit comes first.")
-    logprob_chunk_size: int = Field(1024, ge=0, description="Tokens per chunk through the LM head for log-probs and entropy (fp32 head, recomputed in backward; never holds [tokens x vocab] logits); 0: the plain full-logits path.")
-    shared_prefix: bool = Field(True, description="Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); false: the plain forward.")
-    micro_batch_tokens: int | None = Field(16384, gt=0, description="Token budget of a micro-batch (rows x longest row, rows sorted by length), as verl's ppo_max_token_len_per_gpu (also 16384 there): short rows share few large forwards (on the built-in task one forward per mini-batch, 10-20% faster RL steps than 64 rows at a time on 2 CPU cores), long rows get few enough for memory. None: micro_batch_size rows only. Never changes the gradient.")
-    lr: float = Field(5e-5, gt=0, description="Learning rate (constant after warm-up). On the built-in task 2e-4 already raised pass@1 but cost greedy accuracy (the carry circuit drifts).")
+    mini_batches: int = Field(
+        2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches."
+    )
+    micro_batch_size: int = Field(
+        256,
+        gt=0,
+        description="Completions per forward/backward at most (gradient accumulation); never changes the gradient. With micro_batch_tokens, whichever limit comes first.",
+    )
+    logprob_chunk_size: int = Field(
+        1024,
+        ge=0,
+        description="Tokens per chunk through the LM head for log-probs and entropy (fp32 head, recomputed in backward; never holds [tokens x vocab] logits); 0: the plain full-logits path.",
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); false: the plain forward.",
+    )
+    micro_batch_tokens: int | None = Field(
+        16384,
+        gt=0,
+        description="Token budget of a micro-batch (rows x longest row, rows sorted by length), as verl's ppo_max_token_len_per_gpu (also 16384 there): short rows share few large forwards (on the built-in task one forward per mini-batch, 10-20% faster RL steps than 64 rows at a time on 2 CPU cores), long rows get few enough for memory. None: micro_batch_size rows only. Never changes the gradient.",
+    )
+    lr: float = Field(
+        5e-5,
+        gt=0,
+        description="Learning rate (constant after warm-up). On the built-in task 2e-4 already raised pass@1 but cost greedy accuracy (the carry circuit drifts).",
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    kl_target: float | None = Field(None, gt=0, description="Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL (Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta.")
-    mode: Literal["sync", "async"] = Field("sync", description="sync: generate a batch, then train on it. async: rollout workers keep generating while the learner trains (AReaL, arXiv 2505.24298), at most train.max_staleness learner steps ahead; needs rollout.engine=native. Recipes areal and scalerl are async.")
-    max_staleness: int = Field(4, ge=0, description="async: eta, the most learner steps between the weights that sampled a token and the step that trains on it (0 is exactly the synchronous loop). A new prompt group starts only while floor(N / B) <= eta + v (N groups requested, B = prompts_per_step, v the learner's version).")
-    in_flight: Literal["interrupt", "finish"] = Field("interrupt", description="async: what samples in flight do when new weights arrive: interrupt (AReaL: their keys/values are recomputed and they continue with the new weights, each token recording its version) or finish (they complete with the weights they started with; new prompts wait).")
-    max_nonfinite_steps: int = Field(3, gt=0, description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.")
+    kl_target: float | None = Field(
+        None,
+        gt=0,
+        description="Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL (Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta.",
+    )
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: generate a batch, then train on it. async: rollout workers keep generating while the learner trains (AReaL, arXiv 2505.24298), at most train.max_staleness learner steps ahead; needs rollout.engine=native. Recipes areal and scalerl are async.",
+    )
+    max_staleness: int = Field(
+        4,
+        ge=0,
+        description="async: eta, the most learner steps between the weights that sampled a token and the step that trains on it (0 is exactly the synchronous loop). A new prompt group starts only while floor(N / B) <= eta + v (N groups requested, B = prompts_per_step, v the learner's version).",
+    )
+    in_flight: Literal["interrupt", "finish"] = Field(
+        "interrupt",
+        description="async: what samples in flight do when new weights arrive: interrupt (AReaL: their keys/values are recomputed and they continue with the new weights, each token recording its version) or finish (they complete with the weights they started with; new prompts wait).",
+    )
+    max_nonfinite_steps: int = Field(
+        3,
+        gt=0,
+        description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.",
+    )
 
 
 class CriticConfig(Section):
     """The value model of PPO-family recipes (advantage gae: ppo, vapo); see reinforge.learner.critic."""
 
-    lr: float = Field(1e-3, gt=0, description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).")
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="Critic AdamW weight decay.")
-    shared_body: bool = Field(False, description="A value head on the policy's own body instead of a separate value model: one body in memory; the value loss trains the head only (the policy's features are read, not changed).")
-    pretrain_patience: int = Field(5, gt=0, description="Value pre-training stops before objective.value.pretrain_steps once the explained variance (after each step) has not risen by pretrain_tolerance over this many steps: it has converged (VC-PPO pre-trains until it does).")
+    shared_body: bool = Field(
+        False,
+        description="A value head on the policy's own body instead of a separate value model: one body in memory; the value loss trains the head only (the policy's features are read, not changed).",
+    )
+    pretrain_patience: int = Field(
+        5,
+        gt=0,
+        description="Value pre-training stops before objective.value.pretrain_steps once the explained variance (after each step) has not risen by pretrain_tolerance over this many steps: it has converged (VC-PPO pre-trains until it does).",
+    )
     pretrain_tolerance: float = Field(0.01, ge=0, description="See pretrain_patience.")
 
 
 class CurationConfig(Section):
-    filters: list[Literal["zero_variance"]] = Field(default_factory=list, description="Group filters between reward and advantage: zero_variance drops prompts whose rewards are all equal (their advantage is zero).")
-    refill: Literal["none", "dynamic", "active"] = Field("none", description="When filters leave the batch short: none trains on what is left (ScaleRL); dynamic samples another full batch of prompts per round (DAPO dynamic sampling); active samples just the missing prompts (Olmo 3 active refill).")
-    max_rounds: int = Field(3, gt=0, description="Generation rounds per step when refilling; a batch still short then is trained on as it is (curation/short = 1).")
-    overlong_filter: bool = Field(False, description="Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's advantage.")
-    retire_pass_rate: float | None = Field(None, gt=0, le=1, description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL no-positive-resampling: 0.9). None: never.")
+    filters: list[Literal["zero_variance"]] = Field(
+        default_factory=list,
+        description="Group filters between reward and advantage: zero_variance drops prompts whose rewards are all equal (their advantage is zero).",
+    )
+    refill: Literal["none", "dynamic", "active"] = Field(
+        "none",
+        description="When filters leave the batch short: none trains on what is left (ScaleRL); dynamic samples another full batch of prompts per round (DAPO dynamic sampling); active samples just the missing prompts (Olmo 3 active refill).",
+    )
+    max_rounds: int = Field(
+        3,
+        gt=0,
+        description="Generation rounds per step when refilling; a batch still short then is trained on as it is (curation/short = 1).",
+    )
+    overlong_filter: bool = Field(
+        False,
+        description="Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's advantage.",
+    )
+    retire_pass_rate: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL no-positive-resampling: 0.9). None: never.",
+    )
 
 
 class DPOConfig(Section):
@@ -131,18 +265,41 @@ class DPOConfig(Section):
     train.lr, train.warmup_steps, train.grad_clip, train.prompts_per_step, train.group_size, train.num_prompts and
     the forward settings; train.ppo_epochs and train.mini_batches do not apply."""
 
-    pairs: Literal["on_policy", "dataset"] = Field("on_policy", description="Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one (rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path.")
-    pairs_path: str | None = Field(None, description="pairs=dataset: a JSONL / Parquet / datasets folder with prompt, chosen and rejected text fields.")
-    pairs_fields: dict[str, str] = Field(default_factory=dict, description="pairs=dataset: our field name -> the file's column, e.g. {chosen: response_a}.")
-    pairs_per_prompt: int = Field(2, gt=0, description="pairs=on_policy: pairs formed per prompt at most; pair k takes correct sample k mod c and incorrect sample k mod i (c, i their counts), k < max(c, i).")
-    beta: float | None = Field(None, gt=0, description="Override of the recipe's beta (the implicit reward's scale); None keeps the recipe's (dpo: 0.1).")
-    loss_type: str | None = Field(None, description="Override of the recipe's preference loss: sigmoid (DPO), ipo, or 'module:function'.")
-    label_smoothing: float | None = Field(None, ge=0, le=0.5, description="Override of the recipe's label smoothing s (cDPO; sigmoid only).")
+    pairs: Literal["on_policy", "dataset"] = Field(
+        "on_policy",
+        description="Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one (rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path.",
+    )
+    pairs_path: str | None = Field(
+        None,
+        description="pairs=dataset: a JSONL / Parquet / datasets folder with prompt, chosen and rejected text fields.",
+    )
+    pairs_fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="pairs=dataset: our field name -> the file's column, e.g. {chosen: response_a}.",
+    )
+    pairs_per_prompt: int = Field(
+        2,
+        gt=0,
+        description="pairs=on_policy: pairs formed per prompt at most; pair k takes correct sample k mod c and incorrect sample k mod i (c, i their counts), k < max(c, i).",
+    )
+    beta: float | None = Field(
+        None,
+        gt=0,
+        description="Override of the recipe's beta (the implicit reward's scale); None keeps the recipe's (dpo: 0.1).",
+    )
+    loss_type: str | None = Field(
+        None, description="Override of the recipe's preference loss: sigmoid (DPO), ipo, or 'module:function'."
+    )
+    label_smoothing: float | None = Field(
+        None, ge=0, le=0.5, description="Override of the recipe's label smoothing s (cDPO; sigmoid only)."
+    )
 
     @model_validator(mode="after")
     def _check_pairs(self) -> DPOConfig:
         if self.pairs == "dataset" and not self.pairs_path:
-            raise ConfigError("dpo.pairs=dataset needs dpo.pairs_path (a JSONL / Parquet file of prompt, chosen and rejected)")
+            raise ConfigError(
+                "dpo.pairs=dataset needs dpo.pairs_path (a JSONL / Parquet file of prompt, chosen and rejected)"
+            )
         if self.pairs == "on_policy" and (self.pairs_path or self.pairs_fields):
             raise ConfigError("dpo.pairs_path and dpo.pairs_fields are read only with dpo.pairs=dataset")
         return self
@@ -150,49 +307,109 @@ class DPOConfig(Section):
 
 class EvalConfig(Section):
     num_prompts: int = Field(200, gt=0, description="Held-out prompts evaluated at the start and end of RL.")
-    num_samples: int = Field(8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature).")
+    num_samples: int = Field(
+        8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature)."
+    )
     seed: int = Field(1234, description="Sampling seed of evaluation, the same for the start and final model.")
-    every: int = Field(25, ge=0, description="Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under its own seed and never changes the training numbers.")
-    every_prompts: int | None = Field(None, gt=0, description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: eval.num_prompts.")
+    every: int = Field(
+        25,
+        ge=0,
+        description="Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under its own seed and never changes the training numbers.",
+    )
+    every_prompts: int | None = Field(
+        None,
+        gt=0,
+        description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: eval.num_prompts.",
+    )
 
 
 class CheckpointConfig(Section):
-    every: int = Field(25, ge=0, description="Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train --resume RUN_DIR` continues from the newest.")
-    keep_last: int = Field(2, gt=0, description="Resumable checkpoints kept; older ones are deleted once a newer one is complete.")
+    every: int = Field(
+        25,
+        ge=0,
+        description="Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train --resume RUN_DIR` continues from the newest.",
+    )
+    keep_last: int = Field(
+        2, gt=0, description="Resumable checkpoints kept; older ones are deleted once a newer one is complete."
+    )
 
 
 class LogConfig(Section):
     progress: bool = Field(True, description="Show a progress bar.")
-    samples_every: int = Field(10, ge=0, description="Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples).")
-    samples_per_step: int = Field(4, gt=0, description="Samples written per logged step, spread over the batch (from different prompts when there are enough).")
-    tensorboard: bool = Field(False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard.")
+    samples_every: int = Field(
+        10,
+        ge=0,
+        description="Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples).",
+    )
+    samples_per_step: int = Field(
+        4,
+        gt=0,
+        description="Samples written per logged step, spread over the batch (from different prompts when there are enough).",
+    )
+    tensorboard: bool = Field(
+        False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard."
+    )
     wandb: bool = Field(False, description="Also log the metrics to Weights & Biases.")
     wandb_project: str = Field("reinforge", description="W&B project name.")
-    wandb_mode: Literal["offline", "online"] = Field("offline", description="W&B mode: offline writes RUN_DIR/wandb without network (`wandb sync` uploads it later).")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes RUN_DIR/wandb without network (`wandb sync` uploads it later)."
+    )
 
 
 class AlertConfig(Section):
     """Thresholds of the health alerts (console and RUN_DIR/alerts.jsonl); see reinforge.telemetry.alerts."""
 
     enabled: bool = Field(True, description="Check the health alerts every step.")
-    window: int = Field(5, gt=0, description="Steps averaged for the baseline (the first `window` RL steps) and for the current value.")
-    entropy_collapse_ratio: float = Field(0.1, gt=0, lt=1, description="Entropy collapse: the current mean token entropy falls below this fraction of its baseline.")
-    length_blowup_ratio: float = Field(3.0, gt=1, description="Length blow-up: the current mean response length exceeds this multiple of its baseline.")
-    truncation_rate_max: float = Field(0.5, gt=0, le=1, description="Length blow-up: the current truncation rate exceeds this fraction.")
-    hacking_eval_drop: float = Field(0.05, gt=0, description="Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward rose over the same steps.")
-    is_weight_max: float = Field(10.0, gt=1, description="Exploding IS weights: the largest per-token ratio pi_learner / pi_sampler of a step exceeds this.")
-    no_gradient_steps: int = Field(5, gt=0, description="Training on nothing: this many steps in a row took no update because curation dropped every sampled group (RL) or no preference pair formed (DPO).")
+    window: int = Field(
+        5, gt=0, description="Steps averaged for the baseline (the first `window` RL steps) and for the current value."
+    )
+    entropy_collapse_ratio: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="Entropy collapse: the current mean token entropy falls below this fraction of its baseline.",
+    )
+    length_blowup_ratio: float = Field(
+        3.0, gt=1, description="Length blow-up: the current mean response length exceeds this multiple of its baseline."
+    )
+    truncation_rate_max: float = Field(
+        0.5, gt=0, le=1, description="Length blow-up: the current truncation rate exceeds this fraction."
+    )
+    hacking_eval_drop: float = Field(
+        0.05,
+        gt=0,
+        description="Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward rose over the same steps.",
+    )
+    is_weight_max: float = Field(
+        10.0,
+        gt=1,
+        description="Exploding IS weights: the largest per-token ratio pi_learner / pi_sampler of a step exceeds this.",
+    )
+    no_gradient_steps: int = Field(
+        5,
+        gt=0,
+        description="Training on nothing: this many steps in a row took no update because curation dropped every sampled group (RL) or no preference pair formed (DPO).",
+    )
 
 
 class RewardFunctionConfig(Section):
-    name: str = Field(description="Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' (see reinforge.rewards.compose).")
+    name: str = Field(
+        description="Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' (see reinforge.rewards.compose)."
+    )
     weight: float = Field(1.0, description="Weight of this function in the summed reward.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the function, e.g. {pattern: 'answer: \\d+', mode: search} for format.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword parameters of the function, e.g. {pattern: 'answer: \\d+', mode: search} for format.",
+    )
 
 
 class OverlongConfig(Section):
     max_length: int | None = Field(None, gt=0, description="L_max in completion tokens; None: rollout.max_new_tokens.")
-    cache: int | None = Field(None, gt=0, description="L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: 4096 of 20480).")
+    cache: int | None = Field(
+        None,
+        gt=0,
+        description="L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: 4096 of 20480).",
+    )
     coef: float = Field(1.0, ge=0, description="Weight of the shaping term in the reward.")
 
     @model_validator(mode="after")
@@ -203,9 +420,21 @@ class OverlongConfig(Section):
 
 
 class RewardConfig(Section):
-    functions: list[RewardFunctionConfig] = Field(default_factory=lambda: [RewardFunctionConfig(name="verifier")], min_length=1, description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].")
-    overlong: OverlongConfig | None = Field(None, description="DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); None: off.")
-    max_error_rate: float = Field(0.05, ge=0, le=1, description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.")
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=lambda: [RewardFunctionConfig(name="verifier")],
+        min_length=1,
+        description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].",
+    )
+    overlong: OverlongConfig | None = Field(
+        None,
+        description="DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); None: off.",
+    )
+    max_error_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -233,9 +462,20 @@ class RewardConfig(Section):
 class RayConfig(Section):
     """backend=ray: where the rollout workers of train.mode=async run."""
 
-    address: str | None = Field(None, description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster (ray.init(address=...)).")
+    address: str | None = Field(
+        None,
+        description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster (ray.init(address=...)).",
+    )
     num_workers: int = Field(2, gt=0, description="Rollout worker actors; the groups of a step are spread over them.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout worker reserves.")
-    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (placed by a placement group); 0: CPU workers.")
-    max_restarts: int = Field(3, ge=0, description="Times a rollout worker that dies is restarted; its requests in flight are sent again.")
-    learner_ranks: int = Field(1, gt=0, description="train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and rank 0 writes the run.")
+    num_gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs each rollout worker reserves (placed by a placement group); 0: CPU workers."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Times a rollout worker that dies is restarted; its requests in flight are sent again."
+    )
+    learner_ranks: int = Field(
+        1,
+        gt=0,
+        description="train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and rank 0 writes the run.",
+    )

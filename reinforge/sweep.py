@@ -285,7 +285,9 @@ def _set_aside_incomplete(path: Path) -> None:
             return
 
 
-def _execute(run: SweepRun, out_dir: Path, config_file: str | None, in_process: bool, say: Callable[[str], None]) -> None:
+def _execute(
+    run: SweepRun, out_dir: Path, config_file: str | None, in_process: bool, say: Callable[[str], None]
+) -> None:
     log_path = out_dir / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(exist_ok=True)
     say(f"{run.name}: running" + ("" if in_process else f" (log: {log_path})"))
@@ -298,7 +300,9 @@ def _execute(run: SweepRun, out_dir: Path, config_file: str | None, in_process: 
         with log_path.open("w") as log:
             # Plain Python tracebacks in the log (typer's boxed ones make an unreadable tail).
             env = {**os.environ, "_TYPER_STANDARD_TRACEBACK": "1"}
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env).returncode
+            code = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            ).returncode
     run.seconds = time.perf_counter() - start
     if code == 0 and (run.path / "summary.json").is_file():
         say(f"{run.name}: done in {run.seconds:.0f} s")
@@ -368,8 +372,10 @@ def separation_note(rows: list[SweepRow]) -> str:
         return head + "; with one seed in a group its seed noise is unknown: sweep seed=0,1,2 to compare."
     spread = best.final_pass1.std + second.final_pass1.std
     verdict = "separated" if gap > spread else "within seed noise"
-    return (head + f"; the sum of their stds is {spread:.3f}: {verdict}. "
-            "(Rule of thumb: gap > std1 + std2. A hint, not a significance test; with few seeds the stds are noisy too.)")
+    return (
+        head + f"; the sum of their stds is {spread:.3f}: {verdict}. "
+        "(Rule of thumb: gap > std1 + std2. A hint, not a significance test; with few seeds the stds are noisy too.)"
+    )
 
 
 def table(result_rows: list[SweepRow], swept: list[str]) -> tuple[list[str], list[list[str]]]:

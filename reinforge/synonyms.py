@@ -32,42 +32,93 @@ class Synonym:
     values: dict[str, str] = field(default_factory=dict)   # their value -> our `key=value`, where it picks a part
 
 
-_AGG = {"token-mean": "objective.aggregation=token_mean", "seq-mean-token-mean": "objective.aggregation=seq_mean_token_mean",
-        "seq-mean-token-sum": "objective.aggregation=seq_mean_token_sum",
-        "seq-mean-token-sum-norm": "objective.aggregation=seq_mean_token_sum_norm"}
+_AGG = {
+    "token-mean": "objective.aggregation=token_mean",
+    "seq-mean-token-mean": "objective.aggregation=seq_mean_token_mean",
+    "seq-mean-token-sum": "objective.aggregation=seq_mean_token_sum",
+    "seq-mean-token-sum-norm": "objective.aggregation=seq_mean_token_sum_norm",
+}
 _KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=k1",
            "mse": "objective.kl_estimator=k2", "k2": "objective.kl_estimator=k2",
            "low_var_kl": "objective.kl_estimator=k3", "k3": "objective.kl_estimator=k3"}
 _SCALE = {"True": "objective.advantage=grpo", "group": "objective.advantage=grpo",
           "False": "objective.advantage=dr_grpo", "none": "objective.advantage=dr_grpo",
           "batch": "objective.advantage=lite_ppo"}
-_NO_VLLM = "reinforge samples with its own engine (native, Llama-family) or transformers generate (hf); there is no vLLM"
+_NO_VLLM = (
+    "reinforge samples with its own engine (native, Llama-family) or transformers generate (hf); there is no vLLM"
+)
 
 TRL_NAMES: dict[str, Synonym] = {
-    "max_steps": Synonym("train.steps", TRL, "an RL step is one rollout batch, trained with train.ppo_epochs x train.mini_batches optimizer steps"),
+    "max_steps": Synonym(
+        "train.steps",
+        TRL,
+        "an RL step is one rollout batch, trained with train.ppo_epochs x train.mini_batches optimizer steps",
+    ),
     "learning_rate": Synonym("train.lr", TRL, "the SFT stage has its own sft.lr"),
-    "beta": Synonym("objective.kl_coef", TRL, "objective.kl_estimator=none drops the reference model, as beta=0 does in TRL; the dpo recipe's beta is dpo.beta"),
+    "beta": Synonym(
+        "objective.kl_coef",
+        TRL,
+        "objective.kl_estimator=none drops the reference model, as beta=0 does in TRL; the dpo recipe's beta is dpo.beta",
+    ),
     "num_generations": Synonym("train.group_size", TRL),
     "max_completion_length": Synonym("rollout.max_new_tokens", TRL),
-    "max_prompt_length": Synonym(None, TRL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"),
-    "per_device_train_batch_size": Synonym("train.micro_batch_size", TRL, "completions per forward/backward (memory only, never the gradient); the rollout batch is train.prompts_per_step x train.group_size completions"),
-    "gradient_accumulation_steps": Synonym("train.micro_batch_size", TRL, "reinforge accumulates by itself: each mini-batch runs in forwards of at most train.micro_batch_size completions (and train.micro_batch_tokens tokens), with the same gradient"),
+    "max_prompt_length": Synonym(
+        None, TRL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"
+    ),
+    "per_device_train_batch_size": Synonym(
+        "train.micro_batch_size",
+        TRL,
+        "completions per forward/backward (memory only, never the gradient); the rollout batch is train.prompts_per_step x train.group_size completions",
+    ),
+    "gradient_accumulation_steps": Synonym(
+        "train.micro_batch_size",
+        TRL,
+        "reinforge accumulates by itself: each mini-batch runs in forwards of at most train.micro_batch_size completions (and train.micro_batch_tokens tokens), with the same gradient",
+    ),
     "steps_per_generation": Synonym("train.mini_batches", TRL, "optimizer steps per pass over a rollout batch"),
-    "generation_batch_size": Synonym("train.prompts_per_step", TRL, "reinforge counts prompts: a batch is train.prompts_per_step x train.group_size completions"),
+    "generation_batch_size": Synonym(
+        "train.prompts_per_step",
+        TRL,
+        "reinforge counts prompts: a batch is train.prompts_per_step x train.group_size completions",
+    ),
     "num_iterations": Synonym("train.ppo_epochs", TRL),
-    "epsilon": Synonym("objective.eps_low", TRL, "TRL's epsilon is both sides unless epsilon_high is set; here set objective.eps_high too"),
+    "epsilon": Synonym(
+        "objective.eps_low",
+        TRL,
+        "TRL's epsilon is both sides unless epsilon_high is set; here set objective.eps_high too",
+    ),
     "epsilon_high": Synonym("objective.eps_high", TRL),
-    "delta": Synonym("objective.policy_loss", TRL, "INTELLECT-2's two-sided clip bounds the ratio of negative-advantage tokens: objective.policy_loss=dual_clip with objective.policy_params.clip_c=DELTA"),
-    "loss_type": Synonym("objective.aggregation", TRL, "its values: grpo is seq_mean_token_mean, bnpo and dapo token_mean, dr_grpo recipe=dr_grpo",
-                         {"grpo": "objective.aggregation=seq_mean_token_mean", "bnpo": "objective.aggregation=token_mean",
-                          "dapo": "objective.aggregation=token_mean",
-                          "dr_grpo": "recipe=dr_grpo",
-                          "cispo": "recipe=cispo", "sapo": "recipe=sapo"}),
+    "delta": Synonym(
+        "objective.policy_loss",
+        TRL,
+        "INTELLECT-2's two-sided clip bounds the ratio of negative-advantage tokens: objective.policy_loss=dual_clip with objective.policy_params.clip_c=DELTA",
+    ),
+    "loss_type": Synonym(
+        "objective.aggregation",
+        TRL,
+        "its values: grpo is seq_mean_token_mean, bnpo and dapo token_mean, dr_grpo recipe=dr_grpo",
+        {
+            "grpo": "objective.aggregation=seq_mean_token_mean",
+            "bnpo": "objective.aggregation=token_mean",
+            "dapo": "objective.aggregation=token_mean",
+            "dr_grpo": "recipe=dr_grpo",
+            "cispo": "recipe=cispo",
+            "sapo": "recipe=sapo",
+        },
+    ),
     "scale_rewards": Synonym("objective.advantage", TRL, "group std: grpo, none: dr_grpo, batch std: lite_ppo", _SCALE),
-    "importance_sampling_level": Synonym("objective.policy_loss", TRL, "token: ppo_clip, sequence: recipe=gspo (or objective.policy_loss=gspo)",
-                                         {"token": "objective.policy_loss=ppo_clip", "sequence": "recipe=gspo"}),
+    "importance_sampling_level": Synonym(
+        "objective.policy_loss",
+        TRL,
+        "token: ppo_clip, sequence: recipe=gspo (or objective.policy_loss=gspo)",
+        {"token": "objective.policy_loss=ppo_clip", "sequence": "recipe=gspo"},
+    ),
     "mask_truncated_completions": Synonym("curation.overlong_filter", TRL),
-    "top_entropy_quantile": Synonym(None, TRL, "reinforge has no high-entropy token mask (arXiv 2506.01939); a policy_loss of your own ('module:function') can apply one"),
+    "top_entropy_quantile": Synonym(
+        None,
+        TRL,
+        "reinforge has no high-entropy token mask (arXiv 2506.01939); a policy_loss of your own ('module:function') can apply one",
+    ),
     "temperature": Synonym("rollout.temperature", TRL),
     "top_p": Synonym("rollout.top_p", TRL),
     "top_k": Synonym("rollout.top_k", TRL),
@@ -81,18 +132,34 @@ TRL_NAMES: dict[str, Synonym] = {
     "warmup_ratio": Synonym("train.warmup_steps", TRL, "a number of optimizer steps, not a fraction of the run"),
     "weight_decay": Synonym("train.weight_decay", TRL),
     "max_grad_norm": Synonym("train.grad_clip", TRL),
-    "lr_scheduler_type": Synonym(None, TRL, "RL's learning rate is constant after train.warmup_steps (SFT's decays on a cosine)"),
+    "lr_scheduler_type": Synonym(
+        None, TRL, "RL's learning rate is constant after train.warmup_steps (SFT's decays on a cosine)"
+    ),
     "report_to": Synonym("log.wandb", TRL, "log.wandb=true and log.tensorboard=true; metrics.jsonl is always written"),
-    "num_train_epochs": Synonym("train.steps", TRL, "reinforge counts RL steps; train.num_prompts prompts are reshuffled every epoch"),
+    "num_train_epochs": Synonym(
+        "train.steps", TRL, "reinforge counts RL steps; train.num_prompts prompts are reshuffled every epoch"
+    ),
     "bf16": Synonym("model.dtype", TRL, "model.dtype=bfloat16"),
     "sync_ref_model": Synonym("objective.reference", TRL, "objective.reference=ema with objective.reference_ema"),
-    "ref_model_mixup_alpha": Synonym("objective.reference_ema", TRL, "the weight of the old reference: reference_ema = 1 - alpha"),
-    "reward_weights": Synonym("reward.functions", TRL, "each function's weight sits next to its name: reward.functions=[{name: verifier, weight: 1.0}]"),
+    "ref_model_mixup_alpha": Synonym(
+        "objective.reference_ema", TRL, "the weight of the old reference: reference_ema = 1 - alpha"
+    ),
+    "reward_weights": Synonym(
+        "reward.functions",
+        TRL,
+        "each function's weight sits next to its name: reward.functions=[{name: verifier, weight: 1.0}]",
+    ),
     "model_name_or_path": Synonym("model.path", TRL, "a local folder; nothing is downloaded"),
     # What a TRL user passes next to GRPOConfig: the trainer's arguments and ModelConfig's LoRA fields.
     "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE),
-    "dataset_name": Synonym("task.options.path", TRL_SCRIPT, "a local data file or save_to_disk folder, with task.name=dataset; nothing is downloaded"),
-    "train_dataset": Synonym("task.options.path", TRL_SCRIPT, "a local data file or save_to_disk folder, with task.name=dataset"),
+    "dataset_name": Synonym(
+        "task.options.path",
+        TRL_SCRIPT,
+        "a local data file or save_to_disk folder, with task.name=dataset; nothing is downloaded",
+    ),
+    "train_dataset": Synonym(
+        "task.options.path", TRL_SCRIPT, "a local data file or save_to_disk folder, with task.name=dataset"
+    ),
     "eval_dataset": Synonym("task.options.eval_path", TRL_SCRIPT, "a local data file, with task.name=dataset"),
     "use_peft": Synonym("model.lora.r", TRL_MODEL, "setting model.lora.r turns LoRA on"),
     "lora_r": Synonym("model.lora.r", TRL_MODEL),
@@ -108,7 +175,9 @@ TRL_NAMES: dict[str, Synonym] = {
 
 VERL_NAMES: dict[str, Synonym] = {
     "data.train_batch_size": Synonym("train.prompts_per_step", VERL),
-    "data.max_prompt_length": Synonym(None, VERL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"),
+    "data.max_prompt_length": Synonym(
+        None, VERL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"
+    ),
     "data.max_response_length": Synonym("rollout.max_new_tokens", VERL),
     "data.train_files": Synonym("task.options.path", VERL, "with task.name=dataset"),
     "data.val_files": Synonym("task.options.eval_path", VERL, "with task.name=dataset"),
@@ -130,27 +199,57 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": Synonym("train.warmup_steps", VERL),
     "actor_rollout_ref.actor.ppo_epochs": Synonym("train.ppo_epochs", VERL),
-    "actor_rollout_ref.actor.ppo_mini_batch_size": Synonym("train.mini_batches", VERL, "reinforge counts mini-batches: train.mini_batches = data.train_batch_size / ppo_mini_batch_size"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": Synonym(
+        "train.mini_batches",
+        VERL,
+        "reinforge counts mini-batches: train.mini_batches = data.train_batch_size / ppo_mini_batch_size",
+    ),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": Synonym("train.micro_batch_size", VERL),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": Synonym("train.micro_batch_tokens", VERL),
-    "actor_rollout_ref.actor.use_dynamic_bsz": Synonym("train.micro_batch_tokens", VERL, "token-budget micro-batches are on by default (train.micro_batch_tokens=null turns them off)"),
-    "actor_rollout_ref.actor.clip_ratio": Synonym("objective.eps_low", VERL, "set objective.eps_high too for the upper side"),
+    "actor_rollout_ref.actor.use_dynamic_bsz": Synonym(
+        "train.micro_batch_tokens",
+        VERL,
+        "token-budget micro-batches are on by default (train.micro_batch_tokens=null turns them off)",
+    ),
+    "actor_rollout_ref.actor.clip_ratio": Synonym(
+        "objective.eps_low", VERL, "set objective.eps_high too for the upper side"
+    ),
     "actor_rollout_ref.actor.clip_ratio_low": Synonym("objective.eps_low", VERL),
     "actor_rollout_ref.actor.clip_ratio_high": Synonym("objective.eps_high", VERL),
-    "actor_rollout_ref.actor.clip_ratio_c": Synonym("objective.policy_params", VERL, "objective.policy_loss=dual_clip with objective.policy_params.clip_c"),
-    "actor_rollout_ref.actor.loss_agg_mode": Synonym("objective.aggregation", VERL, "the same modes, with underscores", _AGG),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": Synonym("objective.policy_loss", VERL, "vanilla is ppo_clip", {"vanilla": "objective.policy_loss=ppo_clip"}),
+    "actor_rollout_ref.actor.clip_ratio_c": Synonym(
+        "objective.policy_params", VERL, "objective.policy_loss=dual_clip with objective.policy_params.clip_c"
+    ),
+    "actor_rollout_ref.actor.loss_agg_mode": Synonym(
+        "objective.aggregation", VERL, "the same modes, with underscores", _AGG
+    ),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": Synonym(
+        "objective.policy_loss", VERL, "vanilla is ppo_clip", {"vanilla": "objective.policy_loss=ppo_clip"}
+    ),
     "actor_rollout_ref.actor.use_kl_loss": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_loss"),
-    "actor_rollout_ref.actor.kl_loss_type": Synonym("objective.kl_estimator", VERL, "kl: k1, mse: k2, low_var_kl: k3", _KL_EST),
+    "actor_rollout_ref.actor.kl_loss_type": Synonym(
+        "objective.kl_estimator", VERL, "kl: k1, mse: k2, low_var_kl: k3", _KL_EST
+    ),
     "actor_rollout_ref.actor.entropy_coeff": Synonym("objective.entropy_coef", VERL),
     "actor_rollout_ref.actor.grad_clip": Synonym("train.grad_clip", VERL),
     "actor_rollout_ref.actor.optim.clip_grad": Synonym("train.grad_clip", VERL),
-    "algorithm.adv_estimator": Synonym("objective.advantage", VERL, "gae is recipe=ppo (a critic); reinforce_plus_plus is objective.advantage=reinforce",
-                                       {"gae": "recipe=ppo", "reinforce_plus_plus": "objective.advantage=reinforce",
-                                        "grpo": "objective.advantage=grpo", "rloo": "objective.advantage=rloo"}),
-    "algorithm.norm_adv_by_std_in_grpo": Synonym("objective.advantage", VERL, "true: grpo, false: dr_grpo",
-                                                 {"True": "objective.advantage=grpo", "False": "objective.advantage=dr_grpo"}),
+    "algorithm.adv_estimator": Synonym(
+        "objective.advantage",
+        VERL,
+        "gae is recipe=ppo (a critic); reinforce_plus_plus is objective.advantage=reinforce",
+        {
+            "gae": "recipe=ppo",
+            "reinforce_plus_plus": "objective.advantage=reinforce",
+            "grpo": "objective.advantage=grpo",
+            "rloo": "objective.advantage=rloo",
+        },
+    ),
+    "algorithm.norm_adv_by_std_in_grpo": Synonym(
+        "objective.advantage",
+        VERL,
+        "true: grpo, false: dr_grpo",
+        {"True": "objective.advantage=grpo", "False": "objective.advantage=dr_grpo"},
+    ),
     "algorithm.use_kl_in_reward": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_reward"),
     "algorithm.kl_ctrl.kl_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_reward"),
     "algorithm.kl_ctrl.target_kl": Synonym("train.kl_target", VERL, "setting it makes the coefficient adaptive"),
@@ -165,7 +264,9 @@ VERL_NAMES: dict[str, Synonym] = {
     "trainer.default_local_dir": Synonym("output_dir", VERL),
     "trainer.resume_mode": Synonym(None, VERL, "continue a run with `reinforge train --resume RUN_DIR`"),
     "trainer.project_name": Synonym("log.wandb_project", VERL),
-    "trainer.logger": Synonym("log.wandb", VERL, "log.wandb=true and log.tensorboard=true; metrics.jsonl is always written"),
+    "trainer.logger": Synonym(
+        "log.wandb", VERL, "log.wandb=true and log.tensorboard=true; metrics.jsonl is always written"
+    ),
     "trainer.n_gpus_per_node": Synonym("ray.learner_ranks", VERL, "or run under torchrun --nproc-per-node N"),
 }
 

@@ -73,17 +73,29 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if tc.mode == "async":
         return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    engine, score = dp.rollout_parts(engine, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size))
+    engine, score = dp.rollout_parts(
+        engine, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size)
+    )
     source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
     if state.step == 0:
-        pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)   # VC-PPO / VAPO only
+        pretrain_critic(
+            state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step
+        )  # VC-PPO / VAPO only
     return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step)
 
 
-def _run_async(cfg: Config, policy: Policy, task: Task, spec: ObjectiveSpec, on_step: Callable[[StepRecord, RLState], None],
-               state: RLState, learner: Learner, workers: Workers) -> RLResult:
+def _run_async(
+    cfg: Config,
+    policy: Policy,
+    task: Task,
+    spec: ObjectiveSpec,
+    on_step: Callable[[StepRecord, RLState], None],
+    state: RLState,
+    learner: Learner,
+    workers: Workers,
+) -> RLResult:
     """train.mode=async: the loop over a `StreamBatches`, whose `publish` is the `after_update` hook. Under
     learner ranks rank 0 alone holds the workers and the stream, and sends each batch to every rank."""
     tc, dp = cfg.train, learner.dp
@@ -96,9 +108,14 @@ def _run_async(cfg: Config, policy: Policy, task: Task, spec: ObjectiveSpec, on_
             pool.publish(policy.model, state.step)
             source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step),
                                   version=state.step, pending=state.pending, generator=state.sampler_rng)
-            collector = BatchCollector(cfg.curation, state.pool, source,
-                                       composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size),
-                                       tc.prompts_per_step, tc.group_size)
+            collector = BatchCollector(
+                cfg.curation,
+                state.pool,
+                source,
+                composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size),
+                tc.prompts_per_step,
+                tc.group_size,
+            )
         policy.model.train()
         if state.step == 0 and lead:   # a critic: one process only (check_data_parallel)
             pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
@@ -122,8 +139,9 @@ def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec
     if saved is not None:
         state.load_state_dict(saved)
     policy.model.train()
-    return train_rl(tc.steps, state, source, PreferenceLearner(policy, spec, forward, tc.grad_clip, tc.max_nonfinite_steps),
-                    on_step)
+    return train_rl(
+        tc.steps, state, source, PreferenceLearner(policy, spec, forward, tc.grad_clip, tc.max_nonfinite_steps), on_step
+    )
 
 
 def default_workers(cfg: Config) -> Workers:
@@ -151,7 +169,7 @@ def _on_policy_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: T
 
 
 def _dataset_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> DatasetPairs:
-    pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)   # type: ignore[arg-type]
+    pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)  # type: ignore[arg-type]
     return DatasetPairs(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
 
 
@@ -177,8 +195,13 @@ def preference_spec(cfg: Config) -> PreferenceSpec:
     changes = {k: v for k in ("beta", "loss_type", "label_smoothing") if (v := getattr(cfg.dpo, k)) is not None}
     spec = dataclasses.replace(objective, **changes)
     empty = torch.zeros(0)
-    preference_loss(chosen_logprobs=empty, rejected_logprobs=empty, ref_chosen_logprobs=empty, ref_rejected_logprobs=empty,
-                    **dataclasses.asdict(spec))     # raises for a bad loss name or parameter
+    preference_loss(
+        chosen_logprobs=empty,
+        rejected_logprobs=empty,
+        ref_chosen_logprobs=empty,
+        ref_rejected_logprobs=empty,
+        **dataclasses.asdict(spec),
+    )     # raises for a bad loss name or parameter
     return spec
 
 
@@ -186,14 +209,20 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
     """Refuse, before anything is written, what data-parallel learner ranks do not support yet."""
     where = f"under torchrun (WORLD_SIZE={world_size}: data-parallel FSDP learner ranks)"
     if cfg.train.shared_prefix:
-        raise ConfigError(f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
-                          "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false")
+        raise ConfigError(
+            f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
+            "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false"
+        )
     if cfg.model.lora is not None:
-        raise ConfigError(f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process")
+        raise ConfigError(
+            f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process"
+        )
     if isinstance(spec, PreferenceSpec):
         raise ConfigError(f"recipe {cfg.recipe!r} (preference pairs) is not supported {where} yet: run one process")
     if spec.needs_critic:
-        raise ConfigError(f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
-                          "or use a critic-free recipe (grpo, dr_grpo, ...)")
+        raise ConfigError(
+            f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
+            "or use a critic-free recipe (grpo, dr_grpo, ...)"
+        )
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")

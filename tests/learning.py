@@ -27,8 +27,12 @@ def constant_answer_task(directory: Path) -> list[str]:
     """Overrides that train the micro model on the task above (its data written into `directory`)."""
     rng = random.Random(0)
     path = directory / "sevens.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "answer": "7"}) + "\n"
-                            for _ in range(300)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": "".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "answer": "7"}) + "\n"
+            for _ in range(300)
+        )
+    )
     keep = ("model.", "log.", "threads=")
     return [*(o for o in MICRO if o.startswith(keep)), "task.name=dataset", f"task.options.path={path}",
             "task.options.verifier=exact", "sft.enabled=false", "rollout.max_new_tokens=1", "train.prompts_per_step=8",

@@ -51,8 +51,17 @@ def kill() -> dict:
     # max_staleness=1: after step 1 at most requests 0..11 exist, all of them trained by step 4, so
     # whatever the dead worker held is needed later however fast the workers ran (with areal's 4,
     # fast workers could finish 0..19 first and the kill hit only requests no step takes).
-    cfg = build_config([*MICRO, *RAY, "train.steps=4", "sft.steps=0", "rollout.max_new_tokens=8", "rollout.max_batch_rows=4",
-                        "train.max_staleness=1"])
+    cfg = build_config(
+        [
+            *MICRO,
+            *RAY,
+            "train.steps=4",
+            "sft.steps=0",
+            "rollout.max_new_tokens=8",
+            "rollout.max_batch_rows=4",
+            "train.max_staleness=1",
+        ]
+    )
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg.model, cfg.seed)
     with torch.no_grad():   # weights the actors can only have from the driver

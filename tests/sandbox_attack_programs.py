@@ -62,163 +62,191 @@ ATTACKS: dict[str, str] = {
     "mem_dotdot_chain": _scan_attack("'../' * 30 + 'proc/%d' % os.getppid()"),
     "mem_self_dotdot": _scan_attack("'/proc/self/../%d' % os.getppid()"),
     "mem_dev_fd_dotdot": _scan_attack("'/dev/fd/../../%d' % os.getppid()"),
-    "mem_symlink_in_tmp": "import os\nos.symlink('/proc', 'p')\n" + _scan_attack(
-        "'p/%d' % os.getppid()"),
-    "mem_every_pid": MEMSCAN + (
+    "mem_symlink_in_tmp": "import os\nos.symlink('/proc', 'p')\n" + _scan_attack("'p/%d' % os.getppid()"),
+    "mem_every_pid": MEMSCAN
+    + (
         "ANSWERS = {}\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
         "            ANSWERS.update(scan('/proc/' + pid))\n        except OSError:\n"
-        "            pass\ndef f(n):\n    return ANSWERS.get(n)\n"),
+        "            pass\ndef f(n):\n    return ANSWERS.get(n)\n"
+    ),
     "mem_test_process": _scan_attack("'/proc/TEST_PID'"),
     "mem_bytes_path": (
-        "import os\nfd = os.open(b'/proc/%d/mem' % os.getppid(), os.O_RDONLY)\n"
-        "def f(n):\n    return None\n"),
+        "import os\nfd = os.open(b'/proc/%d/mem' % os.getppid(), os.O_RDONLY)\ndef f(n):\n    return None\n"
+    ),
     "mem_str_subclass": (
         "import os\nclass S(str):\n    def startswith(self, *a):\n        return False\n"
         "    def split(self, *a):\n        return ['tmp']\n    def __eq__(self, o):\n"
         "        return True\n    __hash__ = str.__hash__\n"
         "data = open(S('/proc/%d/environ' % os.getppid()), 'rb').read()\n"
-        "raise RuntimeError(repr(data))\n"),
+        "raise RuntimeError(repr(data))\n"
+    ),
     "mem_fspath_switch": (
         "import io, os\nclass P:\n    n = 0\n    def __fspath__(self):\n        P.n += 1\n"
         "        return '/proc/%d/environ' % os.getppid() if P.n == 1 else 'harmless'\n"
-        "data = io.FileIO(P()).read()\nraise RuntimeError(repr(data))\n"),
+        "data = io.FileIO(P()).read()\nraise RuntimeError(repr(data))\n"
+    ),
     "mem_os_open_dir_fd_root": (
         "import os\nroot = os.open('/', os.O_RDONLY)\n"
         "fd = os.open('proc/%d/environ' % os.getppid(), os.O_RDONLY, dir_fd=root)\n"
-        "raise RuntimeError(repr(os.read(fd, 4096)))\n"),
+        "raise RuntimeError(repr(os.read(fd, 4096)))\n"
+    ),
     "mem_os_open_dir_fd_allowed_dir": (
         "import os\nlib = os.open('/usr/lib', os.O_RDONLY)\n"
         "fd = os.open('../../proc/%d/environ' % os.getppid(), os.O_RDONLY, dir_fd=lib)\n"
-        "raise RuntimeError(repr(os.read(fd, 4096)))\n"),
+        "raise RuntimeError(repr(os.read(fd, 4096)))\n"
+    ),
     "mem_io_fileio": "import io, os\n" + _read_attack("'/proc/%d/cmdline' % os.getppid()", "r"),
     "mem_pathlib": (
         "import os, pathlib\n"
         "data = (pathlib.Path('/proc') / str(os.getppid()) / 'environ').read_bytes()\n"
-        "raise RuntimeError(repr(data))\n"),
+        "raise RuntimeError(repr(data))\n"
+    ),
     "mem_importlib_loader": (
         "import os, importlib.machinery\npath = '/proc/%d/environ' % os.getppid()\n"
         "data = importlib.machinery.SourceFileLoader('x', path).get_data(path)\n"
-        "raise RuntimeError(repr(data))\n"),
+        "raise RuntimeError(repr(data))\n"
+    ),
     "mem_mmap": (
         "import mmap, os\nfd = os.open('/proc/%d/mem' % os.getppid(), os.O_RDONLY)\n"
-        "m = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)\ndef f(n):\n    return None\n"),
+        "m = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)\ndef f(n):\n    return None\n"
+    ),
     # --- environments and files of other processes ---
     "environ_test_process": "import os\n" + _read_attack("'/proc/TEST_PID/environ'"),
     "environ_all": (
         "import os\nout = []\nfor pid in os.listdir('/proc'):\n    try:\n"
         "        out.append(open('/proc/%s/environ' % pid, 'rb').read())\n    except OSError:\n"
-        "        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"),
+        "        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"
+    ),
     "environ_via_glob": (
         "import glob\nout = [open(p, 'rb').read() for p in glob.glob('/proc/*/environ')]\n"
-        "print(out)\nraise RuntimeError(repr(out)[:400])\n"),
+        "print(out)\nraise RuntimeError(repr(out)[:400])\n"
+    ),
     "judge_cwd_files": (
         "import os\nd = '/proc/%d/cwd' % os.getppid()\n"
         "out = {n: open(os.path.join(d, n)).read() for n in os.listdir(d)}\n"
-        "print(out)\nraise RuntimeError(repr(out))\n"),
+        "print(out)\nraise RuntimeError(repr(out))\n"
+    ),
     "judge_fds": (
         "import os\nd = '/proc/%d/fd' % os.getppid()\nout = []\nfor n in os.listdir(d):\n"
         "    try:\n        out.append(os.read(os.open(os.path.join(d, n), os.O_RDONLY), 1 << 16))\n"
-        "    except OSError:\n        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"),
+        "    except OSError:\n        pass\nprint(out)\nraise RuntimeError(repr(out)[:400])\n"
+    ),
     "readlink_then_open": (
-        "import os\ntarget = os.readlink('/proc/TEST_PID/cwd')\n"
-        "print(os.listdir(target))\nraise RuntimeError(target)\n"),
+        "import os\ntarget = os.readlink('/proc/TEST_PID/cwd')\nprint(os.listdir(target))\nraise RuntimeError(target)\n"
+    ),
     "stdin_payload": (
         "import os, sys\ndata = sys.stdin.read() + os.read(0, 1 << 16).decode()\n"
         "def f(n):\n    import re\n    m = re.search(r'f\\(%d\\) == (\\d+)' % n, data)\n"
-        "    return int(m[1]) if m else None\n"),
+        "    return int(m[1]) if m else None\n"
+    ),
     "tests_file_hunt": (
         "import os\nfound = {}\nfor d in ('.', '..', '/tmp'):\n    for n in os.listdir(d):\n"
         "        try:\n            found[n] = open(os.path.join(d, n)).read()\n"
-        "        except OSError:\n            pass\nprint(found)\ndef f(n):\n    return None\n"),
+        "        except OSError:\n            pass\nprint(found)\ndef f(n):\n    return None\n"
+    ),
     "etc_shadow": _read_attack("'/etc/shadow'"),
     # --- the test's own meaning: builtins, helpers, values ---
     "shadow_builtins": (
         "def abs(x):\n    return 0\ndef len(x):\n    return 6\ndef str(x):\n    return 'xxxxxx'\n"
         "def sorted(x):\n    return [1, 350377]\ndef close(a, b):\n    return True\n"
-        "class AssertionError(Exception):\n    pass\ndef f(n):\n    return None\n"),
+        "class AssertionError(Exception):\n    pass\ndef f(n):\n    return None\n"
+    ),
     "patch_builtins_module": (
         "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.len = lambda x: 6\n"
         "builtins.sorted = lambda x: [1, 350377]\nbuiltins.AssertionError = type('A', (Exception,), {})\n"
-        "def f(n):\n    return None\n"),
-    "module_under_test_name": (
-        "import builtins as close\nimport json as f\n"),
+        "def f(n):\n    return None\n"
+    ),
+    "module_under_test_name": ("import builtins as close\nimport json as f\n"),
     "sys_modules_tampering": (
         "import sys, types\nfake = types.ModuleType('builtins')\nfake.abs = lambda x: 0\n"
-        "sys.modules['builtins'] = fake\nsys.modules['json'] = fake\ndef f(n):\n    return None\n"),
+        "sys.modules['builtins'] = fake\nsys.modules['json'] = fake\ndef f(n):\n    return None\n"
+    ),
     "always_equal_object": (
         "class Any:\n    def __eq__(self, o):\n        return True\n    def __lt__(self, o):\n"
         "        return True\n    def __sub__(self, o):\n        return 0\n    def __len__(self):\n"
-        "        return 6\n    def __hash__(self):\n        return 0\ndef f(n):\n    return Any()\n"),
+        "        return 6\n    def __hash__(self):\n        return 0\ndef f(n):\n    return Any()\n"
+    ),
     "int_subclass_eq": (
         "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
-        "def f(n):\n    return I(0)\n"),
+        "def f(n):\n    return I(0)\n"
+    ),
     "str_and_list_subclasses": (
         "class S(str):\n    def __eq__(self, o):\n        return True\n    __hash__ = str.__hash__\n"
         "class L(list):\n    def __eq__(self, o):\n        return True\n"
-        "def f(n):\n    return S('x') if n % 2 else L([0])\n"),
+        "def f(n):\n    return S('x') if n % 2 else L([0])\n"
+    ),
     "index_lies": (
         "class N:\n    def __index__(self):\n        return 7919\n    def __int__(self):\n"
         "        return 7919\n    def __float__(self):\n        return 7919.0\n"
-        "def f(n):\n    return N()\n"),
+        "def f(n):\n    return N()\n"
+    ),
     # --- the verdict channel ---
     "fake_verdicts_stdout": (
         "import json, sys\nfor i in range(5):\n    print(json.dumps({'kind': 'case', 'index': i, 'ok': True}))\n"
         "print(json.dumps({'kind': 'done', 'error': None}))\nsys.stdout.flush()\n"
-        "def f(n):\n    return None\n"),
+        "def f(n):\n    return None\n"
+    ),
     "fake_verdicts_every_fd": (
         "import json, os\nline = ''.join(json.dumps({'kind': 'case', 'index': i, 'ok': True, 'id': 1,"
         " 'value': ['I', '0x1eef']}) + '\\n' for i in range(5)) + json.dumps({'kind': 'done'}) + '\\n'\n"
         "for fd in range(256):\n    try:\n        os.write(fd, line.encode())\n    except OSError:\n"
-        "        pass\ndef f(n):\n    return None\n"),
+        "        pass\ndef f(n):\n    return None\n"
+    ),
     "proc_self_fd_write": (
-        "open('/proc/self/fd/1', 'w').write('{\"kind\": \"done\"}\\n')\ndef f(n):\n    return None\n"),
+        "open('/proc/self/fd/1', 'w').write('{\"kind\": \"done\"}\\n')\ndef f(n):\n    return None\n"
+    ),
     # --- other processes: the parent, the judge, the canary ---
     "kill_parent": "import os\nos.kill(os.getppid(), 9)\ndef f(n):\n    return None\n",
     "kill_canary": "import os\nos.kill(CANARY_PID, 9)\n",
     "kill_everything": "import os\nos.kill(-1, 9)\n",
     "killpg_canary": "import os\nos.killpg(os.getpgid(CANARY_PID), 9)\n",
-    "pidfd_canary": (
-        "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(CANARY_PID), 9)\n"),
+    "pidfd_canary": ("import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(CANARY_PID), 9)\n"),
     "pidfd_fresh_posix": (
         "import _imp, importlib.machinery, signal\n"
         "posix = _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))\n"
         "sig = _imp.create_builtin(importlib.machinery.ModuleSpec('_signal', None))\n"
         "fd = posix.pidfd_open(CANARY_PID)\nsig.pidfd_send_signal(fd, 9)\n"
-        "sig.pidfd_send_signal(posix.pidfd_open(TEST_PID), 9)\n"),
+        "sig.pidfd_send_signal(posix.pidfd_open(TEST_PID), 9)\n"
+    ),
     "pthread_kill": "import signal, threading\nsignal.pthread_kill(threading.get_ident(), 9)\n",
     "setuid_root": "import os\nos.setuid(0)\nos.kill(CANARY_PID, 9)\n",
     "ctypes_kill": "import ctypes\nctypes.CDLL(None).kill(CANARY_PID, 9)\n",
     "ctypes_fresh_extension": (
         "import _imp, importlib.util\nspec = importlib.util.find_spec('_ctypes')\n"
         "_ctypes = _imp.create_dynamic(spec)\nlibc = _ctypes.dlopen(None)\n"
-        "raise RuntimeError('loaded')\n"),
+        "raise RuntimeError('loaded')\n"
+    ),
     "process_vm_readv": (
         "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64)\n"
-        "libc.process_vm_readv(TEST_PID, 0, 0, 0, 0, 0)\n"),
+        "libc.process_vm_readv(TEST_PID, 0, 0, 0, 0, 0)\n"
+    ),
     "posixsubprocess": "import _posixsubprocess\n",
     "subprocess_cat": (
-        "import subprocess\nprint(subprocess.run(['cat', '/proc/TEST_PID/environ'],"
-        " capture_output=True).stdout)\n"),
+        "import subprocess\nprint(subprocess.run(['cat', '/proc/TEST_PID/environ'], capture_output=True).stdout)\n"
+    ),
     "os_system": "import os\nos.system('kill -9 CANARY_PID; cat /proc/TEST_PID/environ')\n",
     "posix_spawn": "import os\nos.posix_spawn('/bin/kill', ['kill', '-9', 'CANARY_PID'], {})\n",
     "socket_out": "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
     "subinterpreter": "import _xxsubinterpreters as s\ns.run_string(s.create(), 'import os')\n",
     "forged_code_object": (
-        "def g():\n    return 1\ng.__code__ = g.__code__.replace(co_code=bytes(len(g.__code__.co_code)))\n"),
+        "def g():\n    return 1\ng.__code__ = g.__code__.replace(co_code=bytes(len(g.__code__.co_code)))\n"
+    ),
     "gc_hunting": (
         "import gc\nfound = [o for o in gc.get_objects() if isinstance(o, str) and '7919' in o]\n"
-        "def f(n):\n    return None\n"),
+        "def f(n):\n    return None\n"
+    ),
     "frame_walking": (
         "import sys, inspect\nframes, frame = [], sys._getframe()\nwhile frame:\n"
         "    frames.append(frame)\n    frame = frame.f_back\nseen = repr([fr.f_locals for fr in frames])\n"
         "stack = repr([fr.frame.f_locals for fr in inspect.stack()])\nimport re\n"
         "def f(n):\n    m = re.search(r'f\\(%d\\) == (\\d+)' % n, seen + stack)\n"
-        "    return int(m[1]) if m else None\n"),
+        "    return int(m[1]) if m else None\n"
+    ),
     "rebind_hook_defaults": (
         "import sys\nframe = sys._getframe()\nwhile frame.f_back:\n    frame = frame.f_back\n"
         "for v in list(frame.f_globals.values()):\n    if callable(v) and getattr(v, '__defaults__', None):\n"
-        "        v.__defaults__ = tuple(() for _ in v.__defaults__)\n"
-        + _read_attack("'/proc/TEST_PID/environ'")),
+        "        v.__defaults__ = tuple(() for _ in v.__defaults__)\n" + _read_attack("'/proc/TEST_PID/environ'")
+    ),
     "raise_rlimits": "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (-1, -1))\n",
     "chdir_root": "import os\nos.chdir('/')\n" + _read_attack("'proc/TEST_PID/environ'"),
     # --- the canary file outside the work directory ---
@@ -232,9 +260,7 @@ ATTACKS: dict[str, str] = {
     "fchmod_read_fd": "import os\nos.fchmod(os.open('CANARY_FILE', os.O_RDONLY), 0)\n",
     "pathlib_unlink": "import pathlib\npathlib.Path('CANARY_FILE').unlink()\n",
     "symlink_then_write": "import os\nos.symlink('CANARY_DIR', 'out')\nopen('out/canary', 'w').write('x')\n",
-    "dir_fd_write": (
-        "import os\nd = os.open('CANARY_DIR', os.O_RDONLY)\n"
-        "os.unlink('canary', dir_fd=d)\n"),
+    "dir_fd_write": ("import os\nd = os.open('CANARY_DIR', os.O_RDONLY)\nos.unlink('canary', dir_fd=d)\n"),
     # --- exits, signals and resource bombs ---
     "os_exit_at_import": "import os\nos._exit(0)\n",
     "sys_exit_in_call": "import sys\ndef f(n):\n    sys.exit(0)\n",
@@ -252,62 +278,72 @@ ATTACKS: dict[str, str] = {
     "posix_mknod_shm": "import posix, stat\nposix.mknod('SHM_FILE', 0o666 | stat.S_IFREG)\n",
     "memfd_memory": (
         "import os\nfds = [os.memfd_create('m') for _ in range(200)]\n"
-        "for fd in fds:\n    os.write(fd, b'x' * (16 * 2 ** 20))\n"),
+        "for fd in fds:\n    os.write(fd, b'x' * (16 * 2 ** 20))\n"
+    ),
     "renice_and_pin_the_canary": (
         "import os\nos.setpriority(os.PRIO_PROCESS, CANARY_PID, 19)\n"
-        "os.setpriority(os.PRIO_USER, os.getuid(), 19)\nos.sched_setaffinity(CANARY_PID, {0})\n"),
+        "os.setpriority(os.PRIO_USER, os.getuid(), 19)\nos.sched_setaffinity(CANARY_PID, {0})\n"
+    ),
     "dev_shm_write": "open('SHM_FILE', 'w').write('pwned')\n",
     "dev_shm_os_open": "import os\nos.open('SHM_FILE', os.O_CREAT | os.O_WRONLY)\n",
     "dir_fd_create": (
         "import os\nd = os.open('CANARY_DIR', os.O_RDONLY)\n"
-        "os.write(os.open('new', os.O_CREAT | os.O_WRONLY, dir_fd=d), b'x')\n"),
+        "os.write(os.open('new', os.O_CREAT | os.O_WRONLY, dir_fd=d), b'x')\n"
+    ),
     "dir_fd_mkdir": "import os\nos.mkdir('new', dir_fd=os.open('CANARY_DIR', os.O_RDONLY))\n",
     "rename_out_dst_dir_fd": (
         "import os\nopen('a', 'w').write('x')\n"
-        "os.rename('a', 'stolen', dst_dir_fd=os.open('CANARY_DIR', os.O_RDONLY))\n"),
+        "os.rename('a', 'stolen', dst_dir_fd=os.open('CANARY_DIR', os.O_RDONLY))\n"
+    ),
     "rename_workdir_out": "import os\nos.rename('.', 'CANARY_DIR/stolen')\n",
     "tempfile_in_canary_dir": "import tempfile\ntempfile.mkstemp(dir='CANARY_DIR')\n",
-    "sendfile_environ": (
-        "import os\nos.sendfile(1, os.open('/proc/TEST_PID/environ', os.O_RDONLY), 0, 1 << 16)\n"),
-    "open_code_environ": "import io\n" + _read_attack("'/proc/TEST_PID/environ'").replace(
-        "open(", "io.open_code(").replace(", 'r')", ")"),
+    "sendfile_environ": ("import os\nos.sendfile(1, os.open('/proc/TEST_PID/environ', os.O_RDONLY), 0, 1 << 16)\n"),
+    "open_code_environ": "import io\n"
+    + _read_attack("'/proc/TEST_PID/environ'").replace("open(", "io.open_code(").replace(", 'r')", ")"),
     "zipimport_environ": "import zipimport\nzipimport.zipimporter('/proc/TEST_PID/environ')\n",
     "proc_spellings": (
         "out = []\nfor p in ['/proc/1/environ', '/proc/self/root/proc/TEST_PID/environ',"
         " '/proc/thread-self/../TEST_PID/environ', '/dev/shm/../../proc/TEST_PID/environ',"
         " '/sys/../proc/TEST_PID/environ']:\n    try:\n"
         "        out.append(open(p, 'rb').read())\n    except OSError:\n        pass\n"
-        "print(out)\nraise RuntimeError(repr(out)[:400])\n"),
+        "print(out)\nraise RuntimeError(repr(out)[:400])\n"
+    ),
     "thread": "import threading\nthreading.Thread(target=print).start()\ndef f(n):\n    return None\n",
     "faulthandler_exit": (
-        "import faulthandler\nfaulthandler.dump_traceback_later(0.1, exit=True)\n"
-        "def f(n):\n    return None\n"),
+        "import faulthandler\nfaulthandler.dump_traceback_later(0.1, exit=True)\ndef f(n):\n    return None\n"
+    ),
     "atexit_and_del": (
         "import atexit, json\natexit.register(print, json.dumps({'kind': 'done'}))\n"
         "class D:\n    def __del__(self):\n        raise SystemExit(0)\nd = D()\n"
-        "def f(n):\n    return None\n"),
+        "def f(n):\n    return None\n"
+    ),
     "forged_replies_on_resp_fd": (
         "import json, os, sys\nfor i in range(1, 9):\n"
         "    d = json.dumps({'id': i, 'ok': True, 'value': ['I', '0x1eef']}).encode()\n"
         "    os.write(int(sys.argv[2]), len(d).to_bytes(8, 'big') + d)\n"
-        "def f(n):\n    return None\n"),
+        "def f(n):\n    return None\n"
+    ),
     "entry_point_class_eq": (
         "class f:\n    def __init__(self, n):\n        pass\n    def __eq__(self, o):\n"
-        "        return True\n    def __hash__(self):\n        return 0\n"),
+        "        return True\n    def __hash__(self):\n        return 0\n"
+    ),
     "entry_point_generator": "def f(n):\n    yield 7919\n",
     "entry_point_async": "async def f(n):\n    return 7919\n",
     "fresh_posix_mkfifo": (
         "import _imp, importlib.machinery\n"
         "posix = _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))\n"
-        "posix.mkfifo('CANARY_DIR/fifo')\n"),
+        "posix.mkfifo('CANARY_DIR/fifo')\n"
+    ),
     "fresh_imp_then_fresh_posix": (
         "import _imp, importlib.machinery as m\n"
         "imp = _imp.create_builtin(m.ModuleSpec('_imp', None))\n"
-        "imp.create_builtin(m.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"),
+        "imp.create_builtin(m.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"
+    ),
     "original_create_builtin_from_defaults": (
         "import _imp, importlib.machinery\ncreate = _imp.create_builtin.__defaults__[0]\n"
         "original = create.__defaults__[0]\n"
-        "original(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"),
+        "original(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"
+    ),
     "original_create_builtin_from_frames": (
         "import _imp, sys\nfound = []\nclass Spec:\n    @property\n    def name(self):\n"
         "        frame = sys._getframe(1)\n        while frame:\n"
@@ -315,7 +351,8 @@ ATTACKS: dict[str, str] = {
         "            frame = frame.f_back\n        return 'pwd'\n_imp.create_builtin(Spec())\n"
         "class Posix:\n    name = 'posix'\nfor fn in found:\n    try:\n"
         "        fn(Posix()).mkfifo('CANARY_DIR/fifo')\n    except Exception:\n        pass\n"
-        "def f(n):\n    return None\n"),
+        "def f(n):\n    return None\n"
+    ),
     "guard_inner_function_with_overrides": (
         "import _imp, sys, importlib.machinery\ninner = []\nclass Spec:\n    @property\n"
         "    def name(self):\n        inner.extend(sys._getframe(1).f_locals.values())\n"
@@ -328,7 +365,8 @@ ATTACKS: dict[str, str] = {
         "            pass\n"
         "for fn in [v for v in inner if callable(v)]:\n    try:\n"
         "        fn(importlib.machinery.ModuleSpec('posix', None)).mknod('CANARY_DIR/node')\n"
-        "    except Exception:\n        pass\n"),
+        "    except Exception:\n        pass\n"
+    ),
     "meta_path_finder_walks_frames_during_create": (
         "import sys, _imp, importlib.machinery\nfound = []\nclass Finder:\n"
         "    def find_spec(self, name, path=None, target=None):\n        frame = sys._getframe()\n"
@@ -339,17 +377,19 @@ ATTACKS: dict[str, str] = {
         "    _imp.create_builtin(importlib.machinery.ModuleSpec(name, None))\n"
         "for fn in [v for v in found if callable(v)]:\n    try:\n"
         "        fn(importlib.machinery.ModuleSpec('posix', None)).mkfifo('CANARY_DIR/fifo')\n"
-        "    except Exception:\n        pass\n"),
+        "    except Exception:\n        pass\n"
+    ),
     "abstract_unix_socket": (
-        "import _socket\ns = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
-        "s.connect(b'\\0reinforge')\n"),
+        "import _socket\ns = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\ns.connect(b'\\0reinforge')\n"
+    ),
     "patch_int_eq_through_gc": (
-        "import gc\ngc.get_referents(int.__dict__)[0]['__eq__'] = lambda a, b: True\n"
-        "def f(n):\n    return 0\n"),
+        "import gc\ngc.get_referents(int.__dict__)[0]['__eq__'] = lambda a, b: True\ndef f(n):\n    return 0\n"
+    ),
     "profiler_sees_the_guard": (
         "import sys, _imp, importlib.machinery\nseen = []\n"
         "sys.setprofile(lambda frame, event, arg: seen.append(dict(frame.f_locals)))\n"
-        "_imp.create_builtin(importlib.machinery.ModuleSpec('pwd', None))\n"),
+        "_imp.create_builtin(importlib.machinery.ModuleSpec('pwd', None))\n"
+    ),
     "self_containing_list": "def f(n):\n    a = []\n    a.append(a)\n    return a\n",
     "deep_nesting": "def f(n):\n    a = []\n    for _ in range(10 ** 5):\n        a = [a]\n    return a\n",
 }

@@ -211,7 +211,9 @@ def test_rloo_is_leave_one_out_and_g_over_g_minus_1_dr_grpo():
     rewards = torch.rand(40, generator=generator, dtype=torch.float64)
     advantages = compute_advantages("rloo", rewards, group_ids)
     size = group_stats(rewards, group_ids).size.to(torch.float64)
-    torch.testing.assert_close(advantages, size / (size - 1).clamp(min=1) * compute_advantages("dr_grpo", rewards, group_ids))
+    torch.testing.assert_close(
+        advantages, size / (size - 1).clamp(min=1) * compute_advantages("dr_grpo", rewards, group_ids)
+    )
     for i in range(40):   # the definition, one sample at a time
         others = (group_ids == group_ids[i]) & (torch.arange(40) != i)
         expected = rewards[i] - rewards[others].mean() if others.any() else torch.tensor(0.0, dtype=torch.float64)
@@ -224,7 +226,9 @@ def test_rloo_and_maxrl_group_sums_are_zero_on_random_batches():
     rewards = torch.randint(0, 2, (64,), generator=generator).to(torch.float64)
     index = torch.unique(group_ids, return_inverse=True)[1]
     for name in ("rloo", "maxrl"):
-        sums = torch.zeros(index.max() + 1, dtype=torch.float64).index_add_(0, index, compute_advantages(name, rewards, group_ids))
+        sums = torch.zeros(index.max() + 1, dtype=torch.float64).index_add_(
+            0, index, compute_advantages(name, rewards, group_ids)
+        )
         torch.testing.assert_close(sums, torch.zeros_like(sums))
 
 
@@ -330,7 +334,9 @@ def test_pipeline_applies_transforms_in_order_and_ands_keep():
     noise = 0.5 * torch.randn(9, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(result.advantages, compute_advantages("grpo", REWARDS, GROUPS) + noise)
     # Filtering after the noise instead keeps what the noise pushed over tau: keep is the AND of the steps.
-    both = AdvantagePipeline("grpo", transforms=[("filter_small", {}), ("gaussian_noise", {}), ("filter_small", {"tau": 10.0})])
+    both = AdvantagePipeline(
+        "grpo", transforms=[("filter_small", {}), ("gaussian_noise", {}), ("filter_small", {"tau": 10.0})]
+    )
     assert not bool(both(REWARDS, GROUPS).keep.any())
 
 

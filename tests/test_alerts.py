@@ -81,15 +81,22 @@ def test_truncation_rate_just_under_the_maximum_does_not_fire() -> None:
 
 
 def test_length_blowup_is_one_alert_for_both_reasons() -> None:
-    stream = [{"response_length_mean": 10, "truncation_rate": 0.0}] * 3 + [{"response_length_mean": 100, "truncation_rate": 1.0}] * 5
+    stream = [{"response_length_mean": 10, "truncation_rate": 0.0}] * 3 + [
+        {"response_length_mean": 100, "truncation_rate": 1.0}
+    ] * 5
     alerts = run(stream)
     # Step 4: length (10+10+100)/3 = 40 > 30 and truncation 1/3 <= 0.5; step 5: truncation 2/3 > 0.5, still one alert.
     assert [a.step for a in alerts] == [4]
     assert "truncation" not in alerts[0].message
     # Both at once: length (10+10+100)/3 = 40 > 30 and truncation (0.4+0.4+1)/3 = 0.6 > 0.5 at step 4.
-    both = run([{"response_length_mean": 10, "truncation_rate": 0.4}] * 3 + [{"response_length_mean": 100, "truncation_rate": 1.0}] * 3)
+    both = run(
+        [{"response_length_mean": 10, "truncation_rate": 0.4}] * 3
+        + [{"response_length_mean": 100, "truncation_rate": 1.0}] * 3
+    )
     assert [a.step for a in both] == [4]
-    assert "mean response length 40 is above 3 x its baseline 10 and truncation rate 0.6 is above 0.5" in both[0].message
+    assert (
+        "mean response length 40 is above 3 x its baseline 10 and truncation rate 0.6 is above 0.5" in both[0].message
+    )
 
 
 def test_length_blowup_refires_after_it_clears() -> None:
@@ -105,7 +112,9 @@ HACKING = AlertConfig(window=2)
 
 def hacking_stream(evals: dict[int, float], steps: int, reward=lambda s: s / 8) -> list[dict]:
     """reward_mean = reward(step) on steps 1..steps, eval/pass@1 on the steps in `evals`."""
-    return [{"reward_mean": reward(s), **({"eval/pass@1": evals[s]} if s in evals else {})} for s in range(1, steps + 1)]
+    return [
+        {"reward_mean": reward(s), **({"eval/pass@1": evals[s]} if s in evals else {})} for s in range(1, steps + 1)
+    ]
 
 
 def test_reward_hacking_fires_when_held_out_drops_while_train_reward_rises() -> None:
@@ -245,7 +254,9 @@ def test_alert_log_writes_json_lines_prints_and_truncates(tmp_path) -> None:
     out = io.StringIO()
     console = Console(file=out, width=400, force_terminal=False)
     path = tmp_path / "alerts.jsonl"
-    first = Alert(3, "is_weight_explosion", "step 3: weight [bold]inf[/bold]", {"is_weight_max": math.inf, "threshold": 10.0})
+    first = Alert(
+        3, "is_weight_explosion", "step 3: weight [bold]inf[/bold]", {"is_weight_max": math.inf, "threshold": 10.0}
+    )
     second = Alert(7, "entropy_collapse", "step 7: entropy 0.01", {"entropy": 0.01})
 
     log = AlertLog(path, console)
@@ -280,9 +291,11 @@ def test_alert_to_json() -> None:
 # --- no gradient: steps in a row with nothing to train on (no_gradient_steps 3) ---------------
 
 NO_GRADIENT = AlertConfig(window=3, no_gradient_steps=3)
-CURATION_FIXES = ("(training on nothing: consider an easier task (task.options) or an SFT stage first (sft.enabled=true), "
-                  "a larger train.group_size, more refill rounds (curation.refill=dynamic or active, curation.max_rounds), "
-                  "or no filter (remove zero_variance from curation.filters))")
+CURATION_FIXES = (
+    "(training on nothing: consider an easier task (task.options) or an SFT stage first (sft.enabled=true), "
+    "a larger train.group_size, more refill rounds (curation.refill=dynamic or active, curation.max_rounds), "
+    "or no filter (remove zero_variance from curation.filters))"
+)
 
 
 def kept(n: int, reward: float = 0.0) -> dict:

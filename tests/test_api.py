@@ -29,9 +29,13 @@ def module_reward(completion: str) -> float:
 def test_the_docs_example_runs_and_uses_the_notebook_reward(tmp_path) -> None:
     (code,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
     # The example as written, with a tiny model and step count and the run in tmp_path.
-    tiny = ", ".join(f'"{k}": {v!r}' for k, v in (m.split("=", 1) for m in MICRO) if k not in ("sft.steps", "train.steps"))
-    edits = {'output_dir="runs/python-api"': f'output_dir="{tmp_path / "run"}"',
-             '"sft.steps": 200, "train.steps": 20}': f'"sft.steps": 3, "train.steps": 2, "log.samples_every": 1, {tiny}}}'}
+    tiny = ", ".join(
+        f'"{k}": {v!r}' for k, v in (m.split("=", 1) for m in MICRO) if k not in ("sft.steps", "train.steps")
+    )
+    edits = {
+        'output_dir="runs/python-api"': f'output_dir="{tmp_path / "run"}"',
+        '"sft.steps": 200, "train.steps": 20}': f'"sft.steps": 3, "train.steps": 2, "log.samples_every": 1, {tiny}}}',
+    }
     for old, new in edits.items():
         assert code.count(old) == 1, old
         code = code.replace(old, new)
@@ -39,7 +43,11 @@ def test_the_docs_example_runs_and_uses_the_notebook_reward(tmp_path) -> None:
     exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102
     result = namespace["result"]
     run_dir = tmp_path / "run"
-    assert result.run_dir == run_dir and result.model_dir == run_dir / "model" and (run_dir / "model" / "config.json").is_file()
+    assert (
+        result.run_dir == run_dir
+        and result.model_dir == run_dir / "model"
+        and (run_dir / "model" / "config.json").is_file()
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert result.summary == summary and result.eval == summary["eval"] and summary["rl_steps"] == 2
     last_rl = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"stage": "rl"' in x][-1]
@@ -54,15 +62,38 @@ def test_the_docs_example_runs_and_uses_the_notebook_reward(tmp_path) -> None:
 
 
 def test_arguments_build_the_config_the_cli_builds(tmp_path) -> None:
-    overrides = train_overrides("models/m", tmp_path / "data.jsonl", [module_reward, "format"], "dapo",
-                                {"train": {"steps": 2, "lr": 3e-4}, "rollout.stop": ["END"], "task.options.verifier": "integer",
-                                 "reward.functions": [{"name": "verifier", "weight": 2.0}], "seed": 7})
-    cli = build_config(["model=models/m", "recipe=dapo", "task.name=dataset", f"task.options.path={tmp_path / 'data.jsonl'}",
-                        "task.options.verifier=integer", "train.steps=2", "train.lr=3e-4", "rollout.stop=[END]",
-                        "reward.functions=[{name: verifier, weight: 2.0}]", "seed=7"])
+    overrides = train_overrides(
+        "models/m",
+        tmp_path / "data.jsonl",
+        [module_reward, "format"],
+        "dapo",
+        {
+            "train": {"steps": 2, "lr": 3e-4},
+            "rollout.stop": ["END"],
+            "task.options.verifier": "integer",
+            "reward.functions": [{"name": "verifier", "weight": 2.0}],
+            "seed": 7,
+        },
+    )
+    cli = build_config(
+        [
+            "model=models/m",
+            "recipe=dapo",
+            "task.name=dataset",
+            f"task.options.path={tmp_path / 'data.jsonl'}",
+            "task.options.verifier=integer",
+            "train.steps=2",
+            "train.lr=3e-4",
+            "rollout.stop=[END]",
+            "reward.functions=[{name: verifier, weight: 2.0}]",
+            "seed=7",
+        ]
+    )
     assert build_config(overrides) == cli        # the settings win over reward_funcs, as later overrides do
     # Strings stay strings, whatever YAML would make of them bare.
-    odd = build_config(train_overrides(None, None, None, None, {"rollout.stop": ["a: b\n", "x=y", "[1]"], "output_dir": "123"}))
+    odd = build_config(
+        train_overrides(None, None, None, None, {"rollout.stop": ["a: b\n", "x=y", "[1]"], "output_dir": "123"})
+    )
     assert odd.rollout.stop == ["a: b\n", "x=y", "[1]"] and odd.output_dir == "123"
 
 
@@ -88,7 +119,9 @@ def test_reward_callables_resolve_through_the_composers_import_path() -> None:
     assert name.startswith("reinforge.user_rewards:local") and reward_name(local) == name      # registered once
     assert resolve_reward_function(name, {}) is local
     other = register(lambda completion: 0.0)
-    assert other.startswith("reinforge.user_rewards:reward") and resolve_reward_function(other, {})(completion="x") == 0.0
+    assert (
+        other.startswith("reinforge.user_rewards:reward") and resolve_reward_function(other, {})(completion="x") == 0.0
+    )
     with pytest.raises(ValueError, match="no reward function 'gone' is registered in this process"):
         resolve_reward_function("reinforge.user_rewards:gone", {})
 

@@ -54,15 +54,26 @@ def test_eta_zero_reproduces_the_synchronous_loop(micro_overrides, recipe):
     base = [*micro_overrides, f"recipe={recipe}", "train.max_staleness=0", "rollout.max_new_tokens=6"]
     sync_policy, sync_records = _run([*base, "train.mode=sync"], "sync") if recipe == "grpo" else (None, None)
     if recipe == "areal":    # areal's preset is async; its sync counterpart is the same loss under grpo's name
-        sync_policy, sync_records = _run([*base, "recipe=grpo", "objective.policy_loss=decoupled_ppo",
-                                          "objective.kl_estimator=none", "objective.kl_coef=0", "objective.aggregation=token_mean",
-                                          "train.mode=sync"], "sync")
+        sync_policy, sync_records = _run(
+            [
+                *base,
+                "recipe=grpo",
+                "objective.policy_loss=decoupled_ppo",
+                "objective.kl_estimator=none",
+                "objective.kl_coef=0",
+                "objective.aggregation=token_mean",
+                "train.mode=sync",
+            ],
+            "sync",
+        )
     async_policy, async_records = _run([*base, "train.mode=async"], "async")
     assert len(sync_records) == len(async_records) == 3
     for s, a in zip(sync_records, async_records, strict=True):
         assert _numbers(s.metrics) == _numbers(a.metrics)
         assert a.metrics["async/staleness_max"] == 0
-    for (name, p), (_, q) in zip(sync_policy.model.named_parameters(), async_policy.model.named_parameters(), strict=True):
+    for (name, p), (_, q) in zip(
+        sync_policy.model.named_parameters(), async_policy.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), name
 
 
@@ -82,8 +93,19 @@ def test_staleness_never_exceeds_eta_with_random_lengths(micro_overrides, in_fli
 
     monkeypatch.setattr(async_rl, "staleness", recording)
     eta = 2
-    _, records = _run([*micro_overrides, "recipe=areal", f"train.max_staleness={eta}", f"train.in_flight={in_flight}",
-                       "train.steps=6", "rollout.max_new_tokens=16", "rollout.stop=['1','2','3']", "sft.steps=0"], "async")
+    _, records = _run(
+        [
+            *micro_overrides,
+            "recipe=areal",
+            f"train.max_staleness={eta}",
+            f"train.in_flight={in_flight}",
+            "train.steps=6",
+            "rollout.max_new_tokens=16",
+            "rollout.stop=['1','2','3']",
+            "sft.steps=0",
+        ],
+        "async",
+    )
     stale = torch.cat(seen)
     assert len(stale) == 6 * 4 * 4                 # every trained sample, once
     assert int(stale.max()) <= eta and int(stale.min()) >= 0
@@ -98,9 +120,18 @@ def test_staleness_never_exceeds_eta_with_random_lengths(micro_overrides, in_fli
 def test_filtered_groups_are_replaced_under_active_refill(micro_overrides):
     """olmo3 asynchronously: zero-variance groups are dropped, leave the gate's count, and new
     requests fill the batch; the staleness bound still holds."""
-    _, records = _run([*micro_overrides, "recipe=olmo3", "train.mode=async", "train.max_staleness=1", "sft.steps=0",
-                       "rollout.max_new_tokens=6",
-                       "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]"], "async")
+    _, records = _run(
+        [
+            *micro_overrides,
+            "recipe=olmo3",
+            "train.mode=async",
+            "train.max_staleness=1",
+            "sft.steps=0",
+            "rollout.max_new_tokens=6",
+            "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
+        ],
+        "async",
+    )
     assert len(records) == 3
     assert sum(r.metrics["curation/dropped_zero_variance"] for r in records) > 0    # some groups were filtered
     assert all(r.metrics["async/staleness_max"] <= 1 for r in records if "async/staleness_max" in r.metrics)
@@ -198,7 +229,9 @@ def test_a_groups_samples_depend_on_its_key_not_on_the_worker_or_its_other_reque
         finally:
             sampler.close()
 
-    together = decode([GroupRequest(0, "12+34=", 111), GroupRequest(1, "7+8=", 222), GroupRequest(2, "1+1=", 333)], slots=4)
+    together = decode(
+        [GroupRequest(0, "12+34=", 111), GroupRequest(1, "7+8=", 222), GroupRequest(2, "1+1=", 333)], slots=4
+    )
     alone = decode([GroupRequest(9, "7+8=", 222)], slots=3)
     assert torch.equal(together[1].rollout.completion_ids, alone[9].rollout.completion_ids)
     assert together[1].rollout.texts == alone[9].rollout.texts

@@ -32,17 +32,29 @@ def model_copy(tmp_path: Path, tiny_model_dir: str) -> Path:
     return Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda m: (m / "config.json").write_text('{"model_type": "qwen2",\n  "hidden_size": }'),
-     "config.json: not valid JSON (line 2, column 18: Expecting value); repair it or save the model again with save_pretrained"),
-    (lambda m: (m / "config.json").write_text('["qwen2"]'), "config.json has no model_type"),
-    (lambda m: (m / "config.json").unlink(), "has no config.json: it is not a Hugging Face model directory"),
-    (lambda m: (m / "model.safetensors").unlink(), "holds no weights (none of model.safetensors, model.safetensors.index.json"),
-    (lambda m: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
-     "holds no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json"),
-    (lambda m: (m / "tokenizer.json").write_text('{"version": '), "its tokenizer does not load (Expecting value"),
-])
-def test_a_broken_model_folder_is_one_line(tmp_path: Path, micro_overrides, model_copy: Path, damage, message: str) -> None:
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda m: (m / "config.json").write_text('{"model_type": "qwen2",\n  "hidden_size": }'),
+            "config.json: not valid JSON (line 2, column 18: Expecting value); repair it or save the model again with save_pretrained",
+        ),
+        (lambda m: (m / "config.json").write_text('["qwen2"]'), "config.json has no model_type"),
+        (lambda m: (m / "config.json").unlink(), "has no config.json: it is not a Hugging Face model directory"),
+        (
+            lambda m: (m / "model.safetensors").unlink(),
+            "holds no weights (none of model.safetensors, model.safetensors.index.json",
+        ),
+        (
+            lambda m: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
+            "holds no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json",
+        ),
+        (lambda m: (m / "tokenizer.json").write_text('{"version": '), "its tokenizer does not load (Expecting value"),
+    ],
+)
+def test_a_broken_model_folder_is_one_line(
+    tmp_path: Path, micro_overrides, model_copy: Path, damage, message: str
+) -> None:
     damage(model_copy)
     line = _refused([*micro_overrides, f"model={model_copy}"], tmp_path / "run")
     assert message in line and str(model_copy) in line
@@ -108,8 +120,10 @@ def test_an_output_dir_that_is_not_a_folder(tmp_path: Path, micro_overrides) -> 
     assert result.exit_code == 2 and result.stderr == \
         f"error: output_dir '{file}' is a file, not a folder: choose another output_dir\n"
     assert file.read_text() == "mine"
-    assert _refused(micro_overrides, file / "run") == \
-        f"error: output_dir '{file / 'run'}' cannot be created: '{file}' is a file, not a folder; choose another output_dir"
+    assert (
+        _refused(micro_overrides, file / "run")
+        == f"error: output_dir '{file / 'run'}' cannot be created: '{file}' is a file, not a folder; choose another output_dir"
+    )
 
 
 def test_an_output_dir_without_write_permission(tmp_path: Path, micro_overrides, monkeypatch) -> None:
@@ -145,7 +159,9 @@ def test_resume_from_a_damaged_config_yaml_is_one_line(tmp_path: Path) -> None:
     before = sorted(p.name for p in run.iterdir())
     result = runner.invoke(app, ["train", "--resume", str(run)])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.startswith(f"error: config file '{run / 'config.yaml'}', line 3, column 1: YAML syntax error: ")
+    assert result.stderr.startswith(
+        f"error: config file '{run / 'config.yaml'}', line 3, column 1: YAML syntax error: "
+    )
     assert len(result.stderr.splitlines()) == 1
     (run / "config.yaml").write_text("seed: 0\ntrain: {steps: -1}\n")
     result = runner.invoke(app, ["train", "--resume", str(run)])

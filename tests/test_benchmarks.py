@@ -57,7 +57,9 @@ def test_async_throughput_trains_both_modes_on_the_same_samples():
 
 
 def test_dpo_heldout_runs():
-    out = run_script("dpo_heldout.py", "sft.steps=0", "train.steps=2", "eval.num_prompts=8", "eval.num_samples=2", "threads=1")
+    out = run_script(
+        "dpo_heldout.py", "sft.steps=0", "train.steps=2", "eval.num_prompts=8", "eval.num_samples=2", "threads=1"
+    )
     assert out["dpo_seconds"] > 0
     assert all(0.0 <= out[when]["pass@1"] <= 1.0 for when in ("start", "final"))
 

@@ -34,7 +34,11 @@ def test_outcomes_and_a_killed_worker_is_replaced(pool: BoundedPool) -> None:
 
     assert pool.call(os._exit, (3,), timeout_s=30.0) == CallOutcome("crashed")
     assert pool.call(pow, (2, 10), timeout_s=30.0) == CallOutcome("ok", value=1024)
-    assert (pool.started, pool.calls, pool.size) == (3, 5, 1)  # a start per killed or dead worker; the unsent call uncounted
+    assert (pool.started, pool.calls, pool.size) == (
+        3,
+        5,
+        1,
+    )  # a start per killed or dead worker; the unsent call uncounted
 
 
 def test_workers_do_not_outlive_the_interpreter(tmp_path) -> None:

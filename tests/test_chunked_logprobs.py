@@ -29,7 +29,9 @@ def naive_stats(hidden, weight, bias, targets, temperature=1.0):
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)  # [M, V], .float() but fp64 stays fp64
+    logp_all = torch.log_softmax(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1
+    )  # [M, V], .float() but fp64 stays fp64
     logprobs = logp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
     entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
     return logprobs, entropy
@@ -173,7 +175,9 @@ def test_model_level_matches_completion_token_stats(tiny_policy):
     with torch.no_grad():
         body = model.model(input_ids=seq.input_ids, attention_mask=seq.attention_mask).last_hidden_state
     head = model.get_output_embeddings().weight
-    lp_m, ent_m = chunked_token_logprobs_and_entropy(body[rows, positions[rows, cols]], head, None, completion_ids[rows, cols], temperature=0.7)
+    lp_m, ent_m = chunked_token_logprobs_and_entropy(
+        body[rows, positions[rows, cols]], head, None, completion_ids[rows, cols], temperature=0.7
+    )
     (lp_m * a[rows, cols] + ent_m * b[rows, cols]).sum().backward()
     embedding_part = grads["model.embed_tokens.weight"] - head.grad
     assert embedding_part.abs().max().item() > 1e-4

@@ -14,8 +14,16 @@ def test_defaults_are_the_documented_pipeline() -> None:
 
 
 def test_overrides_parse_as_yaml_scalars() -> None:
-    tree = parse_overrides(["train.lr=3e-4", "sft.enabled=false", "task.options={digits: 3}", "seed=7", "output_dir=runs/x"])
-    assert tree == {"train": {"lr": 3e-4}, "sft": {"enabled": False}, "task": {"options": {"digits": 3}}, "seed": 7, "output_dir": "runs/x"}
+    tree = parse_overrides(
+        ["train.lr=3e-4", "sft.enabled=false", "task.options={digits: 3}", "seed=7", "output_dir=runs/x"]
+    )
+    assert tree == {
+        "train": {"lr": 3e-4},
+        "sft": {"enabled": False},
+        "task": {"options": {"digits": 3}},
+        "seed": 7,
+        "output_dir": "runs/x",
+    }
 
 
 def test_override_values_reach_the_config() -> None:

@@ -28,7 +28,9 @@ def test_version() -> None:
 
 def test_train_help_says_how_to_list_every_key() -> None:
     result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "300"})
-    assert result.exit_code == 0 and "`reinforge config`" in result.output and "reinforge config rollout" in result.output
+    assert (
+        result.exit_code == 0 and "`reinforge config`" in result.output and "reinforge config rollout" in result.output
+    )
 
 
 def test_config_lists_every_key_with_its_doc_and_default() -> None:
@@ -36,8 +38,18 @@ def test_config_lists_every_key_with_its_doc_and_default() -> None:
     assert result.exit_code == 0
     keys = re.findall(r"^(\S+) = ", result.output, flags=re.MULTILINE)
     assert keys == [k.key for k in config_keys()]
-    assert {"seed", "rollout.temperature", "train.lr", "log.samples_every", "model.lora.r", "reward.overlong.coef"} <= set(keys)
-    assert "rollout.temperature = 1.0  (float)\n    Sampling temperature for training rollouts and pass@k evaluation.\n" in result.output
+    assert {
+        "seed",
+        "rollout.temperature",
+        "train.lr",
+        "log.samples_every",
+        "model.lora.r",
+        "reward.overlong.coef",
+    } <= set(keys)
+    assert (
+        "rollout.temperature = 1.0  (float)\n    Sampling temperature for training rollouts and pass@k evaluation.\n"
+        in result.output
+    )
     assert "train.mode = sync  (sync|async)\n" in result.output
 
 
@@ -60,7 +72,11 @@ def test_config_of_a_recipe_shows_its_resolved_values() -> None:
     assert "curation.refill = dynamic  (none|dynamic|active)  *\n" in result.output
     assert re.search(r"^curation\.max_rounds = \d+  \(int\)$", result.output, flags=re.MULTILINE)   # a default: no mark
     overlong = {k.key: k for k in config_keys("reward", recipe="dapo")}["reward.overlong"]
-    assert overlong.changed and overlong.value is not None and {k.key: k for k in config_keys("reward")}["reward.overlong"].value is None
+    assert (
+        overlong.changed
+        and overlong.value is not None
+        and {k.key: k for k in config_keys("reward")}["reward.overlong"].value is None
+    )
     with pytest.raises(ConfigError, match="unknown recipe 'nope'"):
         config_keys(recipe="nope")
 
@@ -83,7 +99,9 @@ def test_bar_safe_console_prints_above_an_open_bar() -> None:
 
 def test_recorder_alerts_and_sft_summary_go_through_the_bar_safe_writer(tmp_path, micro_overrides, monkeypatch) -> None:
     written: list[str] = []
-    monkeypatch.setattr("reinforge.telemetry.console.tqdm.write", lambda text, file=None, end="\n": written.append(text))
+    monkeypatch.setattr(
+        "reinforge.telemetry.console.tqdm.write", lambda text, file=None, end="\n": written.append(text)
+    )
     cfg = build_config([*micro_overrides, f"output_dir={tmp_path / 'run'}"])
     run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout)
     recorder = Recorder(run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps,

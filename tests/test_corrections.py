@@ -270,4 +270,7 @@ def test_mismatch_metrics_identical_and_empty():
     for empty in (torch.zeros_like(mask), torch.zeros(0, 0, dtype=F64)):
         rows = empty.shape
         metrics = mismatch_metrics(logprobs[: rows[0], : rows[1]], other[: rows[0], : rows[1]], empty)
-        assert metrics == {**dict.fromkeys(metrics, 0.0), "is_weight_mean": 1.0, "is_weight_max": 1.0} and len(metrics) == 6
+        assert (
+            metrics == {**dict.fromkeys(metrics, 0.0), "is_weight_mean": 1.0, "is_weight_max": 1.0}
+            and len(metrics) == 6
+        )

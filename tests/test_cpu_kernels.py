@@ -65,8 +65,9 @@ def test_decode_attention_is_the_masked_softmax_of_the_cache(kernels, head_dim: 
     allowed = key_pos[None, :] <= positions[:, None]
     if window:
         allowed &= positions[:, None] - key_pos[None, :] < window
-    expected = attention(q[:, :, None], ref_k[:rows], ref_v[:rows], additive_mask(allowed, torch.float32)[:, None, None],
-                         keys_last=True)[:, :, 0]
+    expected = attention(
+        q[:, :, None], ref_k[:rows], ref_v[:rows], additive_mask(allowed, torch.float32)[:, None, None], keys_last=True
+    )[:, :, 0]
 
     out = torch.empty(rows, heads, head_dim)
     kernels.decode_attention(out, q, k_new, v_new, k_cache, v_cache, positions, head_dim ** -0.5, window)
@@ -170,7 +171,7 @@ def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, t
         assert load_cpu_kernels() is None and NativeEngine(policy).kernels is None
 
         monkeypatch.setenv("REINFORGE_CPU_KERNELS", "1")
-        monkeypatch.setenv("CXX", "false")            # a "compiler" that fails: the build fails, the engine warns and goes on
+        monkeypatch.setenv("CXX", "false")  # a "compiler" that fails: the build fails, the engine warns and goes on
         monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path))
         load_cpu_kernels.cache_clear()
         with caplog.at_level(logging.WARNING, logger="reinforge.kernels"):

@@ -28,7 +28,9 @@ def policy(micro_overrides):
 
 def _sequences(n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 20, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    prompts = [
+        torch.randint(3, 20, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
     completion = torch.randint(3, 20, (n, 3), generator=g)
     mask = torch.ones(n, 3)
     mask[0, 2] = 0.0                                   # one shorter completion
@@ -64,7 +66,9 @@ def test_a_shared_body_value_head_trains_the_head_only(policy) -> None:
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())   # the policy is untouched
     assert float(critic.model.head.weight.detach().abs().sum()) > 0                          # the head learned
     with torch.no_grad():
-        hidden = policy.model.get_decoder()(input_ids=seq.input_ids, attention_mask=seq.attention_mask).last_hidden_state
+        hidden = policy.model.get_decoder()(
+            input_ids=seq.input_ids, attention_mask=seq.attention_mask
+        ).last_hidden_state
         v = critic.model(seq)
         expected = critic.model.head(hidden[0, seq.starts[0] - 1]).squeeze()
     assert float(v[0, 0]) == pytest.approx(float(expected), abs=1e-6)                    # V reads the policy's features
@@ -103,8 +107,10 @@ def test_adaptive_kl_coefficient_by_hand(policy) -> None:
     credit = CriticCredit(spec, Critic(policy.model, lr=1e-3), ForwardPlan(micro_batch_size=8), epochs=1,
                           mini_batches=1, grad_clip=1.0, kl_target=0.2)
     _, seq = _sequences(2, 3)
-    old, ref = torch.zeros(2, 3), torch.full((2, 3), -0.1)             # k1 = 0.1 per token
-    credit.assign(seq, torch.ones(2), torch.ones(2, dtype=torch.bool), torch.tensor([0, 0]), old, ref, torch.Generator())
+    old, ref = torch.zeros(2, 3), torch.full((2, 3), -0.1)  # k1 = 0.1 per token
+    credit.assign(
+        seq, torch.ones(2), torch.ones(2, dtype=torch.bool), torch.tensor([0, 0]), old, ref, torch.Generator()
+    )
     # Sequence KLs 0.2 (2 tokens) and 0.3: mean 0.25 > 0.2: e = 0.25, clipped 0.2: beta 0.05 -> 0.051.
     assert credit.reward_kl.coef == pytest.approx(0.051)
     assert credit.state_dict()["kl_coef"] == pytest.approx(0.051)
@@ -160,8 +166,16 @@ def _stop_after_checkpoint(step: int, monkeypatch) -> None:
 def test_a_critic_run_resumes_exactly(tmp_path: Path, micro_overrides, monkeypatch, recipe: str) -> None:
     # seed 1: the micro model's samples vary in length in both pre-training steps (vapo's dynamic
     # sampling drops groups whose rewards are all equal, and a step with none left logs nothing).
-    args = [*micro_overrides, "seed=1", f"recipe={recipe}", "train.steps=4", "checkpoint.every=1", "objective.value={pretrain_steps: 2}",
-            "train.lr=1e-3", "reward.functions=[{name: verifier}, {name: length_penalty, params: {target: 2}}]"]
+    args = [
+        *micro_overrides,
+        "seed=1",
+        f"recipe={recipe}",
+        "train.steps=4",
+        "checkpoint.every=1",
+        "objective.value={pretrain_steps: 2}",
+        "train.lr=1e-3",
+        "reward.functions=[{name: verifier}, {name: length_penalty, params: {target: 2}}]",
+    ]
     whole = run(build_config([*args, f"output_dir={tmp_path / 'whole'}"]))
     with monkeypatch.context() as patch:
         _stop_after_checkpoint(2, patch)

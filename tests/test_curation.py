@@ -51,7 +51,9 @@ class ScriptedEngine:
 def scripted_scores(examples: list[Example], rollout: Rollout) -> Scores:
     rewards = torch.tensor([r for e in examples for r in e.meta["rewards"]], dtype=torch.float32)
     valid = torch.tensor([v for e in examples for v in e.meta.get("valid", [True] * G)])
-    return Scores(rewards=rewards, valid=valid, correct=rewards > 0.5, metrics={"reward/verifier_mean": float(rewards.mean())})
+    return Scores(
+        rewards=rewards, valid=valid, correct=rewards > 0.5, metrics={"reward/verifier_mean": float(rewards.mean())}
+    )
 
 
 def example(i: int, rewards, valid=None) -> Example:
@@ -63,8 +65,14 @@ def example(i: int, rewards, valid=None) -> Example:
 
 def collector(examples, engine, prompts_per_step=3, pool=None, **curation) -> BatchCollector:
     pool = pool or PromptStream(examples, seed=0)
-    return BatchCollector(CurationConfig(**curation), pool, SampleNow(pool, engine, G, SamplingParams()), scripted_scores,
-                          prompts_per_step=prompts_per_step, group_size=G)
+    return BatchCollector(
+        CurationConfig(**curation),
+        pool,
+        SampleNow(pool, engine, G, SamplingParams()),
+        scripted_scores,
+        prompts_per_step=prompts_per_step,
+        group_size=G,
+    )
 
 
 def kept_prompts(batch) -> list[str]:
@@ -243,7 +251,9 @@ def test_a_sample_without_a_reward_does_not_move_its_groups_baseline():
     valid = torch.tensor([True, True, False, True, True, True, True, True])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     sequences = build_sequences([[1]] * 8, torch.ones(8, 2, dtype=torch.long), torch.ones(8, 2), 0, group_ids=groups)
-    credit = GroupCredit(resolve_spec("dr_grpo")).assign(sequences, rewards, valid, groups, None, None, torch.Generator())
+    credit = GroupCredit(resolve_spec("dr_grpo")).assign(
+        sequences, rewards, valid, groups, None, None, torch.Generator()
+    )
     # Group 0's baseline is the mean of its three valid rewards, 2/3; group 1's is 0.5.
     expected = torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3, 0.0, 0.0, -0.5, 0.5])
     torch.testing.assert_close(credit.advantages, expected)

@@ -29,7 +29,13 @@ FIELDS = {"prompt": "question", "answer": "gold"}
 EXPECTED = [
     {"prompt": "What is 1/2 + 1/4?", "answer": "3/4", "level": 1, "question": "What is 1/2 + 1/4?", "gold": "3/4"},
     {"prompt": "What is 2 + 2?", "answer": "4", "level": 2, "question": "What is 2 + 2?", "gold": "4"},
-    {"prompt": "Simplify sqrt(8).", "answer": "2*sqrt(2)", "level": 3, "question": "Simplify sqrt(8).", "gold": "2*sqrt(2)"},
+    {
+        "prompt": "Simplify sqrt(8).",
+        "answer": "2*sqrt(2)",
+        "level": 3,
+        "question": "Simplify sqrt(8).",
+        "gold": "2*sqrt(2)",
+    },
 ]
 
 
@@ -69,13 +75,20 @@ def test_jsonl_parquet_and_saved_datasets_load_the_same_records(tmp_path: Path) 
     ("lines", "message"),
     [
         (['{"question": "a", "gold": "1"}', '{"question": "b", "gold": '], "line 2: bad JSON"),
-        (['{"question": "a", "gold": "1"}', "", '{"question": "b"}'], r"line 3: field 'answer' \(column 'gold'\) is missing"),
+        (
+            ['{"question": "a", "gold": "1"}', "", '{"question": "b"}'],
+            r"line 3: field 'answer' \(column 'gold'\) is missing",
+        ),
         (['{"question": "  ", "gold": "1"}'], "line 1: empty prompt"),
         (['{"question": ["a"], "gold": "1"}'], "line 1: field 'prompt' must be str or a list of messages, got list"),
-        (['{"question": [{"role": "bot", "content": "a"}], "gold": "1"}'],
-         "line 1: field 'prompt' holds messages, but message 0 has role 'bot'"),
-        (['{"question": [{"role": "system", "content": "a"}], "gold": "1"}'],
-         "line 1: field 'prompt' holds messages, but no user message with text"),
+        (
+            ['{"question": [{"role": "bot", "content": "a"}], "gold": "1"}'],
+            "line 1: field 'prompt' holds messages, but message 0 has role 'bot'",
+        ),
+        (
+            ['{"question": [{"role": "system", "content": "a"}], "gold": "1"}'],
+            "line 1: field 'prompt' holds messages, but no user message with text",
+        ),
         (['{"question": "a", "gold": null}'], r"line 1: field 'answer' \(column 'gold'\) is null"),
         (['["a", "1"]'], "line 1: expected an object"),
         (['[{"question": "a", "gold": "1"},'], "line 1: bad JSON.*not one JSON array"),
@@ -237,8 +250,10 @@ def test_code_small_reference_solutions_pass_and_wrong_programs_fail() -> None:
     for row in rows:
         name = next(n.name for n in ast.parse(row["solution"]).body if isinstance(n, ast.FunctionDef))
         wrong.append(f"def {name}(*args):\n    return None\n")
-    results = run_many([(r["solution"], r["tests"]) for r in rows] + list(zip(wrong, [r["tests"] for r in rows], strict=True)),
-                       workers=4)
+    results = run_many(
+        [(r["solution"], r["tests"]) for r in rows] + list(zip(wrong, [r["tests"] for r in rows], strict=True)),
+        workers=4,
+    )
     assert [r.passed for r in results[: len(rows)]] == [True] * len(rows), [r.error for r in results]
     assert not any(r.passed for r in results[len(rows):])
     # The same verdicts through the task: a fenced reference solution scores 1, a wrong one 0.
@@ -312,14 +327,20 @@ def test_verl_parquet_layout_dotted_paths_and_messages(tmp_path: Path) -> None:
     from reinforge.data.chat import Conversation
 
     datasets.Dataset.from_list(VERL_ROWS).to_parquet(str(tmp_path / "verl.parquet"))
-    records = load_records(tmp_path / "verl.parquet", {"answer": "reward_model.ground_truth", "index": "extra_info.index"},
-                           required=["prompt", "answer"])
+    records = load_records(
+        tmp_path / "verl.parquet",
+        {"answer": "reward_model.ground_truth", "index": "extra_info.index"},
+        required=["prompt", "answer"],
+    )
     assert [r["answer"] for r in records] == ["1", "2", "3"] and [r["index"] for r in records] == [0, 1, 2]
     prompt = records[1]["prompt"]
     assert isinstance(prompt, Conversation) and prompt == "system: Think.\nuser: What is 1 + 1?"
     assert prompt.as_list() == VERL_ROWS[1]["prompt"]
     # The nested columns stay whole under their own names, for verl's compute_score.
-    assert records[2]["reward_model"] == {"ground_truth": "3", "style": "rule"} and records[2]["data_source"] == "openai/gsm8k"
+    assert (
+        records[2]["reward_model"] == {"ground_truth": "3", "style": "rule"}
+        and records[2]["data_source"] == "openai/gsm8k"
+    )
     # The dataset task reads the answer from reward_model.ground_truth unasked (verl's layout), and says so.
     task = build_task("dataset", path=str(tmp_path / "verl.parquet"), eval_path=str(tmp_path / "verl.parquet"))
     assert [e.answer for e in task.eval_split(3)] == ["1", "2", "3"]
@@ -351,7 +372,9 @@ def test_a_missing_field_names_the_columns_and_the_mapping_that_fixes_it(tmp_pat
         f"'{path}', line 1: field 'answer' (column 'gold') is missing; the row's columns: question, meta, meta.gold, "
         "meta.level; fix task.options.fields.answer=meta")
     # The fix the message points at, as a dotted path.
-    task = build_task("dataset", path=str(path), eval_path=str(path), fields={"prompt": "question", "answer": "meta.gold"})
+    task = build_task(
+        "dataset", path=str(path), eval_path=str(path), fields={"prompt": "question", "answer": "meta.gold"}
+    )
     assert task.eval_split(1)[0].answer == "2"
 
 
@@ -393,11 +416,16 @@ def test_a_loading_script_folder_is_refused_with_what_to_do(tmp_path: Path) -> N
 def test_prompt_system_makes_every_prompt_a_conversation(tmp_path: Path) -> None:
     from reinforge.data.chat import Conversation
 
-    path = _write_jsonl(tmp_path / "d.jsonl", [
-        json.dumps({"prompt": "1+1?", "answer": "2"}),
-        json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}),
-        json.dumps({"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}], "answer": "6"}),
-    ])
+    path = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            json.dumps({"prompt": "1+1?", "answer": "2"}),
+            json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}),
+            json.dumps(
+                {"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}], "answer": "6"}
+            ),
+        ],
+    )
     task = build_task("dataset", path=str(path), eval_path=str(path))
     assert not isinstance(task.eval_split(1)[0].prompt, Conversation)
     task.system = "Be brief."
@@ -405,7 +433,7 @@ def test_prompt_system_makes_every_prompt_a_conversation(tmp_path: Path) -> None
     assert prompts == [
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
-        [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}],      # its own system message stays
+        [{"role": "system", "content": "Own."}, {"role": "user", "content": "3+3?"}],  # its own system message stays
     ]
     sft = build_task("arithmetic")
     sft.system = "Add."

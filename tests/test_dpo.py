@@ -77,7 +77,9 @@ def test_start_loss_is_log2_and_gradient_is_minus_beta_half_grad_margin(micro_ov
     got = _grads(model)
     num = len(PAIRS)
     torch.testing.assert_close(logprobs, ref, rtol=0, atol=2e-5)
-    loss = -torch.nn.functional.logsigmoid(spec.beta * ((logprobs[:num] - ref[:num]) - (logprobs[num:] - ref[num:]))).mean()
+    loss = -torch.nn.functional.logsigmoid(
+        spec.beta * ((logprobs[:num] - ref[:num]) - (logprobs[num:] - ref[num:]))
+    ).mean()
     assert finite and loss.item() == pytest.approx(math.log(2), abs=1e-5)
 
     model.zero_grad(set_to_none=True)
@@ -97,7 +99,9 @@ def _fixed_pairs(micro_overrides, lr: float):
 
 def test_update_metrics_at_the_start(micro_overrides) -> None:
     model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 1e-3)
-    out = dpo_update(model, optimizer, warmup_constant(optimizer, 0), seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)
+    out = dpo_update(
+        model, optimizer, warmup_constant(optimizer, 0), seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0
+    )
     assert out.stepped
     assert out.metrics["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert out.metrics["dpo/margin"] == pytest.approx(0.0, abs=1e-5)
@@ -109,7 +113,9 @@ def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None
     model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 3e-3)
     spec = PreferenceSpec(beta=0.1)
     scheduler = warmup_constant(optimizer, 0)
-    history = [dpo_update(model, optimizer, scheduler, seq, ref, spec, ForwardPlan(), grad_clip=1.0).metrics for _ in range(8)]
+    history = [
+        dpo_update(model, optimizer, scheduler, seq, ref, spec, ForwardPlan(), grad_clip=1.0).metrics for _ in range(8)
+    ]
     after = dpo_update(model, optimizer, scheduler, seq, ref, spec, ForwardPlan(), grad_clip=1.0).metrics
     # Step 0: every pair is a tie (h_w = h_l = 0), which counts as wrong.
     assert history[0]["dpo/reward_accuracy"] == 0.0
@@ -122,7 +128,9 @@ def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None
 def test_nonfinite_update_moves_nothing(micro_overrides) -> None:
     model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 1e-2)
     scheduler = warmup_constant(optimizer, 2)
-    dpo_update(model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)   # Adam has moments now
+    dpo_update(
+        model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0
+    )  # Adam has moments now
     weights, moments = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     ref[1] = float("nan")
     out = dpo_update(model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)
@@ -158,10 +166,20 @@ class ScriptedEngine:
         mask = torch.zeros(len(ids), width)
         for i, row in enumerate(ids):
             completion_ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1.0
-        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(group_size)]
-        return Rollout(prompt_ids=prompt_ids, completion_ids=completion_ids, pad_id=self.tokenizer.pad_token_id, completion_mask=mask,
-                       sampler_logprobs=torch.zeros(len(ids), width), truncated=torch.zeros(len(ids), dtype=torch.bool),
-                       group_ids=torch.arange(len(prompts)).repeat_interleave(group_size), policy_version=policy_version, texts=texts)
+        prompt_ids = [
+            self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(group_size)
+        ]
+        return Rollout(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            completion_mask=mask,
+            sampler_logprobs=torch.zeros(len(ids), width),
+            truncated=torch.zeros(len(ids), dtype=torch.bool),
+            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
+            policy_version=policy_version,
+            texts=texts,
+        )
 
 
 def test_on_policy_source_pairs_correct_with_incorrect_samples(micro_overrides) -> None:
@@ -197,7 +215,10 @@ def test_dataset_pairs_read_and_bad_rows_named(tmp_path) -> None:
         {"prompt": "05+34=", "good": "039", "rejected": "040", "id": 1},
         {"prompt": "12+19=", "good": "031", "rejected": "021"},
     ]) + "\n")
-    assert preference_pairs(str(good), {"chosen": "good"}) == [PreferencePair("05+34=", "039", "040"), PreferencePair("12+19=", "031", "021")]
+    assert preference_pairs(str(good), {"chosen": "good"}) == [
+        PreferencePair("05+34=", "039", "040"),
+        PreferencePair("12+19=", "031", "021"),
+    ]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "1", "rejected": "2"}\n\n{"prompt": "b", "chosen": 3, "rejected": "2"}\n')
     with pytest.raises(DatasetError, match=r"line 3: field 'chosen' must be str, got int"):
@@ -239,7 +260,9 @@ def test_resume_after_step_k_equals_an_uninterrupted_run(micro_overrides, tmp_pa
     extra = ["train.steps=4", "train.lr=1e-3", "train.prompts_per_step=4"]   # enough groups that steps 1-2 form pairs
     if mode == "dataset":
         path = tmp_path / "pairs.jsonl"
-        path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n" for p in PAIRS))
+        path.write_text(
+            "".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n" for p in PAIRS)
+        )
         extra += ["dpo.pairs=dataset", f"dpo.pairs_path={path}"]
 
     def run(saved=None, weights=None, stop_at=None):
@@ -260,11 +283,16 @@ def test_resume_after_step_k_equals_an_uninterrupted_run(micro_overrides, tmp_pa
         return policy.model.state_dict(), kept, records, result
 
     straight, kept, records, result = run(stop_at=2)
-    assert result.policy_version >= 2 and all(r.metrics["dpo/pairs"] > 0 for r in records[:2]), [r.metrics for r in records]
+    assert result.policy_version >= 2 and all(r.metrics["dpo/pairs"] > 0 for r in records[:2]), [
+        r.metrics for r in records
+    ]
     resumed, _, later, _ = run(saved=kept["state"], weights=kept["weights"])
     assert [r.step for r in later] == [3, 4]
     assert all(torch.equal(v, resumed[k]) for k, v in straight.items())
-    untimed = [{k: v for k, v in r.metrics.items() if "seconds" not in k and k != "tokens_per_s"} for r in (*records[2:], *later)]
+    untimed = [
+        {k: v for k, v in r.metrics.items() if "seconds" not in k and k != "tokens_per_s"}
+        for r in (*records[2:], *later)
+    ]
     assert json.dumps(untimed[:2], sort_keys=True) == json.dumps(untimed[2:], sort_keys=True)   # NaN-safe
 
 
@@ -278,8 +306,13 @@ def test_reinforge_train_recipe_dpo_end_to_end(tmp_path, micro_overrides) -> Non
     from reinforge.cli import app
 
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}) + "\n"
-                             for a in range(10, 14) for b in range(20, 23)))
+    pairs.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}) + "\n"
+            for a in range(10, 14)
+            for b in range(20, 23)
+        )
+    )
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "dpo.pairs=dataset",
                                       f"dpo.pairs_path={pairs}", f"output_dir={out}"])
@@ -293,14 +326,33 @@ def test_reinforge_train_recipe_dpo_end_to_end(tmp_path, micro_overrides) -> Non
     lora = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "model.lora.r=4", "dpo.pairs=dataset",
                                     f"dpo.pairs_path={pairs}", f"output_dir={tmp_path / 'lora'}"])
     assert lora.exit_code == 0, lora.output
-    lora_rl = [r for r in map(json.loads, (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]
+    lora_rl = [
+        r for r in map(json.loads, (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"
+    ]
     assert lora_rl[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5) and lora_rl[-1]["policy_version"] == 3
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
-    refused = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "dpo.pairs=dataset", f"dpo.pairs_path={bad}",
-                                       f"output_dir={tmp_path / 'bad'}"])
-    assert refused.exit_code == 2 and "line 2: field 'chosen' is missing" in refused.output and not (tmp_path / "bad").exists()
+    bad.write_text(
+        json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n"
+    )
+    refused = CliRunner().invoke(
+        app,
+        [
+            "train",
+            *micro_overrides,
+            "recipe=dpo",
+            "dpo.pairs=dataset",
+            f"dpo.pairs_path={bad}",
+            f"output_dir={tmp_path / 'bad'}",
+        ],
+    )
+    assert (
+        refused.exit_code == 2
+        and "line 2: field 'chosen' is missing" in refused.output
+        and not (tmp_path / "bad").exists()
+    )
     on_policy = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", f"output_dir={tmp_path / 'op'}"])
     assert on_policy.exit_code == 0, on_policy.output
-    lines = [r for r in map(json.loads, (tmp_path / "op" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]
+    lines = [
+        r for r in map(json.loads, (tmp_path / "op" / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"
+    ]
     assert [r["dpo/pairs"] for r in lines] == [0.0, 0.0, 0.0] and lines[-1]["policy_version"] == 0

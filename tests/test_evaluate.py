@@ -17,7 +17,11 @@ class ScriptedEngine:
         self.sampled, self.greedy = sampled, greedy
 
     def generate(self, prompts, group_size, params: SamplingParams, policy_version: int = 0) -> Rollout:
-        texts = [self.greedy[p] for p in prompts] if params.greedy else [t for p in prompts for t in self.sampled[p][:group_size]]
+        texts = (
+            [self.greedy[p] for p in prompts]
+            if params.greedy
+            else [t for p in prompts for t in self.sampled[p][:group_size]]
+        )
         n = len(texts)
         lengths = torch.tensor([len(t) + 1 for t in texts], dtype=torch.float32)   # + eos
         mask = (torch.arange(8).unsqueeze(0) < lengths.unsqueeze(1)).float()

@@ -54,7 +54,9 @@ def logprobs(model: torch.nn.Module) -> torch.Tensor:
     completions = torch.tensor([[5, 6, 1, 0], [9, 10, 11, 1], [4, 1, 0, 0]])
     mask = (completions != 0).float()
     with torch.no_grad():
-        return completion_token_stats(model, build_sequences(prompts, completions, mask, tokenizer.pad_token_id)).logprobs
+        return completion_token_stats(
+            model, build_sequences(prompts, completions, mask, tokenizer.pad_token_id)
+        ).logprobs
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])

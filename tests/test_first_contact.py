@@ -43,10 +43,19 @@ def llama_dir(tmp_path_factory) -> Path:
                                   additional_special_tokens=SPECIALS[2:])
     tok.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    ))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    )
     path = tmp_path_factory.mktemp("llama_bpe")
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -149,8 +158,10 @@ def test_a_reward_function_that_raises_ends_the_run_with_one_line(llama_dir: Pat
     result = CliRunner().invoke(app, ["train", *_overrides(llama_dir, data, out, "convention_fixtures:always_raises")])
     assert result.exit_code == 2, result.output
     (line,) = [x for x in result.output.splitlines() if "reward function" in x]
-    assert line.startswith("error: reward function convention_fixtures.always_raises raised ValueError('x') on sample 0 "
-                           "(prompt 'system: Be brief.\\nuser: What is ")
+    assert line.startswith(
+        "error: reward function convention_fixtures.always_raises raised ValueError('x') on sample 0 "
+        "(prompt 'system: Be brief.\\nuser: What is "
+    )
     assert line.endswith(f"reward functions raised on 4 of 4 samples (always_raises: 4), more than "
                          f"reward.max_error_rate=0.05; full traceback in {out / 'error.log'}")
     assert "Traceback" not in result.output

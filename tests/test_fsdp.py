@@ -72,14 +72,25 @@ def _update(model, batch, aggregation, chunk, *, lr, grad_clip):
     """One optimizer step (ppo_epochs = mini_batches = 1) in micro-batches of 3 rows; lr 0 keeps the
     weights, so the gradient stays readable after."""
     optimizer = build_optimizer(model, lr=lr)
-    settings = UpdateSettings(grad_clip=grad_clip, forward=ForwardPlan(micro_batch_size=3, chunk_size=chunk), max_length=T)
-    return policy_update(model, optimizer, warmup_constant(optimizer, 0), batch, resolve_spec("grpo", aggregation=aggregation),
-                         settings, torch.Generator().manual_seed(0))
+    settings = UpdateSettings(
+        grad_clip=grad_clip, forward=ForwardPlan(micro_batch_size=3, chunk_size=chunk), max_length=T
+    )
+    return policy_update(
+        model,
+        optimizer,
+        warmup_constant(optimizer, 0),
+        batch,
+        resolve_spec("grpo", aggregation=aggregation),
+        settings,
+        torch.Generator().manual_seed(0),
+    )
 
 
 def _rank_part(batch, mine, reduce):
     """This rank's rows `mine` [N] (bool) of `batch`, as the learner gets them (DataParallel.share)."""
-    return dataclasses.replace(batch.select(mine), share=RankShare(reduce, rows=mine.nonzero().squeeze(1), total=len(mine)))
+    return dataclasses.replace(
+        batch.select(mine), share=RankShare(reduce, rows=mine.nonzero().squeeze(1), total=len(mine))
+    )
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -122,8 +133,14 @@ def _worker(rank: int, port: int) -> None:
         single = copy.deepcopy(policy.model)
         single_stats = _update(single, whole, "seq_mean_token_mean", 0, lr=1e-3, grad_clip=0.1)
         sharded = shard_model(copy.deepcopy(policy.model))
-        _update(sharded, _rank_part(whole, rank_rows(whole.group_ids, group.rank, 2), group.reduce), "seq_mean_token_mean", 0,
-                lr=1e-3, grad_clip=0.1)
+        _update(
+            sharded,
+            _rank_part(whole, rank_rows(whole.group_ids, group.rank, 2), group.reduce),
+            "seq_mean_token_mean",
+            0,
+            lr=1e-3,
+            grad_clip=0.1,
+        )
         assert single_stats.metrics["grad_norm"] > 0.5
         state = full_state_dict(sharded)
         if rank == 0:
@@ -134,7 +151,9 @@ def _worker(rank: int, port: int) -> None:
         sharded = shard_model(copy.deepcopy(policy.model))
         local = _rank_part(whole, rank_rows(whole.group_ids, group.rank, 2), group.reduce)
         if rank == 1:
-            local = dataclasses.replace(local, advantages=local.advantages.index_fill(0, torch.tensor([0]), float("nan")))
+            local = dataclasses.replace(
+                local, advantages=local.advantages.index_fill(0, torch.tensor([0]), float("nan"))
+            )
         stats = _update(sharded, local, "token_mean", 0, lr=1e-3, grad_clip=1.0)
         assert (stats.optimizer_steps, stats.skipped_steps) == (0, 1)
         state = full_state_dict(sharded)
@@ -261,7 +280,11 @@ def test_rank_rows_split_whole_groups_by_their_middle_row():
     assert rank_rows(ids, 0, 2).tolist() == [False, True, False, True, True]
     # Three ranks, six groups of 2 (shares of 4): two groups each.
     ids = torch.arange(6).repeat_interleave(2)
-    assert [rank_rows(ids, r, 3).nonzero().squeeze(1).tolist() for r in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [rank_rows(ids, r, 3).nonzero().squeeze(1).tolist() for r in range(3)] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+    ]
     # Fewer groups than ranks: one rank holds nothing. The ranks always partition the rows.
     ids = torch.tensor([4, 4, 4])
     assert [int(rank_rows(ids, r, 2).sum()) for r in range(2)] == [0, 3]

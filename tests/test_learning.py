@@ -16,7 +16,11 @@ from reinforge.pipeline import run
 @pytest.mark.parametrize("mode", ["train.mode=sync", "train.mode=async"])
 def test_held_out_pass_rate_rises(tmp_path: Path, mode: str) -> None:
     out = tmp_path / "run"
-    run(build_config([*constant_answer_task(tmp_path), "recipe=grpo", mode, "train.max_staleness=1", f"output_dir={out}"]))
+    run(
+        build_config(
+            [*constant_answer_task(tmp_path), "recipe=grpo", mode, "train.max_staleness=1", f"output_dir={out}"]
+        )
+    )
     start, final = held_out_pass_rates(out)
     assert start <= 0.05                         # the untrained model answers "7" about 1 time in 40
     assert final >= start + MIN_PASS_RATE       # measured 0.92 (sync), 0.98 (async)

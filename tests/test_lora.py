@@ -69,7 +69,9 @@ def base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def sampled_batch(policy: Policy, seed: int = 0, group_size: int = 4, max_new_tokens: int = 8):
     torch.manual_seed(seed)
-    rollout = NativeEngine(policy).generate(PROMPTS, group_size, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens))
+    rollout = NativeEngine(policy).generate(
+        PROMPTS, group_size, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    )
     seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                           policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
     return rollout, seq
@@ -103,7 +105,9 @@ def test_only_the_adapters_are_trainable_with_the_hand_counted_size(micro_overri
     # peft's init: B = 0, so the wrapped model is its base model; A is drawn under the seed.
     assert all(not p.any() for n, p in trainable.items() if "lora_B" in n)
     again, other = (load_policy(build_config([*micro_overrides, "model.lora.r=4"]).model, seed=s) for s in (0, 1))
-    assert all(torch.equal(a, b) for a, b in zip(adapters(policy.model).values(), adapters(again.model).values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(adapters(policy.model).values(), adapters(again.model).values(), strict=True)
+    )
     a_key = next(n for n in trainable if "lora_A" in n)
     assert not torch.equal(adapters(policy.model)[a_key], adapters(other.model)[a_key])
 
@@ -114,7 +118,9 @@ def test_native_and_hf_sampler_logprobs_equal_the_learners_with_lora(micro_overr
     for engine in (NativeEngine(policy), HFEngine(policy)):
         torch.manual_seed(0)
         rollout = engine.generate(PROMPTS, 4, SamplingParams(temperature=temperature, max_new_tokens=8))
-        seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+        seq = build_sequences(
+            rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+        )
         with torch.no_grad():
             learner = completion_token_stats(policy.model, seq, temperature).logprobs   # peft's own forward
             with policy.model.disable_adapter():
@@ -166,10 +172,23 @@ def test_sft_and_rl_updates_move_only_the_adapters(micro_overrides) -> None:
     spec = resolve_spec("grpo")
     reference = Reference.build(policy.model, spec)
     optimizer = build_optimizer(policy.model, lr=1e-2)
-    batch = LearnerBatch(sequences=seq, advantages=torch.randn(len(rollout.group_ids), generator=torch.Generator().manual_seed(2)),
-                         old_logprobs=None, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
-                         ref_logprobs=reference.logprobs(seq, 1.0, PLAN))
-    stats = policy_update(policy.model, optimizer, warmup_constant(optimizer, 0), batch, spec, UpdateSettings(forward=PLAN), torch.Generator().manual_seed(0))
+    batch = LearnerBatch(
+        sequences=seq,
+        advantages=torch.randn(len(rollout.group_ids), generator=torch.Generator().manual_seed(2)),
+        old_logprobs=None,
+        sampler_logprobs=rollout.sampler_logprobs,
+        group_ids=rollout.group_ids,
+        ref_logprobs=reference.logprobs(seq, 1.0, PLAN),
+    )
+    stats = policy_update(
+        policy.model,
+        optimizer,
+        warmup_constant(optimizer, 0),
+        batch,
+        spec,
+        UpdateSettings(forward=PLAN),
+        torch.Generator().manual_seed(0),
+    )
     assert stats.optimizer_steps == 1
     after_rl = adapters(policy.model)
     assert all(not torch.equal(after_rl[n], after_sft[n]) for n in start)
@@ -249,8 +268,9 @@ def test_state_dict_round_trips_through_a_fresh_lora_model(micro_overrides) -> N
     assert state.keys() == loaded.keys() and any("lora_B" in k for k in state)
     assert all(torch.equal(state[k], loaded[k]) for k in state)
     _, seq = sampled_batch(policy)
-    torch.testing.assert_close(token_logprobs(fresh.model, seq, 1.0, PLAN), token_logprobs(policy.model, seq, 1.0, PLAN),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        token_logprobs(fresh.model, seq, 1.0, PLAN), token_logprobs(policy.model, seq, 1.0, PLAN), atol=0, rtol=0
+    )
 
 
 def test_adapters_that_cannot_run_are_refused(micro_overrides, untied_micro) -> None:

@@ -357,7 +357,9 @@ def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(
     inline = _spy_inline(monkeypatch)
     remote: list[tuple] = []
     pool_call = math_rewards._POOL.call
-    monkeypatch.setattr(math_rewards._POOL, "call", lambda fn, args, timeout_s: remote.append(args) or pool_call(fn, args, timeout_s))
+    monkeypatch.setattr(
+        math_rewards._POOL, "call", lambda fn, args, timeout_s: remote.append(args) or pool_call(fn, args, timeout_s)
+    )
     run_rl(cfg, policy, build_engine(cfg.rollout, policy), task, objective_spec(cfg), lambda record, state: None)
     judged = remote if mode == "async" else inline
     assert len(judged) > 0 and (inline if mode == "async" else remote) == []

@@ -107,10 +107,14 @@ def _run_settings(micro: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_gpt2_trains_with_one_line_saying_what_runs_it(tmp_path: Path, micro_overrides, gpt2_dir: str, lora: bool) -> None:
+def test_gpt2_trains_with_one_line_saying_what_runs_it(
+    tmp_path: Path, micro_overrides, gpt2_dir: str, lora: bool
+) -> None:
     out = tmp_path / "run"
     extra = ["model.lora.r=4"] if lora else []
-    result = runner.invoke(app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", *extra, f"output_dir={out}"])
+    result = runner.invoke(
+        app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", *extra, f"output_dir={out}"]
+    )
     assert result.exit_code == 0, result.output
     notes = [line for line in result.stderr.splitlines() if line.startswith("model:")]
     # peft's default targets for GPT-2 (its projections are not named as Llama's)
@@ -121,39 +125,72 @@ def test_gpt2_trains_with_one_line_saying_what_runs_it(tmp_path: Path, micro_ove
     assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
 
 
-@pytest.mark.parametrize(("setting", "message"), [
-    ("rollout.engine=native", "rollout.engine=native cannot run '{path}': gpt2 is not Llama-family (llama, mistral, qwen2, "
-                              "qwen3); remove rollout.engine=native (the transformers engine is chosen for this model) "
-                              "or set rollout.engine=hf"),
-    ("train.shared_prefix=true", "train.shared_prefix=true cannot run '{path}': gpt2 is not Llama-family (llama, mistral, "
-                                 "qwen2, qwen3); remove it (the model's own forward is chosen for this model) or set "
-                                 "train.shared_prefix=false"),
-    ("recipe=areal", "train.mode=async samples with the native engine, which cannot run '{path}': gpt2 is not "
-                     "Llama-family (llama, mistral, qwen2, qwen3); use train.mode=sync and a recipe that is not asynchronous"),
-])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "rollout.engine=native",
+            "rollout.engine=native cannot run '{path}': gpt2 is not Llama-family (llama, mistral, qwen2, "
+            "qwen3); remove rollout.engine=native (the transformers engine is chosen for this model) "
+            "or set rollout.engine=hf",
+        ),
+        (
+            "train.shared_prefix=true",
+            "train.shared_prefix=true cannot run '{path}': gpt2 is not Llama-family (llama, mistral, "
+            "qwen2, qwen3); remove it (the model's own forward is chosen for this model) or set "
+            "train.shared_prefix=false",
+        ),
+        (
+            "recipe=areal",
+            "train.mode=async samples with the native engine, which cannot run '{path}': gpt2 is not "
+            "Llama-family (llama, mistral, qwen2, qwen3); use train.mode=sync and a recipe that is not asynchronous",
+        ),
+    ],
+)
 def test_gpt2_with_a_setting_it_cannot_run_is_one_config_error(tmp_path: Path, micro_overrides, gpt2_dir: str,
                                                                setting: str, message: str) -> None:
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", setting, f"output_dir={out}"])
+    result = runner.invoke(
+        app, ["train", *_run_settings(micro_overrides), f"model={gpt2_dir}", setting, f"output_dir={out}"]
+    )
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.format(path=gpt2_dir)}\n"
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("config", "native", "shared_prefix"), [
-    ({"model_type": "qwen2"}, None, None),
-    ({"model_type": "phi"}, "phi is not Llama-family (llama, mistral, qwen2, qwen3)", "phi is not Llama-family (llama, mistral, qwen2, qwen3)"),
-    ({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
-     "llama with rope_type 'dynamic' is not one the native decoder implements (default, linear, llama3, yarn)", ...),
-    ({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}}, None, None),
-    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096},
-     "qwen2 uses sliding-window layers, which the native decoder does not model", ...),
-    ({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4096}, None, None),
-    ({"model_type": "mistral", "sliding_window": 4096}, None,
-     "mistral uses sliding-window attention, which the shared-prompt learner forward does not model"),
-    ({"model_type": "llama", "attention_dropout": 0.1}, None,
-     "llama applies attention dropout, which the shared-prompt learner forward does not"),
-])
+@pytest.mark.parametrize(
+    ("config", "native", "shared_prefix"),
+    [
+        ({"model_type": "qwen2"}, None, None),
+        (
+            {"model_type": "phi"},
+            "phi is not Llama-family (llama, mistral, qwen2, qwen3)",
+            "phi is not Llama-family (llama, mistral, qwen2, qwen3)",
+        ),
+        (
+            {"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            "llama with rope_type 'dynamic' is not one the native decoder implements (default, linear, llama3, yarn)",
+            ...,
+        ),
+        ({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}}, None, None),
+        (
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096},
+            "qwen2 uses sliding-window layers, which the native decoder does not model",
+            ...,
+        ),
+        ({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4096}, None, None),
+        (
+            {"model_type": "mistral", "sliding_window": 4096},
+            None,
+            "mistral uses sliding-window attention, which the shared-prompt learner forward does not model",
+        ),
+        (
+            {"model_type": "llama", "attention_dropout": 0.1},
+            None,
+            "llama applies attention dropout, which the shared-prompt learner forward does not",
+        ),
+    ],
+)
 def test_what_the_native_paths_run_is_read_from_config_json(config: dict, native, shared_prefix) -> None:
     from reinforge.models.model_dir import native_refusal, shared_prefix_refusal
 
@@ -169,7 +206,8 @@ def test_a_mistral_window_keeps_the_native_engine_and_drops_the_shared_prompt_fo
 
     assert architecture_plan(tmp_path).note(cfg.rollout.engine, cfg.train.shared_prefix) == (
         "model: mistral uses sliding-window attention, which the shared-prompt learner forward does not model; "
-        "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward (train.shared_prefix=false)")
+        "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward (train.shared_prefix=false)"
+    )
 
 
 def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> None:
@@ -186,8 +224,10 @@ def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> N
         "(train.logprob_chunk_size=0: gemma2 soft-caps its logits after the LM head)")
     with pytest.raises(ConfigError) as err:
         build_config([f"model={tmp_path}", "train.logprob_chunk_size=512"])
-    assert str(err.value) == (f"train.logprob_chunk_size=512 cannot run '{tmp_path}': gemma2 soft-caps its logits after "
-                              "the LM head; remove it (full logits are chosen for this model) or set it to 0")
+    assert str(err.value) == (
+        f"train.logprob_chunk_size=512 cannot run '{tmp_path}': gemma2 soft-caps its logits after "
+        "the LM head; remove it (full logits are chosen for this model) or set it to 0"
+    )
 
 
 def test_a_pipelines_later_stages_run_the_first_stages_architecture(tmp_path: Path, gpt2_dir: str) -> None:

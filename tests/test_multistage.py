@@ -24,14 +24,26 @@ def _write(path: Path, data: dict) -> str:
 
 
 def test_stage_settings_precedence_and_model_chain(tmp_path: Path) -> None:
-    spec = PipelineSpec.load(_write(tmp_path / "p.yaml", {
-        "name": "demo",
-        "settings": {"seed": 5, "train.lr": 1.0e-4, "eval.num_prompts": 7},
-        "stages": [
-            {"name": "a", "settings": {"train.steps": 0, "train.lr": 2.0e-4}},
-            {"name": "b", "settings": {"recipe": "dr_grpo", "sft.enabled": False, "curation": {"filters": ["zero_variance"]}}},
-        ],
-    }))
+    spec = PipelineSpec.load(
+        _write(
+            tmp_path / "p.yaml",
+            {
+                "name": "demo",
+                "settings": {"seed": 5, "train.lr": 1.0e-4, "eval.num_prompts": 7},
+                "stages": [
+                    {"name": "a", "settings": {"train.steps": 0, "train.lr": 2.0e-4}},
+                    {
+                        "name": "b",
+                        "settings": {
+                            "recipe": "dr_grpo",
+                            "sft.enabled": False,
+                            "curation": {"filters": ["zero_variance"]},
+                        },
+                    },
+                ],
+            },
+        )
+    )
     out = tmp_path / "out"
     a, b = stage_configs(spec, ["seed=9", "train.lr=3e-4", "b:train.lr=4e-4", "b:model.path=/elsewhere"], out)
     # pipeline settings < overrides for all < stage settings < overrides for one stage < the chain
@@ -60,20 +72,37 @@ def test_bad_pipeline_files_are_config_errors(tmp_path: Path, data: dict, messag
 def test_unknown_pipeline_names_the_shipped_ones_and_unknown_stages_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="shipped: r1, r1_zero"):
         PipelineSpec.load("r2")
-    with pytest.raises(ConfigError, match="does not have .stages: cold_start, reasoning_rl, rejection_sft, all_scenario_rl"):
+    with pytest.raises(
+        ConfigError, match="does not have .stages: cold_start, reasoning_rl, rejection_sft, all_scenario_rl"
+    ):
         stage_configs(PipelineSpec.load("r1"), ["reasoning:train.steps=1"], tmp_path / "out")
 
 
 @pytest.mark.slow
 def test_two_stage_pipeline_chains_models_and_skips_finished_stages(tmp_path: Path, micro_overrides) -> None:
-    path = _write(tmp_path / "p.yaml", {"name": "two", "stages": [
-        {"name": "sft", "settings": {"train.steps": 0}},
-        # A reward for containing a "1" gives the micro model's groups reward variance (a quarter of
-        # its random samples have one), so RL moves the weights.
-        {"name": "rl", "settings": {"recipe": "grpo", "sft.enabled": False, "train.lr": 1e-3,
-                                    "reward.functions": [{"name": "verifier"},
-                                                         {"name": "format", "params": {"pattern": "1", "mode": "search"}}]}},
-    ]})
+    path = _write(
+        tmp_path / "p.yaml",
+        {
+            "name": "two",
+            "stages": [
+                {"name": "sft", "settings": {"train.steps": 0}},
+                # A reward for containing a "1" gives the micro model's groups reward variance (a quarter of
+                # its random samples have one), so RL moves the weights.
+                {
+                    "name": "rl",
+                    "settings": {
+                        "recipe": "grpo",
+                        "sft.enabled": False,
+                        "train.lr": 1e-3,
+                        "reward.functions": [
+                            {"name": "verifier"},
+                            {"name": "format", "params": {"pattern": "1", "mode": "search"}},
+                        ],
+                    },
+                },
+            ],
+        },
+    )
     out = tmp_path / "out"
     result = run_pipeline(path, micro_overrides, out)
     assert [s.name for s in result.stages] == ["sft", "rl"] and [s.rl_steps for s in result.stages] == [0, 3]

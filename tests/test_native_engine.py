@@ -85,7 +85,9 @@ def test_sampler_logprobs_equal_learner_logprobs(name: str, temperature: float) 
     policy = MODELS[name]()
     torch.manual_seed(0)
     rollout = NativeEngine(policy).generate(PROMPTS, 4, SamplingParams(temperature=temperature, max_new_tokens=8))
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         learner = completion_token_stats(policy.model, seq, temperature).logprobs
     assert rollout.completion_mask.sum() > 40
@@ -112,7 +114,9 @@ def test_continuous_batching_returns_every_sample_once() -> None:
     # log-probs are the learner's for that prompt and completion.
     torch.manual_seed(3)
     sampled = NativeEngine(policy, max_batch_rows=4).generate(PROMPTS, 6, SamplingParams(max_new_tokens=9))
-    seq = build_sequences(sampled.prompt_ids, sampled.completion_ids, sampled.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        sampled.prompt_ids, sampled.completion_ids, sampled.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         learner = completion_token_stats(policy.model, seq).logprobs
     torch.testing.assert_close(learner, sampled.sampler_logprobs, atol=1e-4, rtol=0)

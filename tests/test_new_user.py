@@ -123,8 +123,10 @@ def test_verls_custom_reward_function_in_a_nested_yaml_names_reward_functions(tm
     (tmp_path / "verl.yaml").write_text("custom_reward_function:\n  path: my_reward.py\n  name: compute_score\n")
     with pytest.raises(ConfigError) as err:
         build_config([], str(tmp_path / "verl.yaml"))
-    assert str(err.value).startswith("2 unknown config keys: 'custom_reward_function.path'; did you mean "
-                                     "'reward.functions'? (verl's name; as reward.functions=[{name: path/to/file.py:function}]")
+    assert str(err.value).startswith(
+        "2 unknown config keys: 'custom_reward_function.path'; did you mean "
+        "'reward.functions'? (verl's name; as reward.functions=[{name: path/to/file.py:function}]"
+    )
 
 
 def test_export_of_a_run_whose_reward_was_a_notebook_function(tmp_path) -> None:
@@ -135,13 +137,18 @@ def test_export_of_a_run_whose_reward_was_a_notebook_function(tmp_path) -> None:
     assert CliRunner().invoke(app, args).exit_code == 0
     # As if the reward had been given to reinforge.train in a process that has ended.
     config = run_dir / "config.yaml"
-    config.write_text(config.read_text().replace(f"{tmp_path / 'r.py'}:length", "reinforge.user_rewards:gone_with_its_process"))
+    config.write_text(
+        config.read_text().replace(f"{tmp_path / 'r.py'}:length", "reinforge.user_rewards:gone_with_its_process")
+    )
     result = CliRunner().invoke(app, ["export", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert (run_dir / "export" / "config.json").is_file() and (run_dir / "export" / "model.safetensors").is_file()
     # Resuming does compute rewards: there the missing function is still refused, in one line.
     result = CliRunner().invoke(app, ["train", "--resume", str(run_dir)])
-    assert result.exit_code == 2 and "no reward function 'gone_with_its_process' is registered in this process" in result.output
+    assert (
+        result.exit_code == 2
+        and "no reward function 'gone_with_its_process' is registered in this process" in result.output
+    )
 
 
 def test_resume_from_checkpoint_names_the_resume_option() -> None:
@@ -160,12 +167,24 @@ def test_a_verl_dataframe_is_a_dataset_and_train_dataset_names_dataset(tmp_path,
 
     monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path))
     # As read from verl's parquet: the message list is a numpy array of dicts, reward_model a dict.
-    frame = pd.DataFrame([{"data_source": "gsm8k", "prompt": np.array([{"role": "user", "content": "1+2?"}], dtype=object),
-                           "reward_model": {"style": "rule", "ground_truth": "3"}}])
+    frame = pd.DataFrame(
+        [
+            {
+                "data_source": "gsm8k",
+                "prompt": np.array([{"role": "user", "content": "1+2?"}], dtype=object),
+                "reward_model": {"style": "rule", "ground_truth": "3"},
+            }
+        ]
+    )
     path = dataset_path(frame)
-    assert json.loads(Path(path).read_text()) == {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "1+2?"}],
-                                                  "reward_model": {"style": "rule", "ground_truth": "3"}}
-    with pytest.raises(TypeError, match=r"^reinforge.train takes the data as dataset=\.\.\., not train_dataset=\.\.\.$"):
+    assert json.loads(Path(path).read_text()) == {
+        "data_source": "gsm8k",
+        "prompt": [{"role": "user", "content": "1+2?"}],
+        "reward_model": {"style": "rule", "ground_truth": "3"},
+    }
+    with pytest.raises(
+        TypeError, match=r"^reinforge.train takes the data as dataset=\.\.\., not train_dataset=\.\.\.$"
+    ):
         reinforge.train(train_dataset=path)
 
 
@@ -182,8 +201,10 @@ def test_a_reward_file_imports_its_neighbours_and_a_broken_one_is_one_line(tmp_p
     assert fn(completions=[" 4 ", "5"], solution=["4", "4"]) == [1.0, 0.0]
     with pytest.raises(ValueError) as err:
         resolve_reward_function(f"{folder / 'rewards.py'}:acuracy_reward", {})
-    assert str(err.value) == (f"reward function '{folder / 'rewards.py'}:acuracy_reward': '{folder / 'rewards.py'}' has "
-                              "no function 'acuracy_reward'; did you mean 'accuracy_reward'? (its functions: accuracy_reward)")
+    assert str(err.value) == (
+        f"reward function '{folder / 'rewards.py'}:acuracy_reward': '{folder / 'rewards.py'}' has "
+        "no function 'acuracy_reward'; did you mean 'accuracy_reward'? (its functions: accuracy_reward)"
+    )
     (folder / "broken.py").write_text("import re\n\ndef f(completions, **kwargs)\n    return [1.0]\n")
     (folder / "missing.py").write_text("import re\nimport not_installed_anywhere_xyz\n")
     with pytest.raises(ValueError) as err:
@@ -201,9 +222,11 @@ def test_reward_functions_as_bare_names_and_a_verifier_named_as_a_reward() -> No
     assert [f.name for f in build_config(["reward.functions=verifier"]).reward.functions] == ["verifier"]
     with pytest.raises(ConfigError) as err:
         build_config(["reward.functions=[math]"])
-    assert str(err.value) == ("invalid configuration: reward: 'math' is a verifier, not a reward function: the reward "
-                              "function 'verifier' scores with the task's verifier, set with task.options.verifier=math "
-                              "(task.name=dataset)")
+    assert str(err.value) == (
+        "invalid configuration: reward: 'math' is a verifier, not a reward function: the reward "
+        "function 'verifier' scores with the task's verifier, set with task.options.verifier=math "
+        "(task.name=dataset)"
+    )
 
 
 def test_a_kwargs_only_function_that_reads_completions_is_told_how_to_get_them(tmp_path) -> None:
@@ -292,9 +315,11 @@ def test_prompt_plus_max_new_tokens_past_learned_positions_is_one_line(gpt2_32_p
             f"task.options.path={data}", "task.options.verifier=exact", f"output_dir={out}"]
     result = CliRunner().invoke(app, [*base, f"rollout.max_new_tokens={33 - longest}"])
     assert result.exit_code == 2 and not out.exists()
-    assert (f"error: the longest prompt ({longest} tokens) + rollout.max_new_tokens ({33 - longest}) exceed the model's 32 "
-            f"positions (n_positions in its config.json): set rollout.max_new_tokens={32 - longest} or less, or shorten "
-            "the prompts") in " ".join(result.output.split())
+    assert (
+        f"error: the longest prompt ({longest} tokens) + rollout.max_new_tokens ({33 - longest}) exceed the model's 32 "
+        f"positions (n_positions in its config.json): set rollout.max_new_tokens={32 - longest} or less, or shorten "
+        "the prompts"
+    ) in " ".join(result.output.split())
     # Exactly at the limit it runs.
     result = CliRunner().invoke(app, [*base, f"rollout.max_new_tokens={32 - longest}"])
     assert result.exit_code == 0, result.output
@@ -308,7 +333,8 @@ def test_a_trl_or_verl_config_file_gets_every_unknown_key_at_once(tmp_path) -> N
         "3 unknown config keys: 'model_name_or_path'; did you mean 'model.path'? (TRL's GRPOConfig name; a local "
         "folder; nothing is downloaded) | 'num_generations'; did you mean 'train.group_size'? (TRL's GRPOConfig name) | "
         "'trian'; did you mean 'train'? (valid: alerts, backend, checkpoint, critic, curation, dpo, eval, log, model, "
-        "objective, output_dir, prompt, ray, recipe, reward, rollout, seed, sft, task, threads, train)")
+        "objective, output_dir, prompt, ray, recipe, reward, rollout, seed, sft, task, threads, train)"
+    )
     (tmp_path / "verl.yaml").write_text("data:\n  train_files: t.parquet\n  max_response_length: 64\n"
                                         "train:\n  steps: 2\n  lr_rate: 0.1\n")
     with pytest.raises(ConfigError) as err:
@@ -330,18 +356,22 @@ def test_one_bad_row_after_good_ones_names_skip_invalid(tmp_path) -> None:
 
 
 def test_a_required_parameter_nothing_fills_is_refused_before_anything_loads(tmp_path) -> None:
-    (tmp_path / "r.py").write_text("def state(completions, trainer_state, **kwargs):\n    return [0.0] * len(completions)\n\n"
-                                   "def column(completion, difficulty):\n    return 0.0\n\n"
-                                   "def has_column(completions, ground_truth, **kwargs):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "r.py").write_text(
+        "def state(completions, trainer_state, **kwargs):\n    return [0.0] * len(completions)\n\n"
+        "def column(completion, difficulty):\n    return 0.0\n\n"
+        "def has_column(completions, ground_truth, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
     data = _plain_data(tmp_path / "d.jsonl")
     base = ["train", *MICRO, "sft.enabled=false", "task.name=dataset", f"task.options.path={data}",
             f"output_dir={tmp_path / 'run'}"]
     result = CliRunner().invoke(app, [*base, f"reward.functions=[{tmp_path / 'r.py'}:state]"])
     assert result.exit_code == 2 and not (tmp_path / "run").exists()
-    assert (f"error: reward function '{tmp_path / 'r.py'}:state' needs 'trainer_state', which nothing passes: not an "
-            "input of its form (prompts, completions, completion_ids), nor a column of the data (answer, ground_truth, "
-            "prompt), nor one of its params; TRL's trainer_state is not passed (there is no transformers Trainer): give "
-            "it a default, trainer_state=None") in " ".join(result.output.split())
+    assert (
+        f"error: reward function '{tmp_path / 'r.py'}:state' needs 'trainer_state', which nothing passes: not an "
+        "input of its form (prompts, completions, completion_ids), nor a column of the data (answer, ground_truth, "
+        "prompt), nor one of its params; TRL's trainer_state is not passed (there is no transformers Trainer): give "
+        "it a default, trainer_state=None"
+    ) in " ".join(result.output.split())
     result = CliRunner().invoke(app, [*base, f"reward.functions=[{tmp_path / 'r.py'}:column]"])
     assert result.exit_code == 2 and "needs 'difficulty', which nothing passes" in result.output
     # A column of the data (ground_truth) fills it: the checks before the run pass.
@@ -353,7 +383,9 @@ def test_a_required_parameter_nothing_fills_is_refused_before_anything_loads(tmp
 
 def test_a_list_of_gold_answers_says_the_verifier_takes_one(tmp_path) -> None:
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"prompt": "2?", "reward_model": {"style": "rule", "ground_truth": ["2", "two"]}}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "2?", "reward_model": {"style": "rule", "ground_truth": ["2", "two"]}}) + "\n"
+    )
     with pytest.raises(DatasetError) as err:
         DatasetTask(str(path))
     assert str(err.value) == (f"'{path}', line 1: field 'answer' must be str or int or float, got list; the verifiers "

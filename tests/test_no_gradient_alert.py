@@ -19,7 +19,9 @@ def _run(micro_overrides: list[str], tmp_path: Path, *extra: str) -> tuple[list[
     out = tmp_path / "run"
     run(build_config([*micro_overrides, *SHORT, *extra, f"output_dir={out}"]))
     alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
-    steps = [r for line in (out / "metrics.jsonl").read_text().splitlines() if (r := json.loads(line)).get("stage") == "rl"]
+    steps = [
+        r for line in (out / "metrics.jsonl").read_text().splitlines() if (r := json.loads(line)).get("stage") == "rl"
+    ]
     return alerts, steps
 
 

@@ -64,7 +64,9 @@ def test_every_recipe_is_finite(batch, recipe, aggregation, max_length):
     if spec.needs_critic:   # GAE advantages come from a critic: any finite per-token values
         advantages = batch["rewards"].unsqueeze(1) * batch["mask"]
     else:
-        advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(batch["rewards"], batch["group_ids"]).advantages
+        advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(
+            batch["rewards"], batch["group_ids"]
+        ).advantages
     assert torch.isfinite(advantages).all()
     _loss_is_finite(batch, advantages, recipe, aggregation=aggregation, max_length=max_length)
 

@@ -31,7 +31,9 @@ def _finite(record: dict) -> bool:
     ("dr_grpo", ["train.mini_batches=1"]),      # one optimizer step per batch: pi_old from the update's forward
     ("grpo", ["rollout.engine=hf"]),
 ])
-def test_three_step_run_writes_a_complete_run_dir(tmp_path: Path, micro_overrides, recipe: str, extra: list[str]) -> None:
+def test_three_step_run_writes_a_complete_run_dir(
+    tmp_path: Path, micro_overrides, recipe: str, extra: list[str]
+) -> None:
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *micro_overrides, *extra, f"recipe={recipe}", f"output_dir={out}"])
     assert result.exit_code == 0, result.output
@@ -39,8 +41,17 @@ def test_three_step_run_writes_a_complete_run_dir(tmp_path: Path, micro_override
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3]
-    for key in ("reward_mean", "response_length_mean", "entropy", "clip_frac", "grad_norm", "lr", "tokens_per_s", "step_seconds",
-                "mismatch_abs_diff_max"):
+    for key in (
+        "reward_mean",
+        "response_length_mean",
+        "entropy",
+        "clip_frac",
+        "grad_norm",
+        "lr",
+        "tokens_per_s",
+        "step_seconds",
+        "mismatch_abs_diff_max",
+    ):
         assert all(key in r for r in rl), key
     assert all(_finite(r) for r in lines)
     assert ("kl" in rl[0]) == (recipe == "grpo")
@@ -84,7 +95,9 @@ def test_local_model_directory_goes_through_the_same_path(tmp_path: Path, micro_
         ("task.name=arithmatic", "did you mean 'arithmetic'"),
     ],
 )
-def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path: Path, micro_overrides, override: str, message: str) -> None:
+def test_bad_input_is_a_clear_error_and_writes_nothing(
+    tmp_path: Path, micro_overrides, override: str, message: str
+) -> None:
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *micro_overrides, override, f"output_dir={out}"])
     assert result.exit_code == 2
@@ -115,7 +128,9 @@ def test_bad_option_values_are_config_errors(tmp_path: Path, micro_overrides, ov
 
 def test_countdown_task_runs_end_to_end(tmp_path: Path, micro_overrides) -> None:
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", *micro_overrides, "task.name=countdown", "rollout.max_new_tokens=8", f"output_dir={out}"])
+    result = runner.invoke(
+        app, ["train", *micro_overrides, "task.name=countdown", "rollout.max_new_tokens=8", f"output_dir={out}"]
+    )
     assert result.exit_code == 0, result.output
     rl = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]
     assert len(rl) == 3 and all(_finite(r) for r in rl)
@@ -156,12 +171,22 @@ def test_sft_on_teacher_traces_from_a_file(tmp_path: Path, micro_overrides) -> N
     traces.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n"
                               for a in range(10, 14) for b in range(20, 22)))
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={traces}", f"output_dir={out}"])
+    result = runner.invoke(
+        app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={traces}", f"output_dir={out}"]
+    )
     assert result.exit_code == 0, result.output
     sft = json.loads((out / "summary.json").read_text())["sft"]
     assert sft["source"] == "file" and sft["examples"] == 8 and sft["final_loss"] < sft["first_loss"]
-    missing = runner.invoke(app, ["train", *micro_overrides, "sft.source=file", f"sft.data_path={tmp_path / 'nope.jsonl'}",
-                                  f"output_dir={tmp_path / 'other'}"])
+    missing = runner.invoke(
+        app,
+        [
+            "train",
+            *micro_overrides,
+            "sft.source=file",
+            f"sft.data_path={tmp_path / 'nope.jsonl'}",
+            f"output_dir={tmp_path / 'other'}",
+        ],
+    )
     assert missing.exit_code == 2 and "does not exist" in missing.output and not (tmp_path / "other").exists()
 
 

@@ -73,7 +73,11 @@ def test_compositions_match_the_formula_sheet():
         assert got == (advantage, policy_loss, params, aggregation, kl), name
     assert (_spec("grpo").kl_coef, _spec("ppo").kl_coef, _spec("ppo").kl_placement) == (0.04, 0.05, "in_reward")
     assert _spec("ppo").value.value_clip == 0.2 and _spec("ppo").needs_critic
-    assert (_spec("vapo").value.lam_critic, _spec("vapo").value.length_adaptive_alpha, _spec("vapo").nll_coef) == (1.0, 0.05, 0.1)
+    assert (_spec("vapo").value.lam_critic, _spec("vapo").value.length_adaptive_alpha, _spec("vapo").nll_coef) == (
+        1.0,
+        0.05,
+        0.1,
+    )
     assert (_spec("olmo3").correction, dict(_spec("olmo3").correction_params)) == ("tis", {"cap": 2.0})
     assert _spec("scalerl").ratio_anchor == "sampler"
     assert (_spec("t1").reference, _spec("t1").entropy_coef) == ("ema", 1e-3)

@@ -27,10 +27,17 @@ class ScriptedEngine:
         self.calls.append(len(prompts))
         rows = [s for p in prompts for s in self.script[p][:group_size]]
         n = len(rows)
-        return Rollout(prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 1, dtype=torch.long), pad_id=0, completion_mask=torch.ones(n, 1),
-                       sampler_logprobs=torch.zeros(n, 1), truncated=torch.tensor([t for _, t in rows]),
-                       group_ids=torch.arange(len(prompts)).repeat_interleave(group_size), policy_version=0,
-                       texts=[text for text, _ in rows])
+        return Rollout(
+            prompt_ids=[[0]] * n,
+            completion_ids=torch.zeros(n, 1, dtype=torch.long),
+            pad_id=0,
+            completion_mask=torch.ones(n, 1),
+            sampler_logprobs=torch.zeros(n, 1),
+            truncated=torch.tensor([t for _, t in rows]),
+            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
+            policy_version=0,
+            texts=[text for text, _ in rows],
+        )
 
 
 EXAMPLES = [Example("05+34=", "39", {}), Example("12+19=", "31", {}), Example("20+20=", "40", {})]
@@ -75,7 +82,10 @@ def test_real_engine_is_seeded_leaves_the_rng_alone_and_feeds_sft(micro_override
     engine, task = build_engine(cfg.rollout, policy), ParityTask(digits=2)
     examples = task.train_split(6)
     before = torch.get_rng_state()
-    runs = [rejection_sample(engine, task, examples, 4, SamplingParams(max_new_tokens=4), max_per_prompt=2, seed=3) for _ in range(2)]
+    runs = [
+        rejection_sample(engine, task, examples, 4, SamplingParams(max_new_tokens=4), max_per_prompt=2, seed=3)
+        for _ in range(2)
+    ]
     assert torch.equal(before, torch.get_rng_state())
     assert runs[0] == runs[1] and runs[0].examples
     assert all(task.reward(None, e.completion) == 1.0 and e.correct for e in runs[0].examples)

@@ -50,7 +50,9 @@ def _row(page: str, label: str) -> list[str]:
 def _write_run(path: Path, lines: list[dict], recipe: str = "grpo", seed: int = 0, summary: dict | None = None,
                alerts: list[dict] | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump({"recipe": recipe, "seed": seed, "rollout": {"max_new_tokens": 16}}))
+    (path / "config.yaml").write_text(
+        yaml.safe_dump({"recipe": recipe, "seed": seed, "rollout": {"max_new_tokens": 16}})
+    )
     (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     if summary is not None:
         (path / "summary.json").write_text(json.dumps(summary))
@@ -72,18 +74,41 @@ def test_report_of_a_real_run_shows_its_numbers_plots_and_alerts(tmp_path: Path,
     assert page_path == out / "report.html"
     page = page_path.read_text()
     images = _check_images(page, out)
-    for name in ("report-reward.png", "report-entropy.png", "report-pass_at_k.png", "report-kl.png", "report-heldout.png"):
+    for name in (
+        "report-reward.png",
+        "report-entropy.png",
+        "report-pass_at_k.png",
+        "report-kl.png",
+        "report-heldout.png",
+    ):
         assert name in images
     summary = json.loads((out / "summary.json").read_text())
     start, final = summary["eval"]["start"], summary["eval"]["final"]
     assert _row(page, "grpo seed 0") == [
-        "grpo seed 0", "grpo", "0", "3", "done", fmt(start["pass@1"]), fmt(final["pass@1"]),
-        fmt(start["greedy_accuracy"]), fmt(final["greedy_accuracy"]), fmt(final["pass@k"]["2"]), fmt(final["pass@k"]["4"])]
-    alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()] if (out / "alerts.jsonl").exists() else []
+        "grpo seed 0",
+        "grpo",
+        "0",
+        "3",
+        "done",
+        fmt(start["pass@1"]),
+        fmt(final["pass@1"]),
+        fmt(start["greedy_accuracy"]),
+        fmt(final["greedy_accuracy"]),
+        fmt(final["pass@k"]["2"]),
+        fmt(final["pass@k"]["4"]),
+    ]
+    alerts = (
+        [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
+        if (out / "alerts.jsonl").exists()
+        else []
+    )
     alerts_section = page.split("<h2>Alerts</h2>")[1]
     if alerts:
         for alert in alerts:
-            assert f"<td>{alert['step']}</td><td>{html.escape(alert['alert'])}</td><td>{html.escape(alert['message'])}</td>" in alerts_section
+            assert (
+                f"<td>{alert['step']}</td><td>{html.escape(alert['alert'])}</td><td>{html.escape(alert['message'])}</td>"
+                in alerts_section
+            )
     else:
         assert "no alerts" in alerts_section
 
@@ -97,7 +122,7 @@ def test_report_of_two_runs_overlays_both(tmp_path: Path, micro_overrides) -> No
     assert _row(page, "grpo seed 0")[4] == "done" and _row(page, "dr_grpo seed 1")[4] == "done"
     differ = page.split("<h2>Settings that differ</h2>")[1].split("</table>")[0]
     assert "<th>recipe</th>" in differ and "<th>seed</th>" in differ and "output_dir" not in differ
-    assert "report-kl.png" in _images(page)       # grpo has a KL term; dr_grpo has none, and the plot still shows grpo's
+    assert "report-kl.png" in _images(page)  # grpo has a KL term; dr_grpo has none, and the plot still shows grpo's
 
 
 def test_missing_metrics_are_skipped_and_the_page_says_why(tmp_path: Path) -> None:
@@ -106,15 +131,20 @@ def test_missing_metrics_are_skipped_and_the_page_says_why(tmp_path: Path) -> No
     rl[1]["reward_mean"] = None                                   # a non-finite value, written as null
     evals = [{"stage": "eval", "step": 0, "eval/pass@1": 0.2, "eval/greedy_accuracy": 0.25},
              {"stage": "eval", "step": 25, "eval/pass@1": 0.4, "eval/greedy_accuracy": 0.5}]
-    running = _write_run(tmp_path / "running", [{"stage": "sft", "steps": 3}, *rl, *evals],
-                         alerts=[{"step": 7, "alert": "entropy_collapse", "message": "entropy 0.01 < 0.1 x baseline", "values": {}}])
+    running = _write_run(
+        tmp_path / "running",
+        [{"stage": "sft", "steps": 3}, *rl, *evals],
+        alerts=[{"step": 7, "alert": "entropy_collapse", "message": "entropy 0.01 < 0.1 x baseline", "values": {}}],
+    )
     with (running / "metrics.jsonl").open("a") as f:
         f.write('{"stage": "rl", "ste')                          # the line a live run is writing right now
     sft_only = _write_run(tmp_path / "sft_only", [{"stage": "sft", "steps": 3}], recipe="dr_grpo", seed=1)
 
     page = write_report([running, sft_only], tmp_path / "out").read_text()
     images = _check_images(page, tmp_path / "out")
-    assert set(images) == {f"report-{n}.png" for n in ("reward", "heldout", "entropy", "length", "clip_frac", "mismatch")}
+    assert set(images) == {
+        f"report-{n}.png" for n in ("reward", "heldout", "entropy", "length", "clip_frac", "mismatch")
+    }
     skipped = page.split("<h3>Skipped plots</h3>")[1].split("</ul>")[0]
     assert "KL to the reference model</b>: skipped, no run logged kl" in skipped
     assert "pass@k of the start and final model</b>: skipped, no run has finished" in skipped
@@ -132,7 +162,9 @@ def test_series_skips_nulls_prefers_eval_lines_and_falls_back_to_the_summary(tmp
              {"stage": "eval", "step": 1, "eval/pass@1": 0.35},
              {"stage": "rl", "step": 3, "reward_mean": 0.7}]
     live = _write_run(tmp_path / "live", lines)
-    done = _write_run(tmp_path / "done", [{"stage": "rl", "step": 1, "reward_mean": 0.1}], summary=_summary(0.2, 0.6, rl_steps=1))
+    done = _write_run(
+        tmp_path / "done", [{"stage": "rl", "step": 1, "reward_mean": 0.1}], summary=_summary(0.2, 0.6, rl_steps=1)
+    )
     live_run, done_run = load_runs([live, done])
     assert live_run.series("reward_mean") == [(1, 0.5), (3, 0.7)]
     assert live_run.series("eval/pass@1") == [(1, 0.35)]

@@ -101,7 +101,11 @@ def test_sigkill_at_a_random_step_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert summary["eval"] == expected["eval"], note
     # It continued from a checkpoint of a step at or after the one the kill followed
     # (None: killed before the first checkpoint was complete, so it started over).
-    assert summary["resumed_from_step"] in ({None} if kill_after == 1 else set()) | {kill_after - 1, kill_after, kill_after + 1}, note
+    assert summary["resumed_from_step"] in ({None} if kill_after == 1 else set()) | {
+        kill_after - 1,
+        kill_after,
+        kill_after + 1,
+    }, note
 
     a, b = _weights(whole), _weights(killed)
     assert a.keys() == b.keys()
@@ -168,7 +172,9 @@ store.save(2, {"model": {"w": torch.zeros(3)}}, {"step": 2})
 
 def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    proc = subprocess.run([sys.executable, "-c", _KILL_DURING_SAVE, str(root)], cwd=REPO, capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_DURING_SAVE, str(root)], cwd=REPO, capture_output=True, timeout=60
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert any(p.name.startswith(".tmp-step-000002") for p in root.iterdir())   # the half-written one
     store = CheckpointStore(root, keep_last=2)
@@ -181,7 +187,9 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loa
 
 # ---------------------------------------------------------------- guards
 
-def test_nonfinite_updates_are_skipped_and_the_run_stops_with_the_last_good_weights(tmp_path: Path, micro_overrides) -> None:
+def test_nonfinite_updates_are_skipped_and_the_run_stops_with_the_last_good_weights(
+    tmp_path: Path, micro_overrides
+) -> None:
     start = tmp_path / "start"        # the same run without RL: its weights are the start of RL
     run(build_config([*micro_overrides, "train.steps=0", f"output_dir={start}"]))
     out = tmp_path / "nan"
@@ -226,7 +234,9 @@ def test_cli_reports_a_stopped_run_and_refuses_to_overwrite(tmp_path: Path, micr
 @pytest.mark.parametrize(("code", "words"), [
     (errno.ENOSPC, "disk is full"), (errno.EACCES, "permission denied"), (errno.EROFS, "read-only"),
 ])
-def test_os_errors_end_with_a_clear_message(tmp_path: Path, micro_overrides, monkeypatch, code: int, words: str) -> None:
+def test_os_errors_end_with_a_clear_message(
+    tmp_path: Path, micro_overrides, monkeypatch, code: int, words: str
+) -> None:
     import reinforge.pipeline
 
     def fail(*args, **kwargs):

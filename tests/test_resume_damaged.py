@@ -64,7 +64,10 @@ def _assert_equals_uninterrupted(out: Path, whole: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert _lines(out / "metrics.jsonl") == _lines(whole / "metrics.jsonl")
     assert _lines(out / "alerts.jsonl") == _lines(whole / "alerts.jsonl")
-    assert json.loads((out / "summary.json").read_text())["eval"] == json.loads((whole / "summary.json").read_text())["eval"]
+    assert (
+        json.loads((out / "summary.json").read_text())["eval"]
+        == json.loads((whole / "summary.json").read_text())["eval"]
+    )
     # The damaged checkpoint was replaced by a good one of the same step.
     assert [c.load().step for c in CheckpointStore(out / "checkpoints", 2).all()] == [2, 3]
 
@@ -121,8 +124,10 @@ def test_checkpoints_without_a_manifest_load_when_intact_and_are_skipped_when_no
     _cut(out / "checkpoints" / "step-000003" / "state.pt", 100)
     summary, err = _resume(out, capsys)
     skipped = [line for line in err if "skipped" in line]
-    assert skipped == ["resume: skipped checkpoint step-000003 (state.pt: does not load (PytorchStreamReader failed "
-                       "reading zip archive: failed finding central directory); no manifest); resuming from step-000002"]
+    assert skipped == [
+        "resume: skipped checkpoint step-000003 (state.pt: does not load (PytorchStreamReader failed "
+        "reading zip archive: failed finding central directory); no manifest); resuming from step-000002"
+    ]
     assert summary["resumed_from_step"] == 2
     _assert_equals_uninterrupted(out, whole)
 

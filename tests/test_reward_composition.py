@@ -291,7 +291,9 @@ CHAT = [Example(Conversation([{"role": "system", "content": "Be brief."}, {"role
 
 def _chat_rollout(texts: list[str]) -> Rollout:
     rollout = _rollout(texts, [len(t) or 1 for t in texts])
-    return Rollout(**{**rollout.__dict__, "completion_ids": torch.arange(4 * rollout.completion_ids.shape[1]).view(4, -1)})
+    return Rollout(
+        **{**rollout.__dict__, "completion_ids": torch.arange(4 * rollout.completion_ids.shape[1]).view(4, -1)}
+    )
 
 
 def test_trl_function_gets_the_batch_as_trl_passes_it():
@@ -394,7 +396,9 @@ def test_a_function_from_a_file_path_or_the_working_directory(tmp_path, monkeypa
     (tmp_path / "verl_reward_file.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return {'score': float(solution_str == ground_truth)}\n")
-    (tmp_path / "cwd_reward_mod.py").write_text("def shout(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "cwd_reward_mod.py").write_text(
+        "def shout(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
     cfg = build_config([f"reward.functions=[{{name: {tmp_path / 'verl_reward_file.py'}:compute_score}}, "
                         "{name: cwd_reward_mod:shout}]"])

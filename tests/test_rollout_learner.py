@@ -50,7 +50,9 @@ def test_sampler_logprobs_equal_learner_logprobs(policy, temperature: float, top
     torch.manual_seed(0)
     rollout = HFEngine(policy).generate(PROMPTS, 3, SamplingParams(temperature=temperature, max_new_tokens=6))
     assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         learner = completion_token_stats(policy.model, seq, temperature).logprobs
     assert rollout.completion_mask.sum() > 12
@@ -79,7 +81,27 @@ def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micr
     opt = build_optimizer(model, lr=1e-3)
     for group in opt.param_groups:
         group["lr"] = 0.0
-    policy_update(model, opt, warmup_constant(opt, 0), batch, spec, UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e9, temperature=1.0, forward=ForwardPlan(micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens, chunk_size=logprob_chunk_size, shared_prefix=shared_prefix), max_length=6), torch.Generator().manual_seed(0))
+    policy_update(
+        model,
+        opt,
+        warmup_constant(opt, 0),
+        batch,
+        spec,
+        UpdateSettings(
+            ppo_epochs=1,
+            mini_batches=1,
+            grad_clip=1e9,
+            temperature=1.0,
+            forward=ForwardPlan(
+                micro_batch_size=micro_batch_size,
+                micro_batch_tokens=micro_batch_tokens,
+                chunk_size=logprob_chunk_size,
+                shared_prefix=shared_prefix,
+            ),
+            max_length=6,
+        ),
+        torch.Generator().manual_seed(0),
+    )
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -90,13 +112,20 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
     rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1])
     spec = resolve_spec(recipe)
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id,
-                          group_ids=rollout.group_ids)
+    seq = build_sequences(
+        rollout.prompt_ids,
+        rollout.completion_ids,
+        rollout.completion_mask,
+        policy.tokenizer.pad_token_id,
+        group_ids=rollout.group_ids,
+    )
     with torch.no_grad():
         old = completion_token_stats(policy.model, seq).logprobs
     # Critic recipes get per-sequence advantages here (their GAE needs a critic, not built yet).
     estimator = "dr_grpo" if spec.needs_critic else spec.advantage
-    advantages = AdvantagePipeline(estimator, {} if spec.needs_critic else spec.advantage_params)(rewards, rollout.group_ids)
+    advantages = AdvantagePipeline(estimator, {} if spec.needs_critic else spec.advantage_params)(
+        rewards, rollout.group_ids
+    )
     batch = LearnerBatch(
         sequences=seq, advantages=advantages.advantages,
         old_logprobs=old, sampler_logprobs=old + 0.05 * rollout.completion_mask, group_ids=rollout.group_ids,
@@ -106,8 +135,14 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
     whole = _update_grads(policy, batch, spec, micro_batch_size=8)
     # 24 tokens: a few rows per micro-batch; chunk 5: the LM head in chunks of 5 tokens (learner.logprobs);
     # shared: each prompt once per micro-batch (learner.shared_prefix), whole groups or split ones.
-    for size, tokens, chunk, shared in ((1, None, 0, False), (3, None, 0, False), (8, 24, 0, False), (3, None, 5, False),
-                                        (8, None, 0, True), (3, None, 5, True)):
+    for size, tokens, chunk, shared in (
+        (1, None, 0, False),
+        (3, None, 0, False),
+        (8, 24, 0, False),
+        (3, None, 5, False),
+        (8, None, 0, True),
+        (3, None, 5, True),
+    ):
         split = _update_grads(policy, batch, spec, micro_batch_size=size, micro_batch_tokens=tokens,
                               logprob_chunk_size=chunk, shared_prefix=shared)
         for a, b in zip(whole, split, strict=True):
@@ -120,17 +155,37 @@ def test_several_optimizer_steps_per_rollout_keep_old_logprobs_fixed(policy) -> 
     torch.manual_seed(2)
     rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
     spec = resolve_spec("dr_grpo")
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         old = completion_token_stats(policy.model, seq).logprobs
     frozen = old.clone()
     batch = LearnerBatch(
-        sequences=seq, advantages=compute_advantages("dr_grpo", torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), rollout.group_ids),
-        old_logprobs=old, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
+        sequences=seq,
+        advantages=compute_advantages("dr_grpo", torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), rollout.group_ids),
+        old_logprobs=old,
+        sampler_logprobs=rollout.sampler_logprobs,
+        group_ids=rollout.group_ids,
     )
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-2)
-    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, UpdateSettings(ppo_epochs=2, mini_batches=2, grad_clip=1.0, temperature=1.0, forward=ForwardPlan(micro_batch_size=3), max_length=6), torch.Generator().manual_seed(0))
+    stats = policy_update(
+        model,
+        opt,
+        warmup_constant(opt, 0),
+        batch,
+        spec,
+        UpdateSettings(
+            ppo_epochs=2,
+            mini_batches=2,
+            grad_clip=1.0,
+            temperature=1.0,
+            forward=ForwardPlan(micro_batch_size=3),
+            max_length=6,
+        ),
+        torch.Generator().manual_seed(0),
+    )
     assert stats.optimizer_steps == 4
     assert torch.equal(batch.old_logprobs, frozen)           # pi_old is the rollout-time policy throughout
     # The first mini-batch sees ratio 1 exactly; later ones see the moved policy against the fixed pi_old.
@@ -147,7 +202,9 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
     torch.manual_seed(4)
     rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
     spec = resolve_spec(recipe)
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         old = completion_token_stats(policy.model, seq).logprobs
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1])
@@ -160,16 +217,41 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
-    stats = policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec, UpdateSettings(forward=ForwardPlan(micro_batch_size=3), max_length=6), torch.Generator().manual_seed(0))
+    stats = policy_update(
+        model,
+        opt,
+        warmup_constant(opt, 0),
+        LearnerBatch(old_logprobs=None, **common),
+        spec,
+        UpdateSettings(forward=ForwardPlan(micro_batch_size=3), max_length=6),
+        torch.Generator().manual_seed(0),
+    )
     torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ppo_epochs = mini_batches = 1"):
-        policy_update(model, opt, warmup_constant(opt, 0), LearnerBatch(old_logprobs=None, **common), spec, UpdateSettings(ppo_epochs=1, mini_batches=2, grad_clip=1.0, temperature=1.0, forward=ForwardPlan(micro_batch_size=3), max_length=6), torch.Generator().manual_seed(0))
+        policy_update(
+            model,
+            opt,
+            warmup_constant(opt, 0),
+            LearnerBatch(old_logprobs=None, **common),
+            spec,
+            UpdateSettings(
+                ppo_epochs=1,
+                mini_batches=2,
+                grad_clip=1.0,
+                temperature=1.0,
+                forward=ForwardPlan(micro_batch_size=3),
+                max_length=6,
+            ),
+            torch.Generator().manual_seed(0),
+        )
 
 
 def _small_batch(policy, seed: int) -> tuple[LearnerBatch, object]:
     torch.manual_seed(seed)
     rollout = HFEngine(policy).generate(PROMPTS[:2], 4, SamplingParams(max_new_tokens=6))
-    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id)
+    seq = build_sequences(
+        rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, policy.tokenizer.pad_token_id
+    )
     with torch.no_grad():
         old = completion_token_stats(policy.model, seq).logprobs
     advantages = compute_advantages("dr_grpo", torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), rollout.group_ids)
@@ -182,8 +264,18 @@ def test_gradient_is_clipped_to_grad_clip_and_the_metric_is_the_norm_before(poli
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
     for group in opt.param_groups:
-        group["lr"] = 0.0                        # keep the weights: the clipped grads stay readable
-    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e-3, temperature=1.0, forward=ForwardPlan(micro_batch_size=8)), torch.Generator().manual_seed(0))
+        group["lr"] = 0.0  # keep the weights: the clipped grads stay readable
+    stats = policy_update(
+        model,
+        opt,
+        warmup_constant(opt, 0),
+        batch,
+        spec,
+        UpdateSettings(
+            ppo_epochs=1, mini_batches=1, grad_clip=1e-3, temperature=1.0, forward=ForwardPlan(micro_batch_size=8)
+        ),
+        torch.Generator().manual_seed(0),
+    )
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])))
     assert stats.metrics["grad_norm"] > 1e-2                                     # clipping had work to do
     assert norm == pytest.approx(1e-3, rel=1e-4)                                  # ||g|| scaled down to grad_clip
@@ -201,8 +293,18 @@ def test_a_nonfinite_mini_batch_takes_no_step_and_the_other_one_does(policy) -> 
         return grad * float("nan") if calls["n"] == 1 else grad
 
     embed = model.get_input_embeddings().weight
-    embed.register_hook(poison_first)              # the first backward (first mini-batch) gets a NaN gradient
-    stats = policy_update(model, opt, scheduler, batch, spec, UpdateSettings(ppo_epochs=1, mini_batches=2, grad_clip=1.0, temperature=1.0, forward=ForwardPlan(micro_batch_size=8)), torch.Generator().manual_seed(0))
+    embed.register_hook(poison_first)  # the first backward (first mini-batch) gets a NaN gradient
+    stats = policy_update(
+        model,
+        opt,
+        scheduler,
+        batch,
+        spec,
+        UpdateSettings(
+            ppo_epochs=1, mini_batches=2, grad_clip=1.0, temperature=1.0, forward=ForwardPlan(micro_batch_size=8)
+        ),
+        torch.Generator().manual_seed(0),
+    )
     assert (stats.optimizer_steps, stats.skipped_steps) == (1, 1)
     assert scheduler.last_epoch == 1 and int(opt.state[embed]["step"]) == 1     # one Adam step, not two
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -50,8 +50,9 @@ def test_samples_hold_what_the_model_wrote_with_each_rewards_value(sampled_run) 
         assert str(int(a) + int(b)) == r["answer"]
         # The text is the decode of the tokens that were sampled (eos, when there is one, decodes to nothing).
         assert tokenizer.decode(r["completion_tokens"], skip_special_tokens=True) == r["completion"]
-        assert 1 <= len(r["completion_tokens"]) <= 4 and r["truncated"] == (len(r["completion_tokens"]) == 4 and
-                                                                          r["completion_tokens"][-1] != tokenizer.eos_token_id)
+        assert 1 <= len(r["completion_tokens"]) <= 4 and r["truncated"] == (
+            len(r["completion_tokens"]) == 4 and r["completion_tokens"][-1] != tokenizer.eos_token_id
+        )
         # Each function's value, recomputed from the completion, and the weighted total.
         assert r["rewards"] == {"verifier": verify_integer(r["completion"], r["answer"]),
                                 "format": 1.0 if re.search("[0-9]", r["completion"]) else 0.0}
@@ -74,7 +75,9 @@ def test_tensorboard_has_the_samples_text_and_the_sft_loss_curve(sampled_run) ->
     sft = [json.loads(x) for x in (sampled_run / "metrics.jsonl").read_text().splitlines()]
     losses = [x["loss"] for x in sft if x["stage"] == "sft_step"]
     assert [x["sft_step"] for x in sft if x["stage"] == "sft_step"] == [0, 1, 2]
-    assert [(e.step, e.value) for e in acc.Scalars("sft/loss")] == [(k, pytest.approx(v, rel=1e-6)) for k, v in enumerate(losses)]
+    assert [(e.step, e.value) for e in acc.Scalars("sft/loss")] == [
+        (k, pytest.approx(v, rel=1e-6)) for k, v in enumerate(losses)
+    ]
     summary = next(x for x in sft if x["stage"] == "sft")
     assert summary["first_loss"] == losses[0] and summary["steps"] == 3
 
@@ -106,12 +109,19 @@ def test_pick_samples_spreads_rows_and_averages_per_token_advantages() -> None:
     # row 0 (1 + 3) / 2 = 2, row 2 (1 + 2 + 6) / 3 = 3.
     tokens = torch.tensor([[1.0, 3, 100], [0, 0, 0], [1, 2, 6], [0, 0, 0]])
     assert [r["advantage"] for r in pick_samples(1, _batch(tokens), k=2)] == [2.0, 3.0]
-    assert [r["completion"] for r in pick_samples(1, _batch(tokens), k=10)] == ["ab", "c", "def", "g"]   # k > N: all rows
+    assert [r["completion"] for r in pick_samples(1, _batch(tokens), k=10)] == [
+        "ab",
+        "c",
+        "def",
+        "g",
+    ]  # k > N: all rows
 
 
 def test_truncate_samples_keeps_the_steps_up_to_the_checkpoint(tmp_path) -> None:
     path = tmp_path / "samples.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "completion": f"c{s}"}) + "\n" for s in (2, 4, 6)) + '{"step": 8, "comp')
+    path.write_text(
+        "".join(json.dumps({"step": s, "completion": f"c{s}"}) + "\n" for s in (2, 4, 6)) + '{"step": 8, "comp'
+    )
     truncate_samples(path, 4)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [2, 4]
     truncate_samples(tmp_path / "absent.jsonl", 4)          # a run that logged no sample yet: nothing to do

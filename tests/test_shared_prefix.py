@@ -84,7 +84,9 @@ def grouped_batch(vocab: int, seed: int = 0) -> tuple[SequenceBatch, torch.Tenso
     prompt_ids = [p for p in PROMPTS for _ in range(GROUP_SIZE)]
     width = max(LENGTHS)
     completion_mask = (torch.arange(width)[None, :] < torch.tensor(LENGTHS)[:, None]).float()
-    completion_ids = torch.randint(3, vocab, (len(prompt_ids), width), generator=g).masked_fill(completion_mask == 0, PAD)
+    completion_ids = torch.randint(3, vocab, (len(prompt_ids), width), generator=g).masked_fill(
+        completion_mask == 0, PAD
+    )
     for row, t in PAD_TOKENS:
         completion_ids[row, t] = PAD
     group_ids = torch.arange(len(PROMPTS)).repeat_interleave(GROUP_SIZE)
@@ -107,7 +109,11 @@ def layers(request, monkeypatch) -> str:
         fused = kernels.train_layer
         monkeypatch.setattr(kernels, "train_layer", lambda *a: calls.append(1) or fused(*a))
     yield request.param
-    if request.param == "fused" and kernels.load_cpu_kernels() is not None and request.node.callspec.params.get("name") != "qwen3":
+    if (
+        request.param == "fused"
+        and kernels.load_cpu_kernels() is not None
+        and request.node.callspec.params.get("name") != "qwen3"
+    ):
         assert calls, "the fused layers did not run"
 
 
@@ -141,7 +147,9 @@ def test_values_equal_the_plain_forward(name: str, temperature: float, micro_ove
     assert ref.logprobs.abs().max() > 6.0 and ref.entropy[batch.completion_mask > 0].min() < 4.0
     assert_close(got.logprobs, ref.logprobs, "logprobs")
     assert_close(got.entropy, ref.entropy, "entropy")
-    assert (got.logprobs[batch.completion_mask == 0] == 0).all() and (got.entropy[batch.completion_mask == 0] == 0).all()
+    assert (got.logprobs[batch.completion_mask == 0] == 0).all() and (
+        got.entropy[batch.completion_mask == 0] == 0
+    ).all()
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -172,13 +180,18 @@ def test_gradients_equal_the_plain_forward(name: str, micro_overrides, buckets, 
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(name: str, micro_overrides, monkeypatch, layers) -> None:
+def test_rows_that_share_no_prompt_run_in_one_pass_with_the_plain_numbers(
+    name: str, micro_overrides, monkeypatch, layers
+) -> None:
     # Each row its own group (SFT): one pass over whole rows, no prompt or completion pass.
     model = MODELS[name](micro_overrides)
     batch, _ = grouped_batch(model.config.vocab_size)
     singletons = torch.arange(batch.input_ids.shape[0])
     monkeypatch.setattr(shared_prefix, "_prompt_slots", lambda *a: pytest.fail("a prompt pass ran"))
-    weights = torch.randn(batch.completion_mask.shape, generator=torch.Generator().manual_seed(1)) / batch.completion_mask.sum()
+    weights = (
+        torch.randn(batch.completion_mask.shape, generator=torch.Generator().manual_seed(1))
+        / batch.completion_mask.sum()
+    )
 
     def run(stats_fn):
         model.zero_grad(set_to_none=True)

@@ -80,7 +80,15 @@ def test_build_sinks_makes_none_by_default(tmp_path) -> None:
 def wandb_offline(tmp_path, monkeypatch) -> None:
     """Offline W&B that reads no credentials and writes nothing outside tmp_path."""
     pytest.importorskip("wandb")
-    for name in ("WANDB_API_KEY", "WANDB_DISABLED", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_PROJECT", "WANDB_ENTITY"):
+    for name in (
+        "WANDB_API_KEY",
+        "WANDB_DISABLED",
+        "WANDB_DIR",
+        "WANDB_RUN_ID",
+        "WANDB_RESUME",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
@@ -146,7 +154,9 @@ def offline_run_files(wandb_dir: Path, run_id: str, sessions: int, timeout: floa
 
 def test_wandb_offline_writes_the_logged_scalars(tmp_path, wandb_offline) -> None:
     run_dir = tmp_path / "run"
-    (sink,) = build_sinks(LogConfig(wandb=True, wandb_project="test"), run_dir, {"train": {"lr": 1e-6}}, start_step=0, wandb_id=None)
+    (sink,) = build_sinks(
+        LogConfig(wandb=True, wandb_project="test"), run_dir, {"train": {"lr": 1e-6}}, start_step=0, wandb_id=None
+    )
     run_id = sink.id
     sink.log(1, MIXED)
     sink.log(2, {"reward_mean": 0.5})

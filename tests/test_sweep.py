@@ -99,10 +99,21 @@ def _run(recipe: str, seed: int, start: float, final: float, greedy: float, pass
 
 
 def test_groups_are_summarised_with_sample_std() -> None:
-    runs = [_run("grpo", 0, 0.4, 0.5, 0.50, 0.7), _run("grpo", 1, 0.4, 0.6, 0.60, 0.8), _run("grpo", 2, 0.5, 0.7, 0.55, 0.9),
-            _run("dr_grpo", 0, 0.3, 0.2, 0.2, 0.4), _run("dr_grpo", 1, 0.3, 0.3, 0.3, 0.5),
-            SweepRun(name="dr_grpo-2", path=Path("x"), overrides=[], axes={"recipe": "dr_grpo", "seed": "2"},
-                     status="failed", error="boom")]
+    runs = [
+        _run("grpo", 0, 0.4, 0.5, 0.50, 0.7),
+        _run("grpo", 1, 0.4, 0.6, 0.60, 0.8),
+        _run("grpo", 2, 0.5, 0.7, 0.55, 0.9),
+        _run("dr_grpo", 0, 0.3, 0.2, 0.2, 0.4),
+        _run("dr_grpo", 1, 0.3, 0.3, 0.3, 0.5),
+        SweepRun(
+            name="dr_grpo-2",
+            path=Path("x"),
+            overrides=[],
+            axes={"recipe": "dr_grpo", "seed": "2"},
+            status="failed",
+            error="boom",
+        ),
+    ]
     grpo, dr = summarise(runs, ["recipe", "seed"])
     assert grpo.group == {"recipe": "grpo"} and grpo.n == 3 and grpo.failed == 0
     # mean(0.5, 0.6, 0.7) = 0.6; sample std = sqrt((0.01 + 0 + 0.01) / 2) = 0.1
@@ -154,7 +165,10 @@ def test_stat_text() -> None:
 def test_parallel_runs_split_the_cores_unless_threads_is_set() -> None:
     cores = len(os.sched_getaffinity(0))
     assert _sweep_settings(["seed"], jobs=1, config_file=None) == []
-    assert _sweep_settings(["seed"], jobs=2, config_file=None) == ["log.progress=false", f"threads={max(1, cores // 2)}"]
+    assert _sweep_settings(["seed"], jobs=2, config_file=None) == [
+        "log.progress=false",
+        f"threads={max(1, cores // 2)}",
+    ]
     assert _sweep_settings(["seed", "threads", "log.progress"], jobs=4, config_file=None) == []
 
 
@@ -200,10 +214,14 @@ def test_sweep_runs_the_grid_tabulates_over_seeds_and_resumes(tmp_path: Path, mi
     again = run_sweep(["recipe=grpo,dr_grpo", "seed=0,1", *micro_overrides], out)
     assert [r.status for r in again.runs] == ["skipped"] * 3 + ["done"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    assert (out / f"{names[3]}.incomplete-1" / "metrics.jsonl").is_file() and (out / names[3] / "summary.json").is_file()
+    assert (out / f"{names[3]}.incomplete-1" / "metrics.jsonl").is_file() and (
+        out / names[3] / "summary.json"
+    ).is_file()
     assert [r.final_pass1.mean for r in again.rows] == [r.final_pass1.mean for r in result.rows]
     # A finished run is reused only with the settings asked for now: else the table would mix settings.
-    with pytest.raises(ConfigError, match=r"holds a finished run with other settings \(train.warmup_steps: 0 there, 1 now"):
+    with pytest.raises(
+        ConfigError, match=r"holds a finished run with other settings \(train.warmup_steps: 0 there, 1 now"
+    ):
         run_sweep(["recipe=grpo,dr_grpo", "seed=0,1", *micro_overrides, "train.warmup_steps=1"], out)
 
 
@@ -212,7 +230,9 @@ def test_sweep_runs_the_grid_tabulates_over_seeds_and_resumes(tmp_path: Path, mi
     (["task.options.digits=2,0"], "task.options.digits-0: digits must be"),     # only the second combination is bad
     (["output_dir=/tmp/x"], "names each run's output_dir"),
 ])
-def test_a_bad_combination_fails_before_anything_is_written(tmp_path: Path, micro_overrides, overrides, message) -> None:
+def test_a_bad_combination_fails_before_anything_is_written(
+    tmp_path: Path, micro_overrides, overrides, message
+) -> None:
     out = tmp_path / "sweep"
     with pytest.raises(ConfigError, match=message):
         run_sweep([*micro_overrides, *overrides], out)
@@ -220,14 +240,18 @@ def test_a_bad_combination_fails_before_anything_is_written(tmp_path: Path, micr
 
 
 @pytest.mark.slow
-def test_cli_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path: Path, micro_overrides, tiny_model_dir: str) -> None:
+def test_cli_sweep_reports_a_failed_run_and_finishes_the_others(
+    tmp_path: Path, micro_overrides, tiny_model_dir: str
+) -> None:
     broken = tmp_path / "broken_model"
     broken.mkdir()
     for f in Path(tiny_model_dir).iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")   # passes validation, fails on load
     out = tmp_path / "sweep"
-    result = runner.invoke(app, ["sweep", *micro_overrides, f"model={tiny_model_dir},{broken}", "--out", str(out), "--jobs", "2"])
+    result = runner.invoke(
+        app, ["sweep", *micro_overrides, f"model={tiny_model_dir},{broken}", "--out", str(out), "--jobs", "2"]
+    )
     assert result.exit_code == 1, result.output
     assert "failed:" in result.output and "Traceback" not in result.output
     assert re.search(r"│ 1 │ +0\.000 ± n/a │", result.output), result.output   # the table, unwrapped: one seed, no std
@@ -235,7 +259,10 @@ def test_cli_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path: Path, 
     good, bad = json.loads((out / "sweep.json").read_text())["runs"]
     assert good["status"] == "done" and (Path(good["path"]) / "summary.json").is_file()
     assert bad["status"] == "failed" and "broken" in bad["name"] and not (Path(bad["path"]) / "summary.json").exists()
-    assert "SafetensorError" in bad["error"].splitlines()[-1] and bad["error"] in (out / "logs" / f"{bad['name']}.log").read_text()
+    assert (
+        "SafetensorError" in bad["error"].splitlines()[-1]
+        and bad["error"] in (out / "logs" / f"{bad['name']}.log").read_text()
+    )
     markdown = (out / "sweep.md").read_text()
     assert "## Failed runs" in markdown and bad["name"] in markdown
     assert "± n/a" in markdown                                     # one seed per group: no std

@@ -63,39 +63,64 @@ runner = CliRunner()
 ])
 def test_other_frameworks_names_give_the_full_key(override: str, key: str) -> None:
     name = override.partition("=")[0]
-    source = "verl's name" if name.split(".")[0] in ("data", "actor_rollout_ref", "algorithm", "trainer") else "TRL's GRPOConfig name"
+    source = (
+        "verl's name"
+        if name.split(".")[0] in ("data", "actor_rollout_ref", "algorithm", "trainer")
+        else "TRL's GRPOConfig name"
+    )
     with pytest.raises(ConfigError) as err:
         build_config([override])
     assert str(err.value).startswith(f"unknown config key '{name}'; did you mean '{key}'? ({source}")
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("loss_type=dr_grpo", "unknown config key 'loss_type'; did you mean 'recipe=dr_grpo'? "
-                          "(TRL's GRPOConfig name for objective.aggregation; loss_type=dr_grpo is recipe=dr_grpo here)"),
-    ("loss_type=bnpo", "did you mean 'objective.aggregation=token_mean'?"),
-    ("scale_rewards=false", "did you mean 'objective.advantage=dr_grpo'?"),
-    ("scale_rewards=batch", "did you mean 'objective.advantage=lite_ppo'?"),
-    ("importance_sampling_level=sequence", "did you mean 'recipe=gspo'?"),
-    ("algorithm.adv_estimator=gae", "did you mean 'recipe=ppo'? (verl's name for objective.advantage"),
-    ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", "did you mean 'objective.aggregation=seq_mean_token_sum_norm'?"),
-    ("actor_rollout_ref.actor.kl_loss_type=low_var_kl", "did you mean 'objective.kl_estimator=k3'?"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "loss_type=dr_grpo",
+            "unknown config key 'loss_type'; did you mean 'recipe=dr_grpo'? "
+            "(TRL's GRPOConfig name for objective.aggregation; loss_type=dr_grpo is recipe=dr_grpo here)",
+        ),
+        ("loss_type=bnpo", "did you mean 'objective.aggregation=token_mean'?"),
+        ("scale_rewards=false", "did you mean 'objective.advantage=dr_grpo'?"),
+        ("scale_rewards=batch", "did you mean 'objective.advantage=lite_ppo'?"),
+        ("importance_sampling_level=sequence", "did you mean 'recipe=gspo'?"),
+        ("algorithm.adv_estimator=gae", "did you mean 'recipe=ppo'? (verl's name for objective.advantage"),
+        (
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+            "did you mean 'objective.aggregation=seq_mean_token_sum_norm'?",
+        ),
+        ("actor_rollout_ref.actor.kl_loss_type=low_var_kl", "did you mean 'objective.kl_estimator=k3'?"),
+    ],
+)
 def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=None) as err:
         build_config([override])
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("max_prompt_length=512", "unknown config key 'max_prompt_length' (TRL's GRPOConfig name; reinforge never truncates "
-                              "prompts; choose shorter prompts in the task or dataset); remove it"),
-    ("logging_steps=10", "unknown config key 'logging_steps' (TRL's GRPOConfig name; every RL step is written to "
-                         "RUN_DIR/metrics.jsonl); remove it"),
-    ("vllm_gpu_memory_utilization=0.5", "there is no vLLM); remove it"),
-    ("per_device_train_batch_size=4", "the rollout batch is train.prompts_per_step x train.group_size completions"),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size=8", "train.mini_batches = data.train_batch_size / ppo_mini_batch_size"),
-    ("warmup_ratio=0.1", "a number of optimizer steps, not a fraction of the run"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "max_prompt_length=512",
+            "unknown config key 'max_prompt_length' (TRL's GRPOConfig name; reinforge never truncates "
+            "prompts; choose shorter prompts in the task or dataset); remove it",
+        ),
+        (
+            "logging_steps=10",
+            "unknown config key 'logging_steps' (TRL's GRPOConfig name; every RL step is written to "
+            "RUN_DIR/metrics.jsonl); remove it",
+        ),
+        ("vllm_gpu_memory_utilization=0.5", "there is no vLLM); remove it"),
+        ("per_device_train_batch_size=4", "the rollout batch is train.prompts_per_step x train.group_size completions"),
+        (
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "train.mini_batches = data.train_batch_size / ppo_mini_batch_size",
+        ),
+        ("warmup_ratio=0.1", "a number of optimizer steps, not a fraction of the run"),
+    ],
+)
 def test_no_equivalent_and_different_meaning_say_so(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         build_config([override])
@@ -128,7 +153,10 @@ def test_verl_names_in_a_yaml_file(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}}}))
     with pytest.raises(ConfigError) as err:
         build_config([], str(path))
-    assert str(err.value) == "unknown config key 'actor_rollout_ref.actor.optim.lr'; did you mean 'train.lr'? (verl's name)"
+    assert (
+        str(err.value)
+        == "unknown config key 'actor_rollout_ref.actor.optim.lr'; did you mean 'train.lr'? (verl's name)"
+    )
 
 
 def test_a_section_key_at_the_top_names_its_sections() -> None:
@@ -162,5 +190,7 @@ def test_the_command_line_refuses_a_synonym_with_one_line(tmp_path: Path) -> Non
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", "max_completion_length=64", f"output_dir={out}"])
     assert result.exit_code == 2 and not out.exists()
-    assert result.stderr == ("error: unknown config key 'max_completion_length'; did you mean 'rollout.max_new_tokens'? "
-                             "(TRL's GRPOConfig name)\n")
+    assert result.stderr == (
+        "error: unknown config key 'max_completion_length'; did you mean 'rollout.max_new_tokens'? "
+        "(TRL's GRPOConfig name)\n"
+    )

@@ -88,7 +88,9 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     assert [x["step"] for x in two] == [1, 2]
     assert [x["reward_mean"] for x in two] == [x["reward_mean"] for x in single]
     assert all(x["reward_std"] > 0 for x in two)
-    assert [x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8]    # 2 epochs x 2 mini-batches per step
+    assert (
+        [x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8]
+    )  # 2 epochs x 2 mini-batches per step
     for a, b in zip(two, single, strict=True):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)     # global: the same up to rounding
         # A loss-part figure is a row-weighted mean of the ranks' means over their micro-batches: close
@@ -104,7 +106,10 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     _torchrun("--resume", str(out))
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 1
     # The optimizer's gathered state came back into the shards: bit-identical weights and metrics.
-    expected, resumed = load_file(two_ranks / "model" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    expected, resumed = (
+        load_file(two_ranks / "model" / "model.safetensors"),
+        load_file(out / "model" / "model.safetensors"),
+    )
     assert all(torch.equal(resumed[k], expected[k]) for k in expected)
     assert _rl_lines(out) == _rl_lines(two_ranks)
 
@@ -150,5 +155,8 @@ def test_async_learner_ranks_learn_and_match_one_process(tmp_path: Path) -> None
     _torchrun(*in_step, f"output_dir={two}")
     run(build_config([*in_step, f"output_dir={one}"]))
     assert train_rewards(two) == train_rewards(one)
-    assert max(train_rewards(two)) > 0                             # not vacuous: some steps had a gradient
-    assert _max_diff(load_file(two / "model" / "model.safetensors"), load_file(one / "model" / "model.safetensors")) <= 1e-5
+    assert max(train_rewards(two)) > 0  # not vacuous: some steps had a gradient
+    assert (
+        _max_diff(load_file(two / "model" / "model.safetensors"), load_file(one / "model" / "model.safetensors"))
+        <= 1e-5
+    )

@@ -68,7 +68,9 @@ def rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         yield from _folder_rows(path, split)
         return
     if split is not None:
-        raise DatasetError(f"'{path}': a split ('{split}') only applies to a datasets folder (save_to_disk or data files)")
+        raise DatasetError(
+            f"'{path}': a split ('{split}') only applies to a datasets folder (save_to_disk or data files)"
+        )
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         empty = True
@@ -78,8 +80,10 @@ def rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         if empty:
             raise DatasetError(f"'{path}' has no rows (the file is empty)")
     elif suffix in DATASETS_SUFFIXES:
-        if _no_rows(path, suffix):     # datasets' readers fail on these with an unrelated message
-            raise DatasetError(f"'{path}' has no rows (the file is empty" + (", or only its header)" if suffix == ".csv" else ")"))
+        if _no_rows(path, suffix):  # datasets' readers fail on these with an unrelated message
+            raise DatasetError(
+                f"'{path}' has no rows (the file is empty" + (", or only its header)" if suffix == ".csv" else ")")
+            )
         yield from _datasets_file_rows(path, suffix)
     elif suffix == ".py":
         raise DatasetError(_script_message(path))
@@ -168,7 +172,9 @@ def _folder_rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         try:
             loaded = datasets.load_from_disk(str(path))
         except Exception as err:
-            raise DatasetError(f"'{path}': a datasets save_to_disk folder that cannot be read: {_one_line(err)}") from None
+            raise DatasetError(
+                f"'{path}': a datasets save_to_disk folder that cannot be read: {_one_line(err)}"
+            ) from None
     else:
         scripts = sorted(path.glob("*.py"))
         if scripts:
@@ -182,7 +188,9 @@ def _folder_rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         names = ", ".join(loaded)
         if split is None:
             if len(loaded) != 1:
-                raise DatasetError(f"'{path}' holds several splits ({names}): pick one with '{path}{SPLIT_SEPARATOR}SPLIT'")
+                raise DatasetError(
+                    f"'{path}' holds several splits ({names}): pick one with '{path}{SPLIT_SEPARATOR}SPLIT'"
+                )
             split = next(iter(loaded))
         if split not in loaded:
             raise DatasetError(f"'{path}' has no split '{split}' (splits: {names})")

@@ -225,7 +225,7 @@ def _record(row: Any, fields: dict[str, str], needed: list[str], location: str, 
         record["prompt"] = Conversation(record["prompt"])
     completion = record.get("completion")
     if looks_like_messages(completion) and all(m.get("role") == "assistant" for m in completion):
-        record["completion"] = "".join(str(m.get("content", "")) for m in completion)   # TRL's conversational completion
+        record["completion"] = "".join(str(m.get("content", "")) for m in completion)  # TRL's conversational completion
     for name, types in FIELD_TYPES.items():
         value = record.get(name)
         if value is None:

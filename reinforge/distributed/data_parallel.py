@@ -159,7 +159,9 @@ class RankShare:
     def all_finite(self, finite: bool) -> bool:
         return int(self.reduce.sum(torch.tensor(int(not finite)))) == 0
 
-    def run_passes(self, micro: list[Tensor], run: Callable[[Tensor], None], forward: Callable[[SequenceBatch], Tensor]) -> None:
+    def run_passes(
+        self, micro: list[Tensor], run: Callable[[Tensor], None], forward: Callable[[SequenceBatch], Tensor]
+    ) -> None:
         idle = int(self.reduce.cat(torch.tensor([len(micro)])).max()) - len(micro)   # before any FSDP collective
         for local in micro:
             run(local)
@@ -171,8 +173,14 @@ def _idle_row() -> SequenceBatch:
     """The input of a rank's extra passes: one completion token after a one-token prompt, all token 0
     (in every vocabulary). Its loss is multiplied by 0: the pass is there for FSDP's collectives."""
     ids = torch.zeros(1, 2, dtype=torch.long)
-    return SequenceBatch(input_ids=ids, attention_mask=torch.ones_like(ids), starts=torch.ones(1, dtype=torch.long),
-                         completion_ids=ids[:, 1:], completion_mask=torch.ones(1, 1), group_ids=torch.zeros(1, dtype=torch.long))
+    return SequenceBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        starts=torch.ones(1, dtype=torch.long),
+        completion_ids=ids[:, 1:],
+        completion_mask=torch.ones(1, 1),
+        group_ids=torch.zeros(1, dtype=torch.long),
+    )
 
 
 class RankZeroSource:
@@ -255,7 +263,9 @@ class DataParallel:
         mine = rank_rows(batch.group_ids, self.group.rank, self.group.world_size)
         kept = keep.nonzero().squeeze(1)               # the rows trained on, by all ranks together
         own = batch.select(keep & mine)
-        return dataclasses.replace(own, share=RankShare(self.reduce, rows=mine[kept].nonzero().squeeze(1), total=len(kept)))
+        return dataclasses.replace(
+            own, share=RankShare(self.reduce, rows=mine[kept].nonzero().squeeze(1), total=len(kept))
+        )
 
     def sync(self) -> None:
         """The plain copy (the engine's weights, the reference's EMA target, the checkpoint) takes the

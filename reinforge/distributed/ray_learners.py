@@ -56,15 +56,23 @@ def run_learner_group(job: Callable[..., Any], cfg: Config, *, resume: bool = Fa
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=cfg.ray.address)
     world = cfg.ray.learner_ranks
-    bundle = {"CPU": cfg.ray.num_cpus_per_worker, **({"GPU": cfg.ray.num_gpus_per_worker} if cfg.ray.num_gpus_per_worker else {})}
+    bundle = {
+        "CPU": cfg.ray.num_cpus_per_worker,
+        **({"GPU": cfg.ray.num_gpus_per_worker} if cfg.ray.num_gpus_per_worker else {}),
+    }
     group = placement_group([bundle] * world, strategy="PACK")
     try:
         if not group.wait(PLACEMENT_TIMEOUT_S):
             raise RuntimeError(f"the Ray cluster found no room for {world} learner ranks of {bundle} in "
                                f"{PLACEMENT_TIMEOUT_S:.0f} s (cluster resources: {ray.cluster_resources()})")
-        ranks = [LearnerRank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-                                     num_cpus=cfg.ray.num_cpus_per_worker, num_gpus=cfg.ray.num_gpus_per_worker).remote()
-                 for i in range(world)]
+        ranks = [
+            LearnerRank.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                num_cpus=cfg.ray.num_cpus_per_worker,
+                num_gpus=cfg.ray.num_gpus_per_worker,
+            ).remote()
+            for i in range(world)
+        ]
         master = ray.get(ranks[0].address.remote())
         local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
         results = ray.get([r.run.remote(job, local, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])

@@ -73,7 +73,9 @@ class RolloutActor:
         # The worker's device is its Ray resources' (Ray shows an actor only the GPUs it was given),
         # whatever model.device the learner runs on.
         device = "cuda" if settings.ray.num_gpus_per_worker > 0 else "cpu"
-        policy = load_policy(settings.model.model_copy(update={"device": device}), settings.seed)   # the driver's weights follow
+        policy = load_policy(
+            settings.model.model_copy(update={"device": device}), settings.seed
+        )  # the driver's weights follow
         # Each request brings its group's sampling key: a group's samples do not depend on which worker decodes it.
         self.sampler = settings.worker.sampler(policy)
         # The sampler decodes its own copy; this one receives published weights on the CPU, where they arrive.
@@ -175,7 +177,11 @@ class RayRolloutWorkers:
             polls = {}
             for worker in self.workers:
                 if worker.inflight and worker.poll is None:
-                    worker.poll, worker.polled_calls, worker.calls = worker.actor.drain.remote(POLL_WAIT_S), worker.calls, []
+                    worker.poll, worker.polled_calls, worker.calls = (
+                        worker.actor.drain.remote(POLL_WAIT_S),
+                        worker.calls,
+                        [],
+                    )
                 if worker.poll is not None:
                     polls[worker.poll] = worker
             left = deadline - time.monotonic()
@@ -233,8 +239,11 @@ class RayRolloutWorkers:
             except RayActorError as err:
                 self._restart(worker, err)
         now = [worker.times for worker in self.workers]
-        return WorkerTimes(busy=self.retired.busy + sum(t.busy for t in now), idle=self.retired.idle + sum(t.idle for t in now),
-                           weight_sync=max(t.weight_sync for t in now))
+        return WorkerTimes(
+            busy=self.retired.busy + sum(t.busy for t in now),
+            idle=self.retired.idle + sum(t.idle for t in now),
+            weight_sync=max(t.weight_sync for t in now),
+        )
 
     def close(self) -> None:
         for worker in self.workers:

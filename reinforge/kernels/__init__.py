@@ -87,8 +87,12 @@ def _build(sources: tuple[Path, ...], compiler: str) -> Path:
                 raise subprocess.CalledProcessError(job.returncode, f"{compiler} -c {source}", out, err)
         built = Path(tmp) / "kernels.so"
         libs = [f"-L{p}" for p in library_paths()]
-        subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(built), *libs, "-lc10", "-ltorch_cpu", "-lmvec"],
-                       capture_output=True, text=True, check=True)
+        subprocess.run(
+            [compiler, "-shared", *map(str, objects), "-o", str(built), *libs, "-lc10", "-ltorch_cpu", "-lmvec"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         os.replace(built, library)
     return library
 
@@ -106,7 +110,11 @@ def load_cpu_kernels() -> Any | None:
     try:
         torch.ops.load_library(str(_build(SOURCES, compiler)))
     except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
-        detail = err.stderr.strip().splitlines()[-1:] if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
+        detail = (
+            err.stderr.strip().splitlines()[-1:]
+            if isinstance(err, subprocess.CalledProcessError) and err.stderr
+            else err
+        )
         log.warning("building the CPU kernels failed (%s): the native engine and the learner use their PyTorch paths "
                     "(slower)", detail)
         return None
@@ -206,12 +214,57 @@ class _TrainLayer(torch.autograd.Function):
         g, bwd, (qkv_bias, o_bias) = ctx.geometry, ctx.packs, ctx.biases
         if dx_out is None:
             dx_out = torch.zeros_like(x)
-        dx, d_in, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post, d_gate_up_w, d_down_w, dpk, dpv = load_cpu_kernels().train_layer_backward(
-            dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, bwd.qkv, qkv_bias, bwd.o, o_bias,
-            post_norm, bwd.gate_up, bwd.down, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, ctx.heads, ctx.kv_heads,
-            g.positions, ctx.eps)
-        return (dx, d_in, d_qkv_w, d_qkv_b if qkv_bias else None, d_o_w, d_o_b if o_bias else None, d_post, d_gate_up_w,
-                d_down_w, dpk if pk is not None else None, dpv if pv is not None else None, None, None, None, None, None)
+        dx, d_in, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post, d_gate_up_w, d_down_w, dpk, dpv = (
+            load_cpu_kernels().train_layer_backward(
+                dx_out.contiguous(),
+                dk,
+                dv,
+                x,
+                q,
+                k,
+                v,
+                attn,
+                lse,
+                x_mid,
+                gate_up,
+                input_norm,
+                bwd.qkv,
+                qkv_bias,
+                bwd.o,
+                o_bias,
+                post_norm,
+                bwd.gate_up,
+                bwd.down,
+                g.rot,
+                g.pos0,
+                pk,
+                pv,
+                g.slot,
+                g.pre_len,
+                ctx.heads,
+                ctx.kv_heads,
+                g.positions,
+                ctx.eps,
+            )
+        )
+        return (
+            dx,
+            d_in,
+            d_qkv_w,
+            d_qkv_b if qkv_bias else None,
+            d_o_w,
+            d_o_b if o_bias else None,
+            d_post,
+            d_gate_up_w,
+            d_down_w,
+            dpk if pk is not None else None,
+            dpv if pv is not None else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:

@@ -59,10 +59,12 @@ class ValueModel(nn.Module):
         body = self._shared_body[0] if self.shared else self.body
         batch = batch.to(self.head.weight.device)
         with torch.no_grad() if self.shared else contextlib.nullcontext():
-            hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state   # [N, L, H]
+            hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [N, L, H]
         n, t = batch.completion_ids.shape
-        positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=hidden.device).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
-        picked = hidden.gather(1, positions.unsqueeze(-1).expand(n, t, hidden.shape[-1]))                        # [N, T, H]
+        positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=hidden.device).unsqueeze(0)).clamp(
+            max=hidden.shape[1] - 1
+        )
+        picked = hidden.gather(1, positions.unsqueeze(-1).expand(n, t, hidden.shape[-1]))  # [N, T, H]
         return self.head(picked).squeeze(-1).float() * batch.completion_mask
 
 
@@ -110,8 +112,13 @@ class Critic:
                     rows = mb[local]
                     seq = batch.rows(rows).to(device)
                     width = seq.completion_ids.shape[1]
-                    terms = value_loss(self.model(seq), old_values[rows, :width].to(device), returns[rows, :width].to(device),
-                                       seq.completion_mask, clip=clip)
+                    terms = value_loss(
+                        self.model(seq),
+                        old_values[rows, :width].to(device),
+                        returns[rows, :width].to(device),
+                        seq.completion_mask,
+                        clip=clip,
+                    )
                     w = weights[local][:, :width].to(device)
                     loss = (w * terms.loss).sum()
                     loss.backward()

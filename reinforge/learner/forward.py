@@ -48,11 +48,15 @@ def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float
     batch = batch.to(model_device(model))
     if plan.shared_prefix:
         if batch.group_ids is None:
-            raise ValueError("the shared-prefix forward needs the batch's group ids (build_sequences(..., group_ids=...))")
+            raise ValueError(
+                "the shared-prefix forward needs the batch's group ids (build_sequences(..., group_ids=...))"
+            )
         return completion_token_stats_shared(model, batch, batch.group_ids, temperature,
                                              chunk_size=plan.chunk_size or 1024, fp32_head=plan.fp32_head)
     if plan.chunk_size > 0:
-        return completion_token_stats_chunked(model, batch, temperature, chunk_size=plan.chunk_size, fp32_head=plan.fp32_head)
+        return completion_token_stats_chunked(
+            model, batch, temperature, chunk_size=plan.chunk_size, fp32_head=plan.fp32_head
+        )
     return completion_token_stats(model, batch, temperature)
 
 

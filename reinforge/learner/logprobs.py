@@ -32,7 +32,9 @@ def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32) if fp32_head else dtype
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     """z = (h W^T + b) / temperature for one chunk, [C, V], in at least fp32 (a fresh tensor, safe to
     modify); the matmul runs in `weight`'s dtype (the head's compute dtype, cast once by the caller)."""
     h = hidden.to(weight.dtype)
@@ -200,8 +202,13 @@ def completion_token_stats_chunked(
     model that rescales or soft-caps its logits is refused.
     """
     config = model.config
-    if getattr(config, "final_logit_softcapping", None) is not None or getattr(config, "logit_scale", None) not in (None, 1.0):
-        raise NotImplementedError(f"{type(model).__name__} transforms its logits after the LM head; use completion_token_stats")
+    if getattr(config, "final_logit_softcapping", None) is not None or getattr(config, "logit_scale", None) not in (
+        None,
+        1.0,
+    ):
+        raise NotImplementedError(
+            f"{type(model).__name__} transforms its logits after the LM head; use completion_token_stats"
+        )
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
     ).last_hidden_state  # [N, L, H]

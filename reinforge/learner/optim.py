@@ -15,7 +15,9 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99), fused=fused)
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int, final_fraction: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, final_fraction: float = 0.1
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up to the peak, then cosine decay to `final_fraction` of it at `total`."""
 
     def factor(step: int) -> float:

@@ -42,8 +42,13 @@ class SequenceBatch:
         )
 
 
-def build_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int,
-                    group_ids: torch.Tensor | None = None) -> SequenceBatch:
+def build_sequences(
+    prompt_ids: list[list[int]],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    pad_id: int,
+    group_ids: torch.Tensor | None = None,
+) -> SequenceBatch:
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -80,7 +85,9 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, L, V]
     n, t = batch.completion_ids.shape
     # Position starts[i] - 1 + j predicts completion token j.
-    positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    positions = (batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)).clamp(
+        max=logits.shape[1] - 1
+    )
     picked = logits.gather(1, positions.unsqueeze(-1).expand(n, t, logits.shape[-1])).float() / temperature  # [N, T, V]
     logsumexp = torch.logsumexp(picked, dim=-1)
     token_logits = picked.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)

@@ -143,8 +143,14 @@ class UpdateSettings:
 
     @classmethod
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
-        return cls(ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
-                   temperature=rollout.temperature, forward=ForwardPlan.from_config(train), max_length=rollout.max_new_tokens)
+        return cls(
+            ppo_epochs=train.ppo_epochs,
+            mini_batches=train.mini_batches,
+            grad_clip=train.grad_clip,
+            temperature=rollout.temperature,
+            forward=ForwardPlan.from_config(train),
+            max_length=rollout.max_new_tokens,
+        )
 
 
 @dataclass
@@ -157,7 +163,9 @@ class UpdateStats:
     old_logprobs: torch.Tensor  # [N, T] the pi_old log-probs the update used
 
 
-def _slice_rows(x: torch.Tensor | None, index: torch.Tensor, width: int, device: torch.device | None = None) -> torch.Tensor | None:
+def _slice_rows(
+    x: torch.Tensor | None, index: torch.Tensor, width: int, device: torch.device | None = None
+) -> torch.Tensor | None:
     """Rows `index` of x ([N] or [N, T], trimmed to `width` columns), on `device` (default x's)."""
     if x is None:
         return None
@@ -182,8 +190,15 @@ class _Means:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
-def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                  batch: LearnerBatch, spec: ObjectiveSpec, settings: UpdateSettings, generator: torch.Generator) -> UpdateStats:
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: LearnerBatch,
+    spec: ObjectiveSpec,
+    settings: UpdateSettings,
+    generator: torch.Generator,
+) -> UpdateStats:
     """ppo_epochs passes over `batch`, each cut into mini_batches optimizer steps from one shuffle of its rows."""
     if settings.forward.shared_prefix and isinstance(model, FSDPModule):
         raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
@@ -219,14 +234,26 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     return UpdateStats(optimizer_steps=steps, skipped_steps=skipped, metrics=metrics, old_logprobs=old_all)
 
 
-def _accumulate(model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
-                settings: UpdateSettings, means: _Means) -> bool:
+def _accumulate(
+    model: torch.nn.Module,
+    batch: LearnerBatch,
+    mb: torch.Tensor,
+    old_all: torch.Tensor,
+    spec: ObjectiveSpec,
+    settings: UpdateSettings,
+    means: _Means,
+) -> bool:
     """The gradient of mini-batch `mb`'s loss into `.grad`, micro-batch by micro-batch; whether the loss was finite.
     A `None` pi_old (`old_all` zeros) is taken from these forwards: no step has been taken yet."""
     device, forward, temperature = model_device(model), settings.forward, settings.temperature
     mask_all = batch.sequences.completion_mask
-    weights = loss_weights(spec.aggregation, mask_all[mb], group_ids=batch.group_ids[mb], max_length=settings.max_length,
-                           reduce=batch.share)  # [M, T]
+    weights = loss_weights(
+        spec.aggregation,
+        mask_all[mb],
+        group_ids=batch.group_ids[mb],
+        max_length=settings.max_length,
+        reduce=batch.share,
+    )  # [M, T]
     finite = True
 
     def run(local: torch.Tensor) -> None:

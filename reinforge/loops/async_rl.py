@@ -101,7 +101,9 @@ class StreamSource:
         """Request every group the gate allows now."""
         requests = []
         while self.gate.may_start(self.version) and not self.exhausted:
-            if not self.replay and self.pool.size < self.gate.batch_size:   # the learner raises it when it needs a group never requested
+            if (
+                not self.replay and self.pool.size < self.gate.batch_size
+            ):  # the learner raises it when it needs a group never requested
                 self.exhausted = True
                 break
             example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
@@ -132,7 +134,9 @@ class StreamSource:
             group, example = self.done.pop(self.next_take), self.examples.pop(self.next_take)
             self.next_take += 1
             self.consumed += 1
-            if self.version - group.oldest_version > self.gate.max_staleness:   # never expected: see the module docstring
+            if (
+                self.version - group.oldest_version > self.gate.max_staleness
+            ):  # never expected: see the module docstring
                 self.too_stale += 1
                 self.gate.release(1)
                 continue
@@ -175,8 +179,13 @@ class StreamSource:
         metrics = {"async/staleness_mean": float(stale.float().mean()), "async/staleness_max": float(stale.max())}
         for k in range(self.gate.max_staleness + 1):
             metrics[f"async/staleness_{k}"] = float((stale == k).float().mean())
-        metrics.update({"async/too_stale_total": float(self.too_stale), "async/duplicates_total": float(self.duplicates),
-                        "async/requested_untrained": float(len(self.examples))})
+        metrics.update(
+            {
+                "async/too_stale_total": float(self.too_stale),
+                "async/duplicates_total": float(self.duplicates),
+                "async/requested_untrained": float(len(self.examples)),
+            }
+        )
         return metrics
 
 

@@ -49,8 +49,10 @@ class PoolExhausted(RuntimeError):
 def pool_exhausted(pool: PromptStream, prompts_per_step: int) -> str:
     """Why RL cannot go on: fewer prompts left than a step needs, so a batch would repeat them (and
     training on a handful of hard prompts over and over undoes what RL learned)."""
-    return (f"only {pool.size} of the {len(pool.examples)} train prompts are left in the pool (curation.retire_pass_rate), "
-            f"fewer than train.prompts_per_step={prompts_per_step}: raise the threshold or train.num_prompts")
+    return (
+        f"only {pool.size} of the {len(pool.examples)} train prompts are left in the pool (curation.retire_pass_rate), "
+        f"fewer than train.prompts_per_step={prompts_per_step}: raise the threshold or train.num_prompts"
+    )
 
 
 class PromptStream:
@@ -96,7 +98,9 @@ class PromptStream:
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_examples"] != len(self.examples):
-            raise ValueError(f"the saved prompt pool had {state['num_examples']} prompts, this one has {len(self.examples)}")
+            raise ValueError(
+                f"the saved prompt pool had {state['num_examples']} prompts, this one has {len(self.examples)}"
+            )
         self.order, self.epoch, self.retired = list(state["order"]), state["epoch"], set(state["retired"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
@@ -109,8 +113,10 @@ class Scores:
     rewards: torch.Tensor            # float: the reward the advantage uses
     valid: torch.Tensor              # bool: False where a reward function failed or skipped the sample
     correct: torch.Tensor            # bool: the verifier accepted the completion (pass rate, NLL term)
-    metrics: dict[str, float] = field(default_factory=dict)   # the reward step's own figures
-    parts: dict[str, torch.Tensor] = field(default_factory=dict)   # reward function name -> [N] raw values (samples.jsonl)
+    metrics: dict[str, float] = field(default_factory=dict)  # the reward step's own figures
+    parts: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # reward function name -> [N] raw values (samples.jsonl)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,13 @@ class SampleNow:
 
     def __init__(self, pool: PromptStream, engine: RolloutEngine, group_size: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None):
-        self.pool, self.engine, self.group_size, self.sampling, self.generator = pool, engine, group_size, sampling, generator
+        self.pool, self.engine, self.group_size, self.sampling, self.generator = (
+            pool,
+            engine,
+            group_size,
+            sampling,
+            generator,
+        )
 
     def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]:
         examples = self.pool.next(n)
@@ -246,8 +258,10 @@ class BatchCollector:
                 for p in (groups.correct.float().mean(dim=1) >= self.cfg.retire_pass_rate).nonzero().flatten().tolist():
                     self.pool.retire(examples[p])
                     counts["retired"] += 1
-            take = keep.nonzero().flatten()[: target - counts["kept"]]     # a full batch, and no more
-            if self.cfg.refill != "none":    # the rest are replaced by the next round's (async: the gate lets them be requested)
+            take = keep.nonzero().flatten()[: target - counts["kept"]]  # a full batch, and no more
+            if (
+                self.cfg.refill != "none"
+            ):  # the rest are replaced by the next round's (async: the gate lets them be requested)
                 self.source.release(len(examples) - len(take))
             if len(take):
                 rows = (take[:, None] * g + torch.arange(g)).flatten()
@@ -258,8 +272,14 @@ class BatchCollector:
             if counts["kept"] >= target or self.cfg.refill == "none" or rounds >= self.cfg.max_rounds:
                 break
         rollout = concat_rollouts([r for _, r, _ in kept]) if kept else None
-        scores = Scores(*(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct")),
-                        parts={k: torch.cat([s.parts[k] for _, _, s in kept]) for k in kept[0][2].parts}) if kept else None
+        scores = (
+            Scores(
+                *(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct")),
+                parts={k: torch.cat([s.parts[k] for _, _, s in kept]) for k in kept[0][2].parts},
+            )
+            if kept
+            else None
+        )
         row_keep = None
         if kept:
             row_keep = scores.valid & ~rollout.truncated if self.cfg.overlong_filter else scores.valid

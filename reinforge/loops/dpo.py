@@ -97,11 +97,16 @@ def verifier_pairs(correct: torch.Tensor, pairs_per_prompt: int) -> list[tuple[i
         right = [p * group + g for g, ok in enumerate(row) if ok]
         wrong = [p * group + g for g, ok in enumerate(row) if not ok]
         if right and wrong:
-            pairs += [(right[k % len(right)], wrong[k % len(wrong)]) for k in range(min(pairs_per_prompt, max(len(right), len(wrong))))]
+            pairs += [
+                (right[k % len(right)], wrong[k % len(wrong)])
+                for k in range(min(pairs_per_prompt, max(len(right), len(wrong))))
+            ]
     return pairs
 
 
-def pair_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int) -> SequenceBatch:
+def pair_sequences(
+    prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int
+) -> SequenceBatch:
     """Rows 0..P-1 chosen, rows P..2P-1 rejected (row P + p is pair p's); group id p for both rows of
     pair p, so that they share a micro-batch (and, with a shared prefix, the prompt pass)."""
     num_pairs = len(prompt_ids) // 2
@@ -111,7 +116,9 @@ def pair_sequences(prompt_ids: list[list[int]], completion_ids: torch.Tensor, co
 
 def tokenized_pairs(policy: Policy, pairs: list[PreferencePair], chat_template: str) -> SequenceBatch:
     """Text pairs as `pair_sequences` rows, tokenized as SFT does (prompt template, eos after the completion)."""
-    texts = [SFTExample(p.prompt, p.chosen, True) for p in pairs] + [SFTExample(p.prompt, p.rejected, False) for p in pairs]
+    texts = [SFTExample(p.prompt, p.chosen, True) for p in pairs] + [
+        SFTExample(p.prompt, p.rejected, False) for p in pairs
+    ]
     prompts, completions = tokenize_pairs(policy, texts, chat_template)
     lengths = torch.tensor([len(c) for c in completions])
     ids = torch.full((len(completions), int(lengths.max())), policy.tokenizer.pad_token_id, dtype=torch.long)
@@ -154,8 +161,17 @@ class PairSource:
 class OnPolicyPairs(PairSource):
     """Pairs from the current policy's samples and the task's verifier (dpo.pairs=on_policy)."""
 
-    def __init__(self, pool: PromptStream, engine: RolloutEngine, task: Task, sampling: SamplingParams, prompts_per_step: int,
-                 group_size: int, pairs_per_prompt: int, pad_id: int):
+    def __init__(
+        self,
+        pool: PromptStream,
+        engine: RolloutEngine,
+        task: Task,
+        sampling: SamplingParams,
+        prompts_per_step: int,
+        group_size: int,
+        pairs_per_prompt: int,
+        pad_id: int,
+    ):
         self.clock = Timed()
         self.pool, self.engine, self.task, self.sampling = pool, engine, task, sampling
         self.prompts, self.group, self.per_prompt, self.pad_id = prompts_per_step, group_size, pairs_per_prompt, pad_id
@@ -163,7 +179,9 @@ class OnPolicyPairs(PairSource):
     def draw(self, version: int) -> Pairs:
         examples = self.pool.next(self.prompts)
         rollout = self.engine.generate([e.prompt for e in examples], self.group, self.sampling, policy_version=version)
-        rewards = torch.tensor([self.task.reward(examples[r // self.group], text) for r, text in enumerate(rollout.texts)])
+        rewards = torch.tensor(
+            [self.task.reward(examples[r // self.group], text) for r, text in enumerate(rollout.texts)]
+        )
         shape = (len(examples), self.group)
         correct = (rewards >= 1.0).view(shape)        # the verifier's "correct", as in evaluation
         groups = Groups(rewards=rewards.view(shape), valid=torch.ones(shape, dtype=torch.bool), correct=correct,
@@ -175,7 +193,12 @@ class OnPolicyPairs(PairSource):
             return Pairs(None, metrics, tokens)
         rows = [c for c, _ in pairs] + [r for _, r in pairs]
         index = torch.tensor(rows)
-        seq = pair_sequences([rollout.prompt_ids[r] for r in rows], rollout.completion_ids[index], rollout.completion_mask[index], self.pad_id)
+        seq = pair_sequences(
+            [rollout.prompt_ids[r] for r in rows],
+            rollout.completion_ids[index],
+            rollout.completion_mask[index],
+            self.pad_id,
+        )
         return Pairs(seq, metrics, tokens)
 
 
@@ -187,12 +210,12 @@ class DatasetPairs(PairSource):
         self.pool, self.policy, self.per_step, self.chat_template = pool, policy, pairs_per_step, chat_template
 
     def draw(self, version: int) -> Pairs:
-        drawn: list[PreferencePair] = self.pool.next(self.per_step)                               # type: ignore[assignment]
+        drawn: list[PreferencePair] = self.pool.next(self.per_step)  # type: ignore[assignment]
         seq = tokenized_pairs(self.policy, drawn, self.chat_template)
         tokens = float(seq.completion_mask.sum())
-        return Pairs(seq, {"dpo/pairs": float(len(drawn)), "response_length_mean": tokens / (2 * len(drawn))}, int(tokens))
-
-
+        return Pairs(
+            seq, {"dpo/pairs": float(len(drawn)), "response_length_mean": tokens / (2 * len(drawn))}, int(tokens)
+        )
 
 
 # ------------------------------------------------------------------ update
@@ -218,19 +241,23 @@ def preference_backward(model: torch.nn.Module, seq: SequenceBatch, ref_logprobs
     num_pairs = len(ref_logprobs) // 2
     logprobs, entropy, finite = torch.zeros(2 * num_pairs), torch.zeros(2 * num_pairs), True
     lengths = seq.attention_mask.sum(dim=1)
-    for rows in plan_micro_batches(lengths, max(forward.micro_batch_size, 2), forward.micro_batch_tokens, groups=seq.group_ids):
+    for rows in plan_micro_batches(
+        lengths, max(forward.micro_batch_size, 2), forward.micro_batch_tokens, groups=seq.group_ids
+    ):
         stats = token_stats(model, seq.rows(rows), TEMPERATURE, forward)   # on the model's device
         row_logprobs = stats.logprobs.sum(dim=1)                    # [M] log pi(y | x), summed over the completion
         logprobs[rows], entropy[rows] = row_logprobs.detach().cpu(), stats.entropy.detach().sum(dim=1).cpu()
         ref = ref_logprobs.to(row_logprobs.device)
         local = {int(r): i for i, r in enumerate(rows)}
-        pairs = torch.tensor(sorted(r for r in local if r < num_pairs), dtype=torch.long)   # [M/2] pairs of this micro-batch
+        pairs = torch.tensor(
+            sorted(r for r in local if r < num_pairs), dtype=torch.long
+        )  # [M/2] pairs of this micro-batch
         chosen = torch.tensor([local[int(p)] for p in pairs], dtype=torch.long)
         rejected = torch.tensor([local[int(p) + num_pairs] for p in pairs], dtype=torch.long)
         out = preference_loss(chosen_logprobs=row_logprobs[chosen], rejected_logprobs=row_logprobs[rejected],
                               ref_chosen_logprobs=ref[pairs], ref_rejected_logprobs=ref[pairs + num_pairs],
                               beta=spec.beta, loss_type=spec.loss_type, label_smoothing=spec.label_smoothing)
-        loss = out.losses.sum() / num_pairs                         # the mean over the step's pairs (the dpo recipe's aggregation)
+        loss = out.losses.sum() / num_pairs  # the mean over the step's pairs (the dpo recipe's aggregation)
         finite &= bool(torch.isfinite(loss.detach()))
         loss.backward()
     return PairForward(logprobs, entropy, finite)
@@ -242,8 +269,16 @@ class DPOUpdate:
     metrics: dict[str, float]       # dpo/* of the policy before the step, grad_norm, entropy
 
 
-def dpo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-               seq: SequenceBatch, ref_logprobs: torch.Tensor, spec: PreferenceSpec, forward: ForwardPlan, grad_clip: float) -> DPOUpdate:
+def dpo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    seq: SequenceBatch,
+    ref_logprobs: torch.Tensor,
+    spec: PreferenceSpec,
+    forward: ForwardPlan,
+    grad_clip: float,
+) -> DPOUpdate:
     """One optimizer step on all pairs of `seq`; with a NaN/inf loss or gradient norm no step is taken and neither
     the weights, Adam's moments nor the scheduler move (the guard of learner/update.py)."""
     num_pairs = len(ref_logprobs) // 2
@@ -258,9 +293,13 @@ def dpo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     else:
         optimizer.zero_grad(set_to_none=True)
     # Batch figures from the detached log-probs: the same whatever the micro-batches were.
-    whole = preference_loss(chosen_logprobs=logprobs[:num_pairs], rejected_logprobs=logprobs[num_pairs:],
-                            ref_chosen_logprobs=ref_logprobs[:num_pairs], ref_rejected_logprobs=ref_logprobs[num_pairs:],
-                            **dataclasses.asdict(spec))
+    whole = preference_loss(
+        chosen_logprobs=logprobs[:num_pairs],
+        rejected_logprobs=logprobs[num_pairs:],
+        ref_chosen_logprobs=ref_logprobs[:num_pairs],
+        ref_rejected_logprobs=ref_logprobs[num_pairs:],
+        **dataclasses.asdict(spec),
+    )
     return DPOUpdate(stepped, {
         "dpo/loss": float(whole.losses.mean()),
         "dpo/reward_accuracy": whole.metrics["reward_accuracy"],        # beta h_w > beta h_l (a tie is wrong)
@@ -291,7 +330,12 @@ class DPOState(LoopState):
     @classmethod
     def start(cls, train: TrainConfig, model: torch.nn.Module, pool: PromptStream) -> DPOState:
         optimizer = build_optimizer(model, train.lr, train.weight_decay)
-        return cls(optimizer=optimizer, scheduler=warmup_constant(optimizer, train.warmup_steps), reference=Reference.of(model), pool=pool)
+        return cls(
+            optimizer=optimizer,
+            scheduler=warmup_constant(optimizer, train.warmup_steps),
+            reference=Reference.of(model),
+            pool=pool,
+        )
 
     def extra_state(self) -> dict:
         return {"reference": self.reference.state_dict(), "pool": self.pool.state_dict()}
@@ -305,7 +349,9 @@ class PreferenceLearner:
     """A DPO step of the loop: the frozen reference's summed log-probs of every row, then one optimizer
     step on all pairs (none on a NaN/inf loss or gradient)."""
 
-    def __init__(self, policy: Policy, spec: PreferenceSpec, forward: ForwardPlan, grad_clip: float, max_nonfinite_steps: int):
+    def __init__(
+        self, policy: Policy, spec: PreferenceSpec, forward: ForwardPlan, grad_clip: float, max_nonfinite_steps: int
+    ):
         self.model, self.spec, self.forward, self.grad_clip = policy.model, spec, forward, grad_clip
         self.max_nonfinite_steps = max_nonfinite_steps
         self.samples = None                     # DPO writes no samples.jsonl

@@ -90,15 +90,23 @@ class LoopState:
             raise NonFiniteStop(
                 f"{what} step {self.step}: {self.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
                 f"updates were skipped (train.max_nonfinite_steps={limit}); the weights are still "
-                f"those of the last good step. Lower train.lr, or look for NaN in {hint}.", self)
+                f"those of the last good step. Lower train.lr, or look for NaN in {hint}.",
+                self,
+            )
 
     def state_dict(self) -> dict:
-        optimizer = self.optimizer.state_dict() if self.sharded is None else full_optimizer_state(self.sharded, self.optimizer)
+        optimizer = (
+            self.optimizer.state_dict() if self.sharded is None else full_optimizer_state(self.sharded, self.optimizer)
+        )
         return {
-            "step": self.step, "version": self.version, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "version": self.version,
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
             **self.extra_state(),
             "global_rng": global_rng_state(),
-            "nonfinite_streak": self.nonfinite_streak, "skipped_total": self.skipped_total,
+            "nonfinite_streak": self.nonfinite_streak,
+            "skipped_total": self.skipped_total,
             "pending": list(self.pending),
         }
 
@@ -148,8 +156,14 @@ def no_publish(model: torch.nn.Module) -> None:
     """The `after_update` of a loop whose sampler reads the trained weights directly."""
 
 
-def train_rl(steps: int, state: S, source: BatchSource[B], learner: StepLearner[B, S],
-             on_step: Callable[[StepRecord, S], None], after_update: Callable[[torch.nn.Module], None] = no_publish) -> RLResult:
+def train_rl(
+    steps: int,
+    state: S,
+    source: BatchSource[B],
+    learner: StepLearner[B, S],
+    on_step: Callable[[StepRecord, S], None],
+    after_update: Callable[[torch.nn.Module], None] = no_publish,
+) -> RLResult:
     """Steps state.step + 1 .. `steps`: each collects a batch, updates on it, hands the new weights to
     `after_update` and logs through `on_step` (which gets every step's record and the state after it,
     to log, evaluate and checkpoint). Raises NonFiniteStop after train.max_nonfinite_steps steps in a row
@@ -170,7 +184,9 @@ def train_rl(steps: int, state: S, source: BatchSource[B], learner: StepLearner[
         after_update(learner.model)
         state.pending = source.pending()
         # 7. log
-        on_step(StepRecord(step=step, metrics={**metrics, **source.step_metrics(batch)}, samples=learner.samples), state)
+        on_step(
+            StepRecord(step=step, metrics={**metrics, **source.step_metrics(batch)}, samples=learner.samples), state
+        )
         learner.check_finite(state)
     return RLResult(steps=steps, policy_version=state.version, optimizer=state.optimizer)
 

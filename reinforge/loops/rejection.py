@@ -70,7 +70,9 @@ def rejection_sample(
     the model to stop where the sampler cut it.
     """
     if samples_per_prompt <= 0 or max_per_prompt <= 0:
-        raise ValueError(f"samples_per_prompt and max_per_prompt must be > 0, got {samples_per_prompt} and {max_per_prompt}")
+        raise ValueError(
+            f"samples_per_prompt and max_per_prompt must be > 0, got {samples_per_prompt} and {max_per_prompt}"
+        )
     kept_examples: list[SFTExample] = []
     kept, accepted = [], []
     duplicates = capped = truncated_rejected = 0
@@ -91,11 +93,20 @@ def rejection_sample(
                 kept_examples += [SFTExample(example.prompt, text, True) for text in chosen]
                 kept.append(len(chosen))
                 accepted.append(len(ended))
-    return RejectionResult(examples=kept_examples, kept=kept, accepted=accepted, samples=len(examples) * samples_per_prompt,
-                           duplicates_removed=duplicates, capped=capped, truncated_rejected=truncated_rejected)
+    return RejectionResult(
+        examples=kept_examples,
+        kept=kept,
+        accepted=accepted,
+        samples=len(examples) * samples_per_prompt,
+        duplicates_removed=duplicates,
+        capped=capped,
+        truncated_rejected=truncated_rejected,
+    )
 
 
-def distillation_examples(path: str, fields: Mapping[str, str] | None = None, *, split: str | None = None) -> list[SFTExample]:
+def distillation_examples(
+    path: str, fields: Mapping[str, str] | None = None, *, split: str | None = None
+) -> list[SFTExample]:
     """A teacher's (prompt, completion) traces from a JSONL / Parquet / datasets file, as SFT examples.
 
     `fields` maps prompt / completion to the file's columns, e.g. {"completion": "response"}. A bad

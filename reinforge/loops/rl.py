@@ -93,12 +93,16 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
         correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
-        return Scores(rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts)
+        return Scores(
+            rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts
+        )
 
     return score
 
 
-def build_credit(train: TrainConfig, critic: CriticConfig, model: torch.nn.Module, spec: ObjectiveSpec) -> GroupCredit | CriticCredit:
+def build_credit(
+    train: TrainConfig, critic: CriticConfig, model: torch.nn.Module, spec: ObjectiveSpec
+) -> GroupCredit | CriticCredit:
     """The credit assignment `spec` asks for: a critic and GAE (advantage gae), else the group estimator."""
     if not spec.needs_critic:
         return GroupCredit(spec, train.kl_target)
@@ -107,8 +111,15 @@ def build_credit(train: TrainConfig, critic: CriticConfig, model: torch.nn.Modul
                         grad_clip=train.grad_clip, kl_target=train.kl_target)
 
 
-def pretrain_critic(state: RLState, collector: BatchCollector, spec: ObjectiveSpec, pad_id: int, cfg: CriticConfig,
-                    on_step: Callable[[StepRecord, RLState], None], after_collect: Callable[[], None] = lambda: None) -> None:
+def pretrain_critic(
+    state: RLState,
+    collector: BatchCollector,
+    spec: ObjectiveSpec,
+    pad_id: int,
+    cfg: CriticConfig,
+    on_step: Callable[[StepRecord, RLState], None],
+    after_collect: Callable[[], None] = lambda: None,
+) -> None:
     """Value pre-training before the first policy update (VC-PPO, VAPO): the critic fits the initial
     policy's Monte-Carlo returns for up to objective.value.pretrain_steps steps, and stops once its
     explained variance has converged (critic.pretrain_patience / pretrain_tolerance). Nothing
@@ -173,7 +184,14 @@ class Learner:
 
     def __init__(self, policy: Policy, spec: ObjectiveSpec, update: UpdateSettings, sampling: SamplingParams,
                  dp: DataParallel, max_nonfinite_steps: int):
-        self.policy, self.model, self.spec, self.update, self.sampling, self.dp = policy, policy.model, spec, update, sampling, dp
+        self.policy, self.model, self.spec, self.update, self.sampling, self.dp = (
+            policy,
+            policy.model,
+            spec,
+            update,
+            sampling,
+            dp,
+        )
         self.max_nonfinite_steps = max_nonfinite_steps
         self.old_before_update = (update.ppo_epochs * update.mini_batches > 1
                                   or (spec.kl_placement == "in_reward" and spec.needs_reference))
@@ -184,7 +202,13 @@ class Learner:
         self.samples = None
         if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
             return {**curated.metrics, "policy_version": state.version}
-        rollout, scores, dp, temperature, forward = curated.rollout, curated.scores, self.dp, self.update.temperature, self.update.forward
+        rollout, scores, dp, temperature, forward = (
+            curated.rollout,
+            curated.scores,
+            self.dp,
+            self.update.temperature,
+            self.update.forward,
+        )
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
@@ -207,7 +231,9 @@ class Learner:
             correct=scores.correct), keep)
         # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py);
         #    then the engine's weights, the reference and the critic follow
-        update = policy_update(dp.model, state.optimizer, state.scheduler, batch, self.spec, self.update, state.generator)
+        update = policy_update(
+            dp.model, state.optimizer, state.scheduler, batch, self.spec, self.update, state.generator
+        )
         dp.sync()
         if state.reference is not None:
             state.reference.after_update(self.model)

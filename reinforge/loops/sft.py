@@ -31,11 +31,15 @@ class SFTResult:
     final_loss: float   # mean of the last 10% of steps
 
 
-def tokenize_pairs(policy: Policy, examples: list[SFTExample], chat_template: str) -> tuple[list[list[int]], list[list[int]]]:
+def tokenize_pairs(
+    policy: Policy, examples: list[SFTExample], chat_template: str
+) -> tuple[list[list[int]], list[list[int]]]:
     tokenizer = policy.tokenizer
     prompts = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template)
     eos = tokenizer.eos_token_id
-    completions = [ids + [eos] for ids in tokenizer([e.completion for e in examples], add_special_tokens=False)["input_ids"]]
+    completions = [
+        ids + [eos] for ids in tokenizer([e.completion for e in examples], add_special_tokens=False)["input_ids"]
+    ]
     return prompts, completions
 
 
@@ -86,4 +90,6 @@ def run_sft(
         if on_step:
             on_step(step, losses[-1])
     tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
-    return SFTResult(steps=cfg.steps, first_loss=losses[0] if losses else float("nan"), final_loss=sum(tail) / len(tail))
+    return SFTResult(
+        steps=cfg.steps, first_loss=losses[0] if losses else float("nan"), final_loss=sum(tail) / len(tail)
+    )

@@ -45,7 +45,9 @@ class DecoderShape:
     sliding_window: int | None   # None: full attention
 
 
-def check_native_model_type(model_dir: Path, feature: str = "rollout.engine=native", way_out: str = "rollout.engine=hf") -> None:
+def check_native_model_type(
+    model_dir: Path, feature: str = "rollout.engine=native", way_out: str = "rollout.engine=hf"
+) -> None:
     """Refuse, before a run starts, a model directory whose architecture the native decoder does not run."""
     model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -66,15 +68,21 @@ def decoder_shape(model: PreTrainedModel) -> DecoderShape:
         )
     rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
-        raise NotImplementedError(f"the native rollout engine does not support rope_type '{rope_type}'; use rollout.engine=hf")
+        raise NotImplementedError(
+            f"the native rollout engine does not support rope_type '{rope_type}'; use rollout.engine=hf"
+        )
     if getattr(config, "final_logit_softcapping", None) is not None:
-        raise NotImplementedError("the native rollout engine does not support logit soft-capping; use rollout.engine=hf")
+        raise NotImplementedError(
+            "the native rollout engine does not support logit soft-capping; use rollout.engine=hf"
+        )
     window = getattr(config, "sliding_window", None)
     if config.model_type in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
         window = None
     if config.model_type in ("qwen2", "qwen3") and window is not None:
         # Qwen applies the window only to some layers (max_window_layers); not modelled here.
-        raise NotImplementedError("the native rollout engine does not support Qwen's sliding-window layers; use rollout.engine=hf")
+        raise NotImplementedError(
+            "the native rollout engine does not support Qwen's sliding-window layers; use rollout.engine=hf"
+        )
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     return DecoderShape(num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim, window)
@@ -147,8 +155,11 @@ class DecoderWeights:
         `transposed` with w (the backward's input gradients). Snapshots: no gradient flows through them."""
         if transposed not in self._packed:
             self._packed[transposed] = [
-                PackedProjections(*(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
-                for lw in self.layers]
+                PackedProjections(
+                    *(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
+                )
+                for lw in self.layers
+            ]
         return self._packed[transposed]
 
     @classmethod
@@ -161,7 +172,9 @@ class DecoderWeights:
             try:
                 return linear_weight(module)
             except NotImplementedError as err:
-                raise NotImplementedError(f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf") from None
+                raise NotImplementedError(
+                    f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf"
+                ) from None
 
         def bias(*projections: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor | None:
             if all(b is None for _, b in projections):
@@ -170,9 +183,11 @@ class DecoderWeights:
 
         model = base_model(model)
         embedding = model.get_input_embeddings()
-        if type(embedding) is not torch.nn.Embedding:   # e.g. LoRA on the embedding: its .weight is not what it computes
-            raise NotImplementedError(f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
-                                      "use rollout.engine=hf")
+        if type(embedding) is not torch.nn.Embedding:  # e.g. LoRA on the embedding: its .weight is not what it computes
+            raise NotImplementedError(
+                f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
+                "use rollout.engine=hf"
+            )
         layers = []
         silu = getattr(model.config, "hidden_act", None) in ("silu", "swish")
         heads = model.config.num_attention_heads
@@ -184,7 +199,9 @@ class DecoderWeights:
             (gate, gate_b), (up, up_b), (down, down_b) = (plain(getattr(mlp, n), f"layer {i} {n}")
                                                           for n in ("gate_proj", "up_proj", "down_proj"))
             if gate_b is not None or up_b is not None or down_b is not None:
-                raise NotImplementedError("the native rollout engine does not support MLP biases; use rollout.engine=hf")
+                raise NotImplementedError(
+                    "the native rollout engine does not support MLP biases; use rollout.engine=hf"
+                )
             o, o_bias = plain(attn.o_proj, f"layer {i} o_proj")
             fused_bias = bias(*qkv)
             if fused_bias is not None:
@@ -207,7 +224,9 @@ class DecoderWeights:
             ))
         head, head_bias = plain(model.get_output_embeddings(), "the LM head")
         if head_bias is not None:
-            raise NotImplementedError("the native rollout engine assumes an LM head without bias; use rollout.engine=hf")
+            raise NotImplementedError(
+                "the native rollout engine assumes an LM head without bias; use rollout.engine=hf"
+            )
         return cls(
             embed=embedding.weight,
             layers=layers,
@@ -217,7 +236,9 @@ class DecoderWeights:
         )
 
 
-def decoder_layers(shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend) -> torch.Tensor:
+def decoder_layers(
+    shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend
+) -> torch.Tensor:
     """Run every decoder layer on hidden [B, S, E] and the final norm; differentiable when `w` is.
 
     `freqs`: complex rotary factors broadcastable to [B, S, 1, D/2]. `attend(layer, q [B, S, H, D],
@@ -261,18 +282,30 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     hidden = F.embedding(ids, w.embed, padding_idx)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    if fused and shape.sliding_window is None and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers):
+    if (
+        fused
+        and shape.sliding_window is None
+        and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers)
+    ):
         x = hidden.reshape(b * s, -1)
         ops = load_cpu_kernels()
-        packed = zip(w.packed(ops), w.packed(ops, transposed=True) if torch.is_grad_enabled() else [None] * len(w.layers), strict=True)
+        packed = zip(
+            w.packed(ops),
+            w.packed(ops, transposed=True) if torch.is_grad_enabled() else [None] * len(w.layers),
+            strict=True,
+        )
         for index, (lw, packs) in enumerate(zip(w.layers, packed, strict=True)):
             layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
-            x, k, v = kernels.train_layer(x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps)
+            x, k, v = kernels.train_layer(
+                x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps
+            )
             keys.append(k)
             values.append(v)
         return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
     prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
-    bias = additive_mask(allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype)  # [B, 1, S, Lp + S]
+    bias = additive_mask(
+        allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype
+    )  # [B, 1, S, Lp + S]
 
     def attend(layer: int, q, k, v):
         keys.append(k)
@@ -316,7 +349,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, keys_last: bool = False) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, keys_last: bool = False
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + bias) v, [B, H, S, D], for q [B, H, S, D], k and v [B, kv, L, D]
     (grouped-query attention: head h reads key/value head h // (H / kv), HF's repeat_kv order) and
     an additive bias broadcastable to [B, 1, S, L]. `keys_last`: k is given transposed, [B, kv, D, L].

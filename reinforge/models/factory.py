@@ -98,8 +98,10 @@ def check_model_dir(path: str) -> Path:
                           "save the model's tokenizer into it with tokenizer.save_pretrained(path)")
     vocab = read_model_config(folder).get("vocab_size")
     if isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise ConfigError(f"model path '{path}': its tokenizer has {len(tokenizer)} tokens and the model's config.json "
-                          f"vocab_size is {vocab}: the tokenizer is not this model's; save the right one into the folder")
+        raise ConfigError(
+            f"model path '{path}': its tokenizer has {len(tokenizer)} tokens and the model's config.json "
+            f"vocab_size is {vocab}: the tokenizer is not this model's; save the right one into the folder"
+        )
     return folder
 
 
@@ -112,8 +114,10 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
-            raise ConfigError(f"model.device={name}, but this machine has {count} CUDA device(s) visible to torch "
-                              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): use model.device=cpu or auto")
+            raise ConfigError(
+                f"model.device={name}, but this machine has {count} CUDA device(s) visible to torch "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): use model.device=cpu or auto"
+            )
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device

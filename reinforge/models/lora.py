@@ -54,10 +54,14 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> torch.nn.M
             raise ConfigError(f"model.lora.target_modules={list(cfg.target_modules)}: {err}") from None
     inner = wrapped.get_base_model()
     if getattr(inner.config, "tie_word_embeddings", False) and not (
-            type(inner.get_input_embeddings()) is torch.nn.Embedding and type(inner.get_output_embeddings()) is torch.nn.Linear):
+        type(inner.get_input_embeddings()) is torch.nn.Embedding
+        and type(inner.get_output_embeddings()) is torch.nn.Linear
+    ):
         # One tensor serves both: merging an adapter of one into it would change the other too.
-        raise ConfigError(f"model.lora.target_modules={list(cfg.target_modules)} puts an adapter on the input or output "
-                          "embedding, which this model ties to the other; leave lm_head and embed_tokens out")
+        raise ConfigError(
+            f"model.lora.target_modules={list(cfg.target_modules)} puts an adapter on the input or output "
+            "embedding, which this model ties to the other; leave lm_head and embed_tokens out"
+        )
     return wrapped
 
 
@@ -98,7 +102,9 @@ def linear_weight(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor |
         if name not in module.lora_A:
             continue
         if name in module.lora_variant or module.lora_bias.get(name, False):
-            raise NotImplementedError(f"LoRA variant of adapter '{name}' (DoRA or LoRA bias) is not a plain weight delta")
+            raise NotImplementedError(
+                f"LoRA variant of adapter '{name}' (DoRA or LoRA bias) is not a plain weight delta"
+            )
         weight = weight + module.get_delta_weight(name).to(weight.dtype)
     return weight, base.bias
 

@@ -22,10 +22,22 @@ LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 # Rotary variants whose frequencies do not depend on the sequence length, so one table serves a whole call.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 # One of these is a tokenizer's vocabulary (tokenizer_config.json alone is not: transformers then
 # builds an empty tokenizer, and generation fails much later on empty prompts).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def read_model_config(path: str | Path) -> dict[str, Any]:
@@ -77,7 +89,11 @@ def native_refusal(config: dict[str, Any]) -> str | None:
         return f"{model_type} with rope_type '{rope_type}' is not one the native decoder implements ({', '.join(STATIC_ROPE_TYPES)})"
     if config.get("final_logit_softcapping") is not None:
         return f"{model_type} soft-caps its logits, which the native decoder does not"
-    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window") and config.get("sliding_window") is not None:
+    if (
+        model_type in ("qwen2", "qwen3")
+        and config.get("use_sliding_window")
+        and config.get("sliding_window") is not None
+    ):
         return f"{model_type} uses sliding-window layers, which the native decoder does not model"
     return None
 
@@ -121,8 +137,14 @@ class ArchitecturePlan:
         reason = self.native_reason or self.shared_prefix_reason
         if reason is None:
             return None
-        rollout = "the transformers engine (rollout.engine=hf)" if engine == "hf" else "the native engine (rollout.engine=native)"
-        learner = "the model's own forward (train.shared_prefix=false)" if not shared_prefix else "the shared-prompt forward"
+        rollout = (
+            "the transformers engine (rollout.engine=hf)"
+            if engine == "hf"
+            else "the native engine (rollout.engine=native)"
+        )
+        learner = (
+            "the model's own forward (train.shared_prefix=false)" if not shared_prefix else "the shared-prompt forward"
+        )
         if self.head_reason is not None and logprob_chunk_size == 0:
             learner += f" with full logits (train.logprob_chunk_size=0: {self.head_reason})"
         lora = (f", LoRA adapters on {', '.join(lora_targets)} (model.lora.target_modules)"

@@ -46,8 +46,10 @@ CORRECTION_INPUTS = ("old_logprobs", "sampler_logprobs", "mask")
 class Correction:
     """What a correction returns: per-token loss weights and per-token diagnostics."""
 
-    weights: Tensor                                                # [N, T] detached, multiplies each token's loss term; 0 where mask is 0
-    metrics: dict[str, Tensor] = field(default_factory=dict)       # name -> [N, T] detached per-token values, to be mask-averaged
+    weights: Tensor  # [N, T] detached, multiplies each token's loss term; 0 where mask is 0
+    metrics: dict[str, Tensor] = field(
+        default_factory=dict
+    )  # name -> [N, T] detached per-token values, to be mask-averaged
 
 
 def _token_log_rho(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:

@@ -161,15 +161,15 @@ def _required(tensor: Tensor | None, what: str) -> Tensor:
 def objective_loss(
     spec: ObjectiveSpec,
     *,
-    logprobs: Tensor,                        # [N, T] log pi_theta of the completion tokens, requires grad
-    old_logprobs: Tensor,                    # [N, T] log pi_old, detached
-    advantages: Tensor,                      # [N] per sequence (broadcast to tokens) or [N, T] per token
-    mask: Tensor,                            # [N, T] 0/1 completion-token mask
-    weights: Tensor,                         # [N, T] aggregation weights, sliced from the full optimizer batch
-    ref_logprobs: Tensor | None = None,      # [N, T] log pi_ref; required if spec.needs_reference
+    logprobs: Tensor,  # [N, T] log pi_theta of the completion tokens, requires grad
+    old_logprobs: Tensor,  # [N, T] log pi_old, detached
+    advantages: Tensor,  # [N] per sequence (broadcast to tokens) or [N, T] per token
+    mask: Tensor,  # [N, T] 0/1 completion-token mask
+    weights: Tensor,  # [N, T] aggregation weights, sliced from the full optimizer batch
+    ref_logprobs: Tensor | None = None,  # [N, T] log pi_ref; required if spec.needs_reference
     sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler (mu) from the rollout engine
-    entropy: Tensor | None = None,           # [N, T] entropy of the next-token distribution; required if entropy_coef > 0
-    correct: Tensor | None = None,           # [N] bool, verified-correct samples; required if nll_coef > 0
+    entropy: Tensor | None = None,  # [N, T] entropy of the next-token distribution; required if entropy_coef > 0
+    correct: Tensor | None = None,  # [N] bool, verified-correct samples; required if nll_coef > 0
 ) -> LossOutput:
     """loss = sum(w * c * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H) + nll_coef * sum(w * nll)
 

@@ -41,14 +41,18 @@ class Recipe:
     paper: str                                  # "arXiv 2503.14476" (the primary source)
     summary: str                                # one line: what the method changes
     extras: tuple[str, ...] = ()                # curation and other settings beyond the loss (catalogue column)
-    requires: tuple[str, ...] = ()              # keys of SYSTEMS the trainer must provide
-    settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict, hash=False)  # config defaults (section -> key -> value)
+    requires: tuple[str, ...] = ()  # keys of SYSTEMS the trainer must provide
+    settings: Mapping[str, Mapping[str, object]] = field(
+        default_factory=dict, hash=False
+    )  # config defaults (section -> key -> value)
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - set(SYSTEMS)
         if unknown:
             raise ValueError(f"recipe {self.name!r} requires unknown systems {sorted(unknown)}")
-        object.__setattr__(self, "settings", MappingProxyType({k: MappingProxyType(dict(v)) for k, v in self.settings.items()}))
+        object.__setattr__(
+            self, "settings", MappingProxyType({k: MappingProxyType(dict(v)) for k, v in self.settings.items()})
+        )
 
 
 _PPO_CLIP = {"eps_low": 0.2, "eps_high": 0.2}

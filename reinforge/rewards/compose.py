@@ -84,9 +84,11 @@ def check_reward_inputs(reward: RewardConfig, example: Example) -> None:
             note = ("; TRL's trainer_state is not passed (there is no transformers Trainer): give it a default, "
                     "trainer_state=None" if "trainer_state" in missing else "")
             where = f", nor a column of the data ({', '.join(sorted(columns))})" if columns else ""
-            raise ConfigError(f"reward function '{f.name}' needs {', '.join(map(repr, missing))}, which nothing passes: not "
-                              f"an input of its form ({', '.join(FORM_INPUTS[form])}){where}, nor one of its params"
-                              f"{note or ': give the parameter a default, add the column, or set it in params'}")
+            raise ConfigError(
+                f"reward function '{f.name}' needs {', '.join(map(repr, missing))}, which nothing passes: not "
+                f"an input of its form ({', '.join(FORM_INPUTS[form])}){where}, nor one of its params"
+                f"{note or ': give the parameter a default, add the column, or set it in params'}"
+            )
 
 
 # ------------------------------------------------------------------ overlong shaping
@@ -106,7 +108,9 @@ def overlong_shaping(lengths: Tensor, max_length: int, cache: int) -> Tensor:
     lengths = lengths.float()
     start = max_length - cache
     ramp = (start - lengths) / cache
-    return torch.where(lengths <= start, torch.zeros_like(ramp), torch.where(lengths <= max_length, ramp, -torch.ones_like(ramp)))
+    return torch.where(
+        lengths <= start, torch.zeros_like(ramp), torch.where(lengths <= max_length, ramp, -torch.ones_like(ramp))
+    )
 
 
 # ------------------------------------------------------------------ composition
@@ -138,9 +142,11 @@ class RewardBatch:
     Invariant: valid == ~(raised | skipped), and total is finite exactly where valid.
     """
 
-    total: Tensor                # [N] float, sum_k weight_k * parts[k] + coef * parts["overlong"]; NaN where not valid
-    parts: dict[str, Tensor]     # function key -> [N] float raw values (before weights); NaN where it raised or returned None
-    valid: Tensor                # [N] bool, False where any function raised or returned None: give such rows no gradient
+    total: Tensor  # [N] float, sum_k weight_k * parts[k] + coef * parts["overlong"]; NaN where not valid
+    parts: dict[
+        str, Tensor
+    ]  # function key -> [N] float raw values (before weights); NaN where it raised or returned None
+    valid: Tensor  # [N] bool, False where any function raised or returned None: give such rows no gradient
     raised: Tensor               # [N] bool, some function raised on this row
     skipped: Tensor              # [N] bool, some function returned None for this row
     errors: dict[str, int]       # function key -> rows on which it raised (every function listed, 0 included)
@@ -209,7 +215,9 @@ class RewardComposer:
         self.overlong = cfg.overlong
         self.overlong_max_length = (cfg.overlong.max_length or max_new_tokens) if cfg.overlong is not None else None
         # DAPO's window is a fifth of the limit (4096 of 20480 tokens): the default when none is given.
-        self.overlong_cache = (cfg.overlong.cache or max(1, self.overlong_max_length // 5)) if cfg.overlong is not None else None
+        self.overlong_cache = (
+            (cfg.overlong.cache or max(1, self.overlong_max_length // 5)) if cfg.overlong is not None else None
+        )
         if cfg.overlong is not None:
             overlong_shaping(torch.zeros(0), self.overlong_max_length, self.overlong_cache)   # validates the window now
 
@@ -260,7 +268,9 @@ class RewardComposer:
 
     # ------------------------------------------------------------- calling
 
-    def _call(self, t: _Term, rows: list[Example], rollout: Rollout) -> tuple[list[float | None], dict[int, BaseException]]:
+    def _call(
+        self, t: _Term, rows: list[Example], rollout: Rollout
+    ) -> tuple[list[float | None], dict[int, BaseException]]:
         """Term `t` on every row: values (None: declined) and the rows it raised on."""
         n = len(rows)
         if t.form == "trl":
@@ -268,8 +278,10 @@ class RewardComposer:
                 return trl_values(run_trl(t.fn, keywords(t.accepts, self._trl_inputs(t, rows, rollout))), n), {}
             except Exception as err:     # the batch call failed as a whole: every row is lost
                 return [None] * n, dict.fromkeys(range(n), err)
-        inputs = [self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
-                  for r in range(n)]
+        inputs = [
+            self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
+            for r in range(n)
+        ]
         results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
         convert = sample_value if t.form == "sample" else verl_value
         values: list[float | None] = []
@@ -294,8 +306,11 @@ class RewardComposer:
     @staticmethod
     def _verl_inputs(example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
         reward_model = example.meta.get("reward_model")
-        ground_truth = reward_model["ground_truth"] if isinstance(reward_model, Mapping) and "ground_truth" in reward_model \
+        ground_truth = (
+            reward_model["ground_truth"]
+            if isinstance(reward_model, Mapping) and "ground_truth" in reward_model
             else example.answer
+        )
         return {"data_source": example.meta.get("data_source"), "solution_str": rollout.texts[r],
                 "ground_truth": ground_truth, "extra_info": example.meta.get("extra_info")}
 
@@ -327,10 +342,12 @@ class RewardComposer:
         first = failures[0]
         r = first.row if first.row is not None else 0
         counts = ", ".join(f"{k}: {c}" for k, c in errors.items() if c)
-        message = (f"reward function {first.term.label} raised {first.error!r} on sample {r} "
-                   f"(prompt {_clip(rows[r].prompt)}, completion {_clip(rollout.texts[r])}); reward functions raised on "
-                   f"{int(raised.sum())} of {len(rows)} samples ({counts}), more than reward.max_error_rate="
-                   f"{self.max_error_rate}{_form_hint(first)}")
+        message = (
+            f"reward function {first.term.label} raised {first.error!r} on sample {r} "
+            f"(prompt {_clip(rows[r].prompt)}, completion {_clip(rollout.texts[r])}); reward functions raised on "
+            f"{int(raised.sum())} of {len(rows)} samples ({counts}), more than reward.max_error_rate="
+            f"{self.max_error_rate}{_form_hint(first)}"
+        )
         err = RewardError(message.replace("\n", " "), self._traceback(first))
         err.__cause__ = first.error
         return err

@@ -105,10 +105,12 @@ def _module_from_file(path: Path) -> Any:
         sys.modules[key] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as err:   # the user's file: one line naming it and where it failed
+        except Exception as err:  # the user's file: one line naming it and where it failed
             del sys.modules[key]
-            what = err.msg if isinstance(err, SyntaxError) else err     # its str() repeats the file and line
-            raise ValueError(f"reward file '{path}' failed to load: {_where(err, path)}{type(err).__name__}: {what}") from None
+            what = err.msg if isinstance(err, SyntaxError) else err  # its str() repeats the file and line
+            raise ValueError(
+                f"reward file '{path}' failed to load: {_where(err, path)}{type(err).__name__}: {what}"
+            ) from None
         except BaseException:
             del sys.modules[key]
             raise
@@ -134,7 +136,9 @@ def reward_form(fn: Callable[..., Any], kind: str) -> RewardForm:
     if positional_only:
         raise ValueError(f"{kind} takes positional-only parameters ({', '.join(positional_only)}): reward functions "
                          f"are called with keywords; accepted forms: {FORMS_HELP}")
-    names = {p.name for p in parameters if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    names = {
+        p.name for p in parameters if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
     var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     forms = []
     if "solution_str" in names or {"data_source", "ground_truth"} <= names:
@@ -229,5 +233,19 @@ def run_trl(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     return fn(**kwargs)
 
 
-__all__ = ["unfilled_parameters", "FORMS_HELP", "import_user_function", "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords",
-           "reward_form", "run_trl", "sample_value", "trl_values", "verl_value"]
+__all__ = [
+    "unfilled_parameters",
+    "FORMS_HELP",
+    "import_user_function",
+    "SAMPLE_INPUTS",
+    "TRL_INPUTS",
+    "VERL_INPUTS",
+    "RewardForm",
+    "call_all",
+    "keywords",
+    "reward_form",
+    "run_trl",
+    "sample_value",
+    "trl_values",
+    "verl_value",
+]

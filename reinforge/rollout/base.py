@@ -40,10 +40,10 @@ class Rollout:
     """
 
     prompt_ids: list[list[int]]          # [N][P_i] prompt tokens of each row (no padding)
-    completion_ids: torch.Tensor         # [N, T] long, right-padded with pad_id
-    pad_id: int                          # the id past each row's completion: the tokenizer's pad token (0 if it has none)
-    completion_mask: torch.Tensor        # [N, T] float, 1 for generated tokens (eos included)
-    sampler_logprobs: torch.Tensor       # [N, T] float, log-prob of each token under the sampling distribution; 0 on padding
+    completion_ids: torch.Tensor  # [N, T] long, right-padded with pad_id
+    pad_id: int  # the id past each row's completion: the tokenizer's pad token (0 if it has none)
+    completion_mask: torch.Tensor  # [N, T] float, 1 for generated tokens (eos included)
+    sampler_logprobs: torch.Tensor  # [N, T] float, log-prob of each token under the sampling distribution; 0 on padding
     truncated: torch.Tensor              # [N] bool, True if no stop token came within max_new_tokens
     group_ids: torch.Tensor              # [N] long, index of the prompt in the batch
     policy_version: int                  # optimizer steps the generating weights had taken

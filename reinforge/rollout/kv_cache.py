@@ -67,7 +67,9 @@ class KVCache:
                 grown.narrow(dim, 0, old).copy_(t)
                 cache[layer] = grown
 
-    def fill(self, slots: torch.Tensor, prompt_k: list[torch.Tensor], prompt_v: list[torch.Tensor], prompts: torch.Tensor) -> None:
+    def fill(
+        self, slots: torch.Tensor, prompt_k: list[torch.Tensor], prompt_v: list[torch.Tensor], prompts: torch.Tensor
+    ) -> None:
         """Copy the prefilled keys/values of `prompts` [m] into `slots` [m]."""
         width = prompt_k[0].shape[2]
         for layer in range(len(self.k)):

@@ -177,7 +177,9 @@ class NativeEngine:
                             keys_last=cache.keys_last)   # [live, H, 1, D]
             return out.reshape(live, 1, -1)
 
-        hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend)
+        hidden = decoder_layers(
+            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend
+        )
         return hidden[:, 0].float() @ w.head.t()
 
     def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
@@ -188,9 +190,26 @@ class NativeEngine:
         shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
         rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
         for index, (lw, packed) in enumerate(zip(w.layers, w.packed(self.kernels), strict=True)):
-            self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
-                                      lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index], cache.v[index],
-                                      positions, shape.num_heads, w.eps, shape.sliding_window or 0)
+            self.kernels.decode_layer(
+                x,
+                lw.input_norm,
+                packed.qkv,
+                lw.qkv_bias,
+                lw.q_norm,
+                lw.k_norm,
+                packed.o,
+                lw.o_bias,
+                lw.post_norm,
+                packed.gate_up,
+                packed.down,
+                rot,
+                cache.k[index],
+                cache.v[index],
+                positions,
+                shape.num_heads,
+                w.eps,
+                shape.sliding_window or 0,
+            )
         return rms_norm(x, w.final_norm, w.eps).float() @ w.head.t()
 
 
@@ -307,8 +326,12 @@ class DecodeSession:
                 break
             # One gather per field (a copy: the slots are about to be reused), then views of its rows.
             tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
-            for i, (slot, n, stop) in enumerate(zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)):
-                finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n], truncated=not stop))
+            for i, (slot, n, stop) in enumerate(
+                zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
+            ):
+                finished.append(
+                    FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n], truncated=not stop)
+                )
             admitted = self._retire(done)
         if self.live:
             live = self.live
@@ -322,7 +345,9 @@ class DecodeSession:
             self.generated[:live] += 1
         return finished
 
-    def _sample(self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(
+        self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens and sampler log-probs of logits [B, V] at draw `counters` of streams `keys`:
         `sample_tokens` with `keyed_uniforms`, or the fused CPU op for unfiltered sampling."""
         params, kernels = self.params, self.engine.kernels
@@ -400,7 +425,15 @@ class DecodeSession:
             movers = keep[live:].nonzero().squeeze(1) + live
             if len(holes):
                 self.cache.move(holes, movers)
-                for state in (self.tokens, self.logprobs, self.versions, self.keys, self.last, self.length, self.generated):
+                for state in (
+                    self.tokens,
+                    self.logprobs,
+                    self.versions,
+                    self.keys,
+                    self.last,
+                    self.length,
+                    self.generated,
+                ):
                     state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]

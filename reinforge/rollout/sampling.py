@@ -54,7 +54,9 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+def _draw(
+    probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None
+) -> torch.Tensor:
     """One index per row of probs [B, V] by inverting the CDF at a uniform draw (torch.multinomial
     does the same job several times slower on CPU). The draw is scaled by each row's total, so
     rounding in the sum cannot step past the last token with mass. The uniforms are drawn on the CPU

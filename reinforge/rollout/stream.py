@@ -128,8 +128,15 @@ class LocalSampler:
     def __init__(self, policy: Policy, params: SamplingParams, group_size: int, slots: int,
                  in_flight: InFlight = "interrupt", chat_template: str = "auto", cpu_kernels: bool = True):
         self.model = copy.deepcopy(policy.model).eval()
-        self.tokenizer, self.group_size, self.in_flight, self.chat_template = policy.tokenizer, group_size, in_flight, chat_template
-        engine = NativeEngine(Policy(self.model, policy.tokenizer), chat_template=chat_template, cpu_kernels=cpu_kernels)
+        self.tokenizer, self.group_size, self.in_flight, self.chat_template = (
+            policy.tokenizer,
+            group_size,
+            in_flight,
+            chat_template,
+        )
+        engine = NativeEngine(
+            Policy(self.model, policy.tokenizer), chat_template=chat_template, cpu_kernels=cpu_kernels
+        )
         self.session = engine.session(params, slots=slots, version=0)
         self.cond = threading.Condition()
         self.inbox = _Inbox()

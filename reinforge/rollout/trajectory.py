@@ -33,8 +33,10 @@ class Segment:
     """Consecutive tokens of one producer."""
 
     role: Role
-    token_ids: torch.Tensor          # [L] long
-    sampler_logprobs: torch.Tensor   # [L] float: log-prob of each token under the distribution it was drawn from; 0 for environment tokens
+    token_ids: torch.Tensor  # [L] long
+    sampler_logprobs: (
+        torch.Tensor
+    )  # [L] float: log-prob of each token under the distribution it was drawn from; 0 for environment tokens
     versions: torch.Tensor           # [L] long: the policy version that sampled each token; -1 for environment tokens
 
     def __post_init__(self) -> None:
@@ -42,8 +44,10 @@ class Segment:
             raise ValueError(f"segment role must be 'model' or 'environment', got {self.role!r}")
         n = self.token_ids.shape[0]
         if self.token_ids.dim() != 1 or self.sampler_logprobs.shape != (n,) or self.versions.shape != (n,):
-            raise ValueError(f"a segment's token_ids, sampler_logprobs and versions are [L] each; got "
-                             f"{tuple(self.token_ids.shape)}, {tuple(self.sampler_logprobs.shape)}, {tuple(self.versions.shape)}")
+            raise ValueError(
+                f"a segment's token_ids, sampler_logprobs and versions are [L] each; got "
+                f"{tuple(self.token_ids.shape)}, {tuple(self.sampler_logprobs.shape)}, {tuple(self.versions.shape)}"
+            )
 
     @classmethod
     def sampled(cls, token_ids: torch.Tensor, sampler_logprobs: torch.Tensor, versions: torch.Tensor | int) -> Segment:
@@ -55,7 +59,12 @@ class Segment:
     @classmethod
     def observed(cls, token_ids: torch.Tensor) -> Segment:
         """Tokens the environment wrote into the context (tool results, user replies)."""
-        return cls("environment", token_ids.long(), torch.zeros(token_ids.shape), torch.full(token_ids.shape, -1, dtype=torch.long))
+        return cls(
+            "environment",
+            token_ids.long(),
+            torch.zeros(token_ids.shape),
+            torch.full(token_ids.shape, -1, dtype=torch.long),
+        )
 
     @property
     def trained(self) -> bool:

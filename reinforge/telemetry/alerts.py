@@ -132,10 +132,13 @@ class AlertMonitor:
         ratio, baseline, current = self.cfg.entropy_collapse_ratio, self._baseline("entropy"), self._current("entropy")
         if baseline is None or current is None or current >= ratio * baseline:
             return None
-        return Alert(step, "entropy_collapse",
-                     f"step {step}: entropy {current:.4g} is below {ratio:g} x its baseline {baseline:.4g} "
-                     "(entropy collapse: the policy has stopped exploring; consider clip-higher, an entropy bonus or a lower lr)",
-                     {"entropy": current, "baseline": baseline, "ratio": ratio})
+        return Alert(
+            step,
+            "entropy_collapse",
+            f"step {step}: entropy {current:.4g} is below {ratio:g} x its baseline {baseline:.4g} "
+            "(entropy collapse: the policy has stopped exploring; consider clip-higher, an entropy bonus or a lower lr)",
+            {"entropy": current, "baseline": baseline, "ratio": ratio},
+        )
 
     def _length_blowup(self, step: int, fresh: dict[str, float]) -> Alert | None:
         ratio, trunc_max = self.cfg.length_blowup_ratio, self.cfg.truncation_rate_max
@@ -167,14 +170,27 @@ class AlertMonitor:
             first = self._first["reward_mean"]
             best_reward = best["reward_mean"] if best["reward_mean"] is not None else (_mean(first) if first else None)
             drop = best["pass@1"] - pass_at_1
-            if drop >= self.cfg.hacking_eval_drop - _EPS and reward is not None and best_reward is not None and reward > best_reward:
-                alert = Alert(step, "reward_hacking",
-                              f"step {step}: held-out pass@1 fell from {best['pass@1']:.4g} (step {best['step']}) to {pass_at_1:.4g} "
-                              f"while the mean train reward rose from {best_reward:.4g} to {reward:.4g} "
-                              "(reward hacking: the policy exploits the reward rather than solving the task; "
-                              "inspect samples and check the reward functions)",
-                              {"eval/pass@1": pass_at_1, "best_eval/pass@1": best["pass@1"], "best_eval_step": float(best["step"]),
-                               "reward_mean": reward, "best_eval_reward_mean": best_reward})
+            if (
+                drop >= self.cfg.hacking_eval_drop - _EPS
+                and reward is not None
+                and best_reward is not None
+                and reward > best_reward
+            ):
+                alert = Alert(
+                    step,
+                    "reward_hacking",
+                    f"step {step}: held-out pass@1 fell from {best['pass@1']:.4g} (step {best['step']}) to {pass_at_1:.4g} "
+                    f"while the mean train reward rose from {best_reward:.4g} to {reward:.4g} "
+                    "(reward hacking: the policy exploits the reward rather than solving the task; "
+                    "inspect samples and check the reward functions)",
+                    {
+                        "eval/pass@1": pass_at_1,
+                        "best_eval/pass@1": best["pass@1"],
+                        "best_eval_step": float(best["step"]),
+                        "reward_mean": reward,
+                        "best_eval_reward_mean": best_reward,
+                    },
+                )
         # Ties move the best to the latest step: the divergence is measured from the last time held-out was at its best.
         if best is None or pass_at_1 >= best["pass@1"]:
             self._best_eval = {"step": step, "pass@1": pass_at_1, "reward_mean": reward}
@@ -184,12 +200,15 @@ class AlertMonitor:
         weight, limit = fresh["is_weight_max"], self.cfg.is_weight_max
         if not weight > limit:
             return None
-        return Alert(step, "is_weight_explosion",
-                     f"step {step}: largest IS weight pi_learner/pi_sampler {weight:.4g} is above {limit:g} "
-                     "(exploding importance weights: sampler and learner disagree; with train.mode=async stale samples do this "
-                     "(see async/staleness_*; decoupled PPO masks w > w_max); else check the weight sync and dtypes, "
-                     "or truncate the IS weights)",
-                     {"is_weight_max": weight, "threshold": limit})
+        return Alert(
+            step,
+            "is_weight_explosion",
+            f"step {step}: largest IS weight pi_learner/pi_sampler {weight:.4g} is above {limit:g} "
+            "(exploding importance weights: sampler and learner disagree; with train.mode=async stale samples do this "
+            "(see async/staleness_*; decoupled PPO masks w > w_max); else check the weight sync and dtypes, "
+            "or truncate the IS weights)",
+            {"is_weight_max": weight, "threshold": limit},
+        )
 
     def _no_gradient(self, step: int, fresh: dict[str, float]) -> Alert | None:
         # Called once per step that reports either count: an RL step with no group left after curation,
@@ -208,8 +227,14 @@ class AlertMonitor:
                     f"or all wrong; mean reward {reward:.3g})")
             fixes = f"{difficulty}, a larger train.group_size, or pairs from a file (dpo.pairs=dataset)"
         else:
-            dropped = [k.removeprefix("curation/dropped_") for k, v in fresh.items() if k.startswith("curation/dropped_") and v > 0]
-            why = ": each group's samples had identical rewards, so zero advantage" if "zero_variance" in dropped else ""
+            dropped = [
+                k.removeprefix("curation/dropped_")
+                for k, v in fresh.items()
+                if k.startswith("curation/dropped_") and v > 0
+            ]
+            why = (
+                ": each group's samples had identical rewards, so zero advantage" if "zero_variance" in dropped else ""
+            )
             what = f"curation dropped every sampled group (filter {', '.join(dropped)}{why}; mean reward {reward:.3g})"
             fixes = (f"{difficulty}, a larger train.group_size, more refill rounds (curation.refill=dynamic or active, "
                      "curation.max_rounds), or no filter (remove zero_variance from curation.filters)")

@@ -120,7 +120,9 @@ class Checkpoint:
             raise CheckpointDamaged(f"{MANIFEST_FILE}: format {manifest.get('format')!r}, this reinforge reads "
                                     f"format {FORMAT_VERSION}")
         if manifest.get("step") != self.step:
-            raise CheckpointDamaged(f"{MANIFEST_FILE}: it is of step {manifest.get('step')!r}, the folder's is {self.step}")
+            raise CheckpointDamaged(
+                f"{MANIFEST_FILE}: it is of step {manifest.get('step')!r}, the folder's is {self.step}"
+            )
         for name in (STATE_FILE, META_FILE):
             if name not in manifest["files"]:
                 raise CheckpointDamaged(f"{MANIFEST_FILE}: does not list {name}")

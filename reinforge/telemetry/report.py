@@ -84,14 +84,19 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 99) -> 
     """Cells are escaped here, so callers pass plain text."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td{' class=num' if j >= numeric_from else ''}>{html.escape(c)}</td>" for j, c in enumerate(row)) + "</tr>"
-        for row in rows)
+        "<tr>"
+        + "".join(f"<td{' class=num' if j >= numeric_from else ''}>{html.escape(c)}</td>" for j, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def run_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the table of runs (plain strings, numbers via fmt)."""
-    ks = sorted({int(k) for r in runs if r.summary for k in r.summary.get("eval", {}).get("final", {}).get("pass@k", {})} - {1})
+    ks = sorted(
+        {int(k) for r in runs if r.summary for k in r.summary.get("eval", {}).get("final", {}).get("pass@k", {})} - {1}
+    )
     header = ["run", "recipe", "seed", "RL steps", "status", "start pass@1", "final pass@1",
               "start greedy", "final greedy", *(f"final pass@{k}" for k in ks)]
     rows = []
@@ -125,20 +130,26 @@ def _differing_settings(runs: list[RunData]) -> tuple[list[str], list[list[str]]
 def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: list[tuple[str, str]]) -> str:
     header, rows = run_table(runs)
     parts = [
-        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         f"<title>reinforge report: {html.escape(', '.join(r.label for r in runs))}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>reinforge report</h1>",
         f"<p>{len(runs)} run{'s' if len(runs) != 1 else ''}, written {time.strftime('%Y-%m-%d %H:%M:%S')}. "
         "Held-out numbers are from summary.json (the start and final evaluation); "
-        "\"running\": the run has no summary.json yet.</p>",
-        "<h2>Runs</h2>", _table(header, rows, numeric_from=5),
-        "<p>Run directories: " + ", ".join(f"<code>{html.escape(r.label)}</code>: {html.escape(str(r.path))}" for r in runs) + "</p>",
+        '"running": the run has no summary.json yet.</p>',
+        "<h2>Runs</h2>",
+        _table(header, rows, numeric_from=5),
+        "<p>Run directories: "
+        + ", ".join(f"<code>{html.escape(r.label)}</code>: {html.escape(str(r.path))}" for r in runs)
+        + "</p>",
     ]
     if len(runs) > 1:
         diff_header, diff_rows = _differing_settings(runs)
         parts.append("<h2>Settings that differ</h2>")
-        parts.append(_table(diff_header, diff_rows) if len(diff_header) > 1 else "<p>none: the runs share every setting</p>")
+        parts.append(
+            _table(diff_header, diff_rows) if len(diff_header) > 1 else "<p>none: the runs share every setting</p>"
+        )
     parts.append("<h2>Plots</h2>")
     for name, title, caption in figures:
         parts.append(f'<figure><img src="{html.escape(name)}" alt="{html.escape(title)}">'
@@ -166,8 +177,12 @@ def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: lis
     for r in runs:
         parts.append(f"<h3>{html.escape(r.label)}</h3>")
         if r.alerts:
-            parts.append(_table(["step", "alert", "message"],
-                                [[str(a.get("step", "?")), str(a.get("alert", "?")), str(a.get("message", ""))] for a in r.alerts]))
+            parts.append(
+                _table(
+                    ["step", "alert", "message"],
+                    [[str(a.get("step", "?")), str(a.get("alert", "?")), str(a.get("message", ""))] for a in r.alerts],
+                )
+            )
         else:
             parts.append("<p>no alerts</p>")
     parts.append("</body></html>")

@@ -159,7 +159,9 @@ def plot_series(spec: PlotSpec, runs: list[RunData], path: Path) -> str | None:
     ax.set_title(spec.title)
     _legend(ax, handles)
     fig.savefig(path, bbox_inches="tight")
-    keys = ", ".join(f"<code>{html.escape(k)}</code>" for k, _, _ in spec.keys if any(data[(i, k)] for i in range(len(runs))))
+    keys = ", ".join(
+        f"<code>{html.escape(k)}</code>" for k, _, _ in spec.keys if any(data[(i, k)] for i in range(len(runs)))
+    )
     smoothing = (f" Bold lines are a centred moving average over {window} steps; the faint lines are the raw values."
                  if window > 1 else "")
     return f"Metric: {keys}.{smoothing} {html.escape(spec.note)}".rstrip()
@@ -178,7 +180,9 @@ def plot_pass_at_k(runs: list[RunData], path: Path) -> bool:
     handles = []
     for i, r in finished:
         for stage, style, marker in (("start", "--", "o"), ("final", "-", "s")):
-            curve = sorted((int(k), v) for k, v in r.summary["eval"].get(stage, {}).get("pass@k", {}).items() if finite(v))
+            curve = sorted(
+                (int(k), v) for k, v in r.summary["eval"].get(stage, {}).get("pass@k", {}).items() if finite(v)
+            )
             ks.update(k for k, _ in curve)
             ax.plot([k for k, _ in curve], [v for _, v in curve], color=colors[i], linestyle=style,
                     marker=marker, markersize=4, linewidth=widths[i], fillstyle="none" if stage == "start" else "full")

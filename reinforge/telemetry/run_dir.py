@@ -41,7 +41,9 @@ def check_output_dir(path: str | Path) -> None:
             break
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        raise ConfigError(f"output_dir '{path}' cannot be created: '{existing}' is a file, not a folder; choose another output_dir")
+        raise ConfigError(
+            f"output_dir '{path}' cannot be created: '{existing}' is a file, not a folder; choose another output_dir"
+        )
     target = path if path.exists() else existing
     if not os.access(target, os.W_OK | os.X_OK):
         raise ConfigError(f"output_dir '{path}' cannot be {'written' if target == path else 'created'}: no permission "
