@@ -130,7 +130,8 @@ def main() -> None:
 
     start = time.perf_counter()
     print(
-        f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, {args.device}, chunk_size {args.chunk_size}"
+        f"tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, fp32, {args.device}, chunk_size "
+        f"{args.chunk_size}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         reports = {v: run_child(v, args, Path(tmp) / f"{v}.pt") for v in ("naive", "chunked")}

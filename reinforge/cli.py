@@ -80,7 +80,8 @@ def train(
         str | None,
         typer.Option(
             "--resume",
-            help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not allowed)",
+            help="Continue the run in this directory from its newest checkpoint (its config.yaml; overrides are not "
+                 "allowed)",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in output_dir")] = False,
@@ -116,7 +117,8 @@ def pipeline(
         typer.Option(
             "--out",
             "-o",
-            help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips finished stages and resumes an interrupted one",
+            help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips "
+                 "finished stages and resumes an interrupted one",
         ),
     ] = None,
 ) -> None:
@@ -220,7 +222,8 @@ def sweep(
     overrides: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Axes key=a,b,c (the grid is their product) and plain key=value settings, e.g. recipe=grpo,dr_grpo seed=0,1,2 train.steps=50"
+            help="Axes key=a,b,c (the grid is their product) and plain key=value settings, e.g. recipe=grpo,dr_grpo "
+                 "seed=0,1,2 train.steps=50"
         ),
     ] = None,
     config: Annotated[

@@ -56,7 +56,10 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
-        description="Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see reinforge.tasks.dataset).",
+        description=(
+            "Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and "
+            "verifier; see reinforge.tasks.dataset)."
+        ),
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic."
@@ -115,7 +118,8 @@ class Config(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     backend: Literal["local", "ray"] = Field(
         "local",
-        description="Where train.mode=async generates: local (a sampler thread of this process, no Ray needed) or ray (rollout worker actors on a Ray cluster, section ray).",
+        description="Where train.mode=async generates: local (a sampler thread of this process, no Ray needed) or ray "
+                    "(rollout worker actors on a Ray cluster, section ray).",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
 

@@ -30,18 +30,27 @@ class LoraConfig(Section):
     alpha: float = Field(
         16.0,
         gt=0,
-        description="Scale numerator: the update is (alpha / r) B A. Kept fixed when r changes, as in the LoRA paper (sec. 4.1: r can then vary without retuning the learning rate); alpha = 2 r is another common choice.",
+        description=(
+            "Scale numerator: the update is (alpha / r) B A. Kept fixed when r changes, as in the LoRA paper (sec. "
+            "4.1: r can then vary without retuning the learning rate); alpha = 2 r is another common choice."
+        ),
     )
     dropout: float = Field(
         0.0,
         ge=0,
         lt=1,
-        description="Dropout on the adapters' input in training mode; > 0 needs train.shared_prefix=false (the shared-prompt forward runs merged weights).",
+        description=(
+            "Dropout on the adapters' input in training mode; > 0 needs train.shared_prefix=false (the shared-prompt "
+            "forward runs merged weights)."
+        ),
     )
     target_modules: list[str] = Field(
         default_factory=lambda: list(LORA_TARGETS),
         min_length=1,
-        description="Module names (suffixes) that get adapters; default the attention and MLP projections of Llama-family decoders. The native engine and shared-prompt forward also handle lm_head.",
+        description=(
+            "Module names (suffixes) that get adapters; default the attention and MLP projections of Llama-family "
+            "decoders. The native engine and shared-prompt forward also handle lm_head."
+        ),
     )
 
 
@@ -55,7 +64,10 @@ class ModelConfig(Section):
     num_kv_heads: int = Field(
         8,
         gt=0,
-        description="Built-in model only: key/value heads (GQA when fewer than num_heads; with 2 the default SFT stayed on its loss plateau for 2 of 3 seeds, with 8 it learned on all 4 seeds tried).",
+        description=(
+            "Built-in model only: key/value heads (GQA when fewer than num_heads; with 2 the default SFT stayed on "
+            "its loss plateau for 2 of 3 seeds, with 8 it learned on all 4 seeds tried)."
+        ),
     )
     intermediate_size: int = Field(512, gt=0, description="Built-in model only: MLP width.")
     max_positions: int = Field(64, gt=0, description="Built-in model only: context length.")
@@ -63,11 +75,19 @@ class ModelConfig(Section):
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
-        description="Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward moves its batch to the model.",
+        description=(
+            "Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is "
+            "one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward "
+            "moves its batch to the model."
+        ),
     )
     lora: LoraConfig | None = Field(
         None,
-        description="LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning.",
+        description=(
+            "LoRA adapters on the model (model.lora.r=8 turns them on): only the adapters train; the KL reference "
+            "runs the policy's own model with its own adapter weights or none (no copy, learner/reference.py); "
+            "RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning."
+        ),
     )
 
 
@@ -77,7 +97,11 @@ class PromptConfig(Section):
     )
     system: str | None = Field(
         None,
-        description="A system message before every prompt: a plain prompt becomes [system, user] for the chat template (the model's tokenizer must have one); a conversation from the data file (a list of messages) without a system message gets it, one with its own keeps that. None: no system message.",
+        description=(
+            "A system message before every prompt: a plain prompt becomes [system, user] for the chat template (the "
+            "model's tokenizer must have one); a conversation from the data file (a list of messages) without a "
+            "system message gets it, one with its own keeps that. None: no system message."
+        ),
     )
 
 
@@ -91,14 +115,19 @@ class SFTConfig(Section):
     num_examples: int = Field(
         150000,
         gt=0,
-        description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh problems keep the model from memorising noisy answers).",
+        description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh "
+                    "problems keep the model from memorising noisy answers).",
     )
     corrupt_fraction: float = Field(
         0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start)."
     )
     source: Literal["teacher", "rejection", "file"] = Field(
         "teacher",
-        description="What SFT trains on: the task's (noisy) teacher traces; 'rejection': the model's own verified-correct samples (rejection-sampling SFT, DeepSeek-R1 stage 3, arXiv 2501.12948 sec. 2.3.3); 'file': teacher traces from sft.data_path (distillation).",
+        description=(
+            "What SFT trains on: the task's (noisy) teacher traces; 'rejection': the model's own verified-correct "
+            "samples (rejection-sampling SFT, DeepSeek-R1 stage 3, arXiv 2501.12948 sec. 2.3.3); 'file': teacher "
+            "traces from sft.data_path (distillation)."
+        ),
     )
     data_path: str | None = Field(
         None, description="source=file: a JSONL / Parquet / datasets folder of prompt and completion fields."
@@ -110,7 +139,10 @@ class SFTConfig(Section):
     rejection_max_per_prompt: int = Field(
         2,
         gt=0,
-        description="source=rejection: distinct correct samples kept per prompt at most, so easy prompts do not crowd out hard ones.",
+        description=(
+            "source=rejection: distinct correct samples kept per prompt at most, so easy prompts do not crowd out "
+            "hard ones."
+        ),
     )
 
     @model_validator(mode="after")
@@ -123,16 +155,25 @@ class SFTConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["native", "hf"] = Field(
         "native",
-        description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.",
+        description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family "
+                    "decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.",
     )
     max_batch_rows: int | None = Field(
         None,
         gt=0,
-        description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one (continuous batching). None: all rows of a call at once.",
+        description="Native engine: completions decoded at once; a finished row's slot is refilled with a waiting one "
+                    "(continuous batching). None: all rows of a call at once.",
     )
     cpu_kernels: bool = Field(
         True,
-        description="Native engine on CPU in fp32: each decoder layer's decoding step runs as one fused C++ op (reinforge/kernels/csrc/decode.cpp: the matmuls stay ATen's, the norms, rotary, cache write, attention and SwiGLU between them are fused), compiled with the machine's C++ compiler on first use (~10 s) and cached in ~/.cache/reinforge; where it cannot be built (no compiler) the engine warns once and uses its PyTorch path, which gives the same tokens and log-probs within 1e-5. false: always the PyTorch path (also REINFORGE_CPU_KERNELS=0).",
+        description=(
+            "Native engine on CPU in fp32: each decoder layer's decoding step runs as one fused C++ op "
+            "(reinforge/kernels/csrc/decode.cpp: the matmuls stay ATen's, the norms, rotary, cache write, attention "
+            "and SwiGLU between them are fused), compiled with the machine's C++ compiler on first use (~10 s) and "
+            "cached in ~/.cache/reinforge; where it cannot be built (no compiler) the engine warns once and uses its "
+            "PyTorch path, which gives the same tokens and log-probs within 1e-5. false: always the PyTorch path "
+            "(also REINFORGE_CPU_KERNELS=0)."
+        ),
     )
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature for training rollouts and pass@k evaluation."
@@ -150,7 +191,11 @@ class TrainConfig(Section):
     steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
     seed: int | None = Field(
         None,
-        description="Seed of the stage after SFT (RL or DPO): its sampling, prompt order and mini-batch order. None: the run's seed. With seed fixed and train.seed swept (seed=0 train.seed=0,1,2) every run starts RL from the same SFT model, so a comparison of methods measures RL's variance, not SFT's.",
+        description=(
+            "Seed of the stage after SFT (RL or DPO): its sampling, prompt order and mini-batch order. None: the "
+            "run's seed. With seed fixed and train.seed swept (seed=0 train.seed=0,1,2) every run starts RL from the "
+            "same SFT model, so a comparison of methods measures RL's variance, not SFT's."
+        ),
     )
     prompts_per_step: int = Field(32, gt=0, description="Prompts per rollout batch.")
     num_prompts: int = Field(
@@ -164,26 +209,44 @@ class TrainConfig(Section):
     micro_batch_size: int = Field(
         256,
         gt=0,
-        description="Completions per forward/backward at most (gradient accumulation); never changes the gradient. With micro_batch_tokens, whichever limit comes first.",
+        description=(
+            "Completions per forward/backward at most (gradient accumulation); never changes the gradient. With "
+            "micro_batch_tokens, whichever limit comes first."
+        ),
     )
     logprob_chunk_size: int = Field(
         1024,
         ge=0,
-        description="Tokens per chunk through the LM head for log-probs and entropy (fp32 head, recomputed in backward; never holds [tokens x vocab] logits); 0: the plain full-logits path.",
+        description=(
+            "Tokens per chunk through the LM head for log-probs and entropy (fp32 head, recomputed in backward; "
+            "never holds [tokens x vocab] logits); 0: the plain full-logits path."
+        ),
     )
     shared_prefix: bool = Field(
         True,
-        description="Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); false: the plain forward.",
+        description=(
+            "Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): "
+            "fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); "
+            "false: the plain forward."
+        ),
     )
     micro_batch_tokens: int | None = Field(
         16384,
         gt=0,
-        description="Token budget of a micro-batch (rows x longest row, rows sorted by length), as verl's ppo_max_token_len_per_gpu (also 16384 there): short rows share few large forwards (on the built-in task one forward per mini-batch, 10-20% faster RL steps than 64 rows at a time on 2 CPU cores), long rows get few enough for memory. None: micro_batch_size rows only. Never changes the gradient.",
+        description=(
+            "Token budget of a micro-batch (rows x longest row, rows sorted by length), as verl's "
+            "ppo_max_token_len_per_gpu (also 16384 there): short rows share few large forwards (on the built-in task "
+            "one forward per mini-batch, 10-20% faster RL steps than 64 rows at a time on 2 CPU cores), long rows "
+            "get few enough for memory. None: micro_batch_size rows only. Never changes the gradient."
+        ),
     )
     lr: float = Field(
         5e-5,
         gt=0,
-        description="Learning rate (constant after warm-up). On the built-in task 2e-4 already raised pass@1 but cost greedy accuracy (the carry circuit drifts).",
+        description=(
+            "Learning rate (constant after warm-up). On the built-in task 2e-4 already raised pass@1 but cost greedy "
+            "accuracy (the carry circuit drifts)."
+        ),
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -191,25 +254,45 @@ class TrainConfig(Section):
     kl_target: float | None = Field(
         None,
         gt=0,
-        description="Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL (Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta.",
+        description=(
+            "Adaptive KL coefficient for a KL placed in the reward (objective.kl_placement=in_reward, ppo): after "
+            "each step beta <- beta (1 + 0.1 clip(KL / kl_target - 1, -0.2, 0.2)) with KL the mean per-sequence KL "
+            "(Ziegler et al. 2019); objective.kl_coef is the starting beta. None: fixed beta."
+        ),
     )
     mode: Literal["sync", "async"] = Field(
         "sync",
-        description="sync: generate a batch, then train on it. async: rollout workers keep generating while the learner trains (AReaL, arXiv 2505.24298), at most train.max_staleness learner steps ahead; needs rollout.engine=native. Recipes areal and scalerl are async.",
+        description=(
+            "sync: generate a batch, then train on it. async: rollout workers keep generating while the learner "
+            "trains (AReaL, arXiv 2505.24298), at most train.max_staleness learner steps ahead; needs "
+            "rollout.engine=native. Recipes areal and scalerl are async."
+        ),
     )
     max_staleness: int = Field(
         4,
         ge=0,
-        description="async: eta, the most learner steps between the weights that sampled a token and the step that trains on it (0 is exactly the synchronous loop). A new prompt group starts only while floor(N / B) <= eta + v (N groups requested, B = prompts_per_step, v the learner's version).",
+        description=(
+            "async: eta, the most learner steps between the weights that sampled a token and the step that trains on "
+            "it (0 is exactly the synchronous loop). A new prompt group starts only while floor(N / B) <= eta + v (N "
+            "groups requested, B = prompts_per_step, v the learner's version)."
+        ),
     )
     in_flight: Literal["interrupt", "finish"] = Field(
         "interrupt",
-        description="async: what samples in flight do when new weights arrive: interrupt (AReaL: their keys/values are recomputed and they continue with the new weights, each token recording its version) or finish (they complete with the weights they started with; new prompts wait).",
+        description=(
+            "async: what samples in flight do when new weights arrive: interrupt (AReaL: their keys/values are "
+            "recomputed and they continue with the new weights, each token recording its version) or finish (they "
+            "complete with the weights they started with; new prompts wait)."
+        ),
     )
     max_nonfinite_steps: int = Field(
         3,
         gt=0,
-        description="Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the run stops, with a checkpoint of the last good weights.",
+        description=(
+            "Guard: an optimizer step whose loss or gradient is NaN/inf is skipped (weights and optimizer state "
+            "untouched) and counted (guard/skipped_steps); after this many RL steps in a row with a skipped step the "
+            "run stops, with a checkpoint of the last good weights."
+        ),
     )
 
 
@@ -219,17 +302,27 @@ class CriticConfig(Section):
     lr: float = Field(
         1e-3,
         gt=0,
-        description="Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy moves).",
+        description=(
+            "Critic learning rate (its own AdamW; the head starts at V = 0, so it learns faster than the policy "
+            "moves)."
+        ),
     )
     weight_decay: float = Field(0.0, ge=0, description="Critic AdamW weight decay.")
     shared_body: bool = Field(
         False,
-        description="A value head on the policy's own body instead of a separate value model: one body in memory; the value loss trains the head only (the policy's features are read, not changed).",
+        description=(
+            "A value head on the policy's own body instead of a separate value model: one body in memory; the value "
+            "loss trains the head only (the policy's features are read, not changed)."
+        ),
     )
     pretrain_patience: int = Field(
         5,
         gt=0,
-        description="Value pre-training stops before objective.value.pretrain_steps once the explained variance (after each step) has not risen by pretrain_tolerance over this many steps: it has converged (VC-PPO pre-trains until it does).",
+        description=(
+            "Value pre-training stops before objective.value.pretrain_steps once the explained variance (after each "
+            "step) has not risen by pretrain_tolerance over this many steps: it has converged (VC-PPO pre-trains "
+            "until it does)."
+        ),
     )
     pretrain_tolerance: float = Field(0.01, ge=0, description="See pretrain_patience.")
 
@@ -237,26 +330,38 @@ class CriticConfig(Section):
 class CurationConfig(Section):
     filters: list[Literal["zero_variance"]] = Field(
         default_factory=list,
-        description="Group filters between reward and advantage: zero_variance drops prompts whose rewards are all equal (their advantage is zero).",
+        description=(
+            "Group filters between reward and advantage: zero_variance drops prompts whose rewards are all equal "
+            "(their advantage is zero)."
+        ),
     )
     refill: Literal["none", "dynamic", "active"] = Field(
         "none",
-        description="When filters leave the batch short: none trains on what is left (ScaleRL); dynamic samples another full batch of prompts per round (DAPO dynamic sampling); active samples just the missing prompts (Olmo 3 active refill).",
+        description=(
+            "When filters leave the batch short: none trains on what is left (ScaleRL); dynamic samples another full "
+            "batch of prompts per round (DAPO dynamic sampling); active samples just the missing prompts (Olmo 3 "
+            "active refill)."
+        ),
     )
     max_rounds: int = Field(
         3,
         gt=0,
-        description="Generation rounds per step when refilling; a batch still short then is trained on as it is (curation/short = 1).",
+        description="Generation rounds per step when refilling; a batch still short then is trained on as it is "
+                    "(curation/short = 1).",
     )
     overlong_filter: bool = Field(
         False,
-        description="Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's advantage.",
+        description=(
+            "Mask truncated completions out of the loss (DAPO overlong filtering); they still count in their group's "
+            "advantage."
+        ),
     )
     retire_pass_rate: float | None = Field(
         None,
         gt=0,
         le=1,
-        description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL no-positive-resampling: 0.9). None: never.",
+        description="Prompts whose group pass rate reaches this leave the pool for later epochs (ScaleRL "
+                    "no-positive-resampling: 0.9). None: never.",
     )
 
 
@@ -267,7 +372,11 @@ class DPOConfig(Section):
 
     pairs: Literal["on_policy", "dataset"] = Field(
         "on_policy",
-        description="Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one (rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path.",
+        description=(
+            "Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts "
+            "from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one "
+            "(rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path."
+        ),
     )
     pairs_path: str | None = Field(
         None,
@@ -280,7 +389,10 @@ class DPOConfig(Section):
     pairs_per_prompt: int = Field(
         2,
         gt=0,
-        description="pairs=on_policy: pairs formed per prompt at most; pair k takes correct sample k mod c and incorrect sample k mod i (c, i their counts), k < max(c, i).",
+        description=(
+            "pairs=on_policy: pairs formed per prompt at most; pair k takes correct sample k mod c and incorrect "
+            "sample k mod i (c, i their counts), k < max(c, i)."
+        ),
     )
     beta: float | None = Field(
         None,
@@ -314,12 +426,17 @@ class EvalConfig(Section):
     every: int = Field(
         25,
         ge=0,
-        description="Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under its own seed and never changes the training numbers.",
+        description=(
+            "Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what "
+            "the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under "
+            "its own seed and never changes the training numbers."
+        ),
     )
     every_prompts: int | None = Field(
         None,
         gt=0,
-        description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: eval.num_prompts.",
+        description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: "
+                    "eval.num_prompts.",
     )
 
 
@@ -327,7 +444,11 @@ class CheckpointConfig(Section):
     every: int = Field(
         25,
         ge=0,
-        description="Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train --resume RUN_DIR` continues from the newest.",
+        description=(
+            "Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics "
+            "position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train "
+            "--resume RUN_DIR` continues from the newest."
+        ),
     )
     keep_last: int = Field(
         2, gt=0, description="Resumable checkpoints kept; older ones are deleted once a newer one is complete."
@@ -339,7 +460,11 @@ class LogConfig(Section):
     samples_every: int = Field(
         10,
         ge=0,
-        description="Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples).",
+        description=(
+            "Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's "
+            "value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the "
+            "report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples)."
+        ),
     )
     samples_per_step: int = Field(
         4,
@@ -378,7 +503,10 @@ class AlertConfig(Section):
     hacking_eval_drop: float = Field(
         0.05,
         gt=0,
-        description="Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward rose over the same steps.",
+        description=(
+            "Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward "
+            "rose over the same steps."
+        ),
     )
     is_weight_max: float = Field(
         10.0,
@@ -388,13 +516,19 @@ class AlertConfig(Section):
     no_gradient_steps: int = Field(
         5,
         gt=0,
-        description="Training on nothing: this many steps in a row took no update because curation dropped every sampled group (RL) or no preference pair formed (DPO).",
+        description=(
+            "Training on nothing: this many steps in a row took no update because curation dropped every sampled "
+            "group (RL) or no preference pair formed (DPO)."
+        ),
     )
 
 
 class RewardFunctionConfig(Section):
     name: str = Field(
-        description="Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' (see reinforge.rewards.compose)."
+        description=(
+            "Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' "
+            "(see reinforge.rewards.compose)."
+        )
     )
     weight: float = Field(1.0, description="Weight of this function in the summed reward.")
     params: dict[str, Any] = Field(
@@ -408,7 +542,10 @@ class OverlongConfig(Section):
     cache: int | None = Field(
         None,
         gt=0,
-        description="L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: 4096 of 20480).",
+        description=(
+            "L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: "
+            "4096 of 20480)."
+        ),
     )
     coef: float = Field(1.0, ge=0, description="Weight of the shaping term in the reward.")
 
@@ -423,17 +560,24 @@ class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="verifier")],
         min_length=1,
-        description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].",
+        description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no "
+                    "gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].",
     )
     overlong: OverlongConfig | None = Field(
         None,
-        description="DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); None: off.",
+        description=(
+            "DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); "
+            "None: off."
+        ),
     )
     max_error_rate: float = Field(
         0.05,
         ge=0,
         le=1,
-        description="Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with the first traceback.",
+        description=(
+            "Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with "
+            "the first traceback."
+        ),
     )
 
     @model_validator(mode="before")
@@ -464,7 +608,8 @@ class RayConfig(Section):
 
     address: str | None = Field(
         None,
-        description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster (ray.init(address=...)).",
+        description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster "
+                    "(ray.init(address=...)).",
     )
     num_workers: int = Field(2, gt=0, description="Rollout worker actors; the groups of a step are spread over them.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout worker reserves.")
@@ -477,5 +622,9 @@ class RayConfig(Section):
     learner_ranks: int = Field(
         1,
         gt=0,
-        description="train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and rank 0 writes the run.",
+        description=(
+            "train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of "
+            "num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and "
+            "rank 0 writes the run."
+        ),
     )

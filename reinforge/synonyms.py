@@ -58,7 +58,8 @@ TRL_NAMES: dict[str, Synonym] = {
     "beta": Synonym(
         "objective.kl_coef",
         TRL,
-        "objective.kl_estimator=none drops the reference model, as beta=0 does in TRL; the dpo recipe's beta is dpo.beta",
+        "objective.kl_estimator=none drops the reference model, as beta=0 does in TRL; the dpo recipe's beta is "
+        "dpo.beta",
     ),
     "num_generations": Synonym("train.group_size", TRL),
     "max_completion_length": Synonym("rollout.max_new_tokens", TRL),
@@ -68,12 +69,14 @@ TRL_NAMES: dict[str, Synonym] = {
     "per_device_train_batch_size": Synonym(
         "train.micro_batch_size",
         TRL,
-        "completions per forward/backward (memory only, never the gradient); the rollout batch is train.prompts_per_step x train.group_size completions",
+        "completions per forward/backward (memory only, never the gradient); the rollout batch is "
+        "train.prompts_per_step x train.group_size completions",
     ),
     "gradient_accumulation_steps": Synonym(
         "train.micro_batch_size",
         TRL,
-        "reinforge accumulates by itself: each mini-batch runs in forwards of at most train.micro_batch_size completions (and train.micro_batch_tokens tokens), with the same gradient",
+        "reinforge accumulates by itself: each mini-batch runs in forwards of at most train.micro_batch_size "
+        "completions (and train.micro_batch_tokens tokens), with the same gradient",
     ),
     "steps_per_generation": Synonym("train.mini_batches", TRL, "optimizer steps per pass over a rollout batch"),
     "generation_batch_size": Synonym(
@@ -91,7 +94,8 @@ TRL_NAMES: dict[str, Synonym] = {
     "delta": Synonym(
         "objective.policy_loss",
         TRL,
-        "INTELLECT-2's two-sided clip bounds the ratio of negative-advantage tokens: objective.policy_loss=dual_clip with objective.policy_params.clip_c=DELTA",
+        "INTELLECT-2's two-sided clip bounds the ratio of negative-advantage tokens: "
+        "objective.policy_loss=dual_clip with objective.policy_params.clip_c=DELTA",
     ),
     "loss_type": Synonym(
         "objective.aggregation",
@@ -117,7 +121,8 @@ TRL_NAMES: dict[str, Synonym] = {
     "top_entropy_quantile": Synonym(
         None,
         TRL,
-        "reinforge has no high-entropy token mask (arXiv 2506.01939); a policy_loss of your own ('module:function') can apply one",
+        "reinforge has no high-entropy token mask (arXiv 2506.01939); a policy_loss of your own "
+        "('module:function') can apply one",
     ),
     "temperature": Synonym("rollout.temperature", TRL),
     "top_p": Synonym("rollout.top_p", TRL),

@@ -37,7 +37,8 @@ def model_copy(tmp_path: Path, tiny_model_dir: str) -> Path:
     [
         (
             lambda m: (m / "config.json").write_text('{"model_type": "qwen2",\n  "hidden_size": }'),
-            "config.json: not valid JSON (line 2, column 18: Expecting value); repair it or save the model again with save_pretrained",
+            "config.json: not valid JSON (line 2, column 18: Expecting value); repair it or save the model again "
+            "with save_pretrained",
         ),
         (lambda m: (m / "config.json").write_text('["qwen2"]'), "config.json has no model_type"),
         (lambda m: (m / "config.json").unlink(), "has no config.json: it is not a Hugging Face model directory"),
@@ -122,7 +123,8 @@ def test_an_output_dir_that_is_not_a_folder(tmp_path: Path, micro_overrides) -> 
     assert file.read_text() == "mine"
     assert (
         _refused(micro_overrides, file / "run")
-        == f"error: output_dir '{file / 'run'}' cannot be created: '{file}' is a file, not a folder; choose another output_dir"
+        == f"error: output_dir '{file / 'run'}' cannot be created: '{file}' is a file, not a folder; choose another "
+           "output_dir"
     )
 
 

@@ -206,7 +206,8 @@ def test_a_mistral_window_keeps_the_native_engine_and_drops_the_shared_prompt_fo
 
     assert architecture_plan(tmp_path).note(cfg.rollout.engine, cfg.train.shared_prefix) == (
         "model: mistral uses sliding-window attention, which the shared-prompt learner forward does not model; "
-        "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward (train.shared_prefix=false)"
+        "rollout uses the native engine (rollout.engine=native), learner uses the model's own forward "
+        "(train.shared_prefix=false)"
     )
 
 

@@ -88,7 +88,8 @@ class LoopState:
         """NonFiniteStop once `limit` steps in a row had a skipped update (after the caller logged the last of them)."""
         if self.nonfinite_streak >= limit:
             raise NonFiniteStop(
-                f"{what} step {self.step}: {self.nonfinite_streak} steps in a row had a NaN/inf loss or gradient, so their "
+                f"{what} step {self.step}: {self.nonfinite_streak} steps in a row had a NaN/inf loss or "
+                "gradient, so their "
                 f"updates were skipped (train.max_nonfinite_steps={limit}); the weights are still "
                 f"those of the last good step. Lower train.lr, or look for NaN in {hint}.",
                 self,

@@ -136,7 +136,8 @@ class AlertMonitor:
             step,
             "entropy_collapse",
             f"step {step}: entropy {current:.4g} is below {ratio:g} x its baseline {baseline:.4g} "
-            "(entropy collapse: the policy has stopped exploring; consider clip-higher, an entropy bonus or a lower lr)",
+            "(entropy collapse: the policy has stopped exploring; consider clip-higher, an entropy bonus or a "
+            "lower lr)",
             {"entropy": current, "baseline": baseline, "ratio": ratio},
         )
 
@@ -179,7 +180,8 @@ class AlertMonitor:
                 alert = Alert(
                     step,
                     "reward_hacking",
-                    f"step {step}: held-out pass@1 fell from {best['pass@1']:.4g} (step {best['step']}) to {pass_at_1:.4g} "
+                    f"step {step}: held-out pass@1 fell from {best['pass@1']:.4g} (step {best['step']}) to "
+                    f"{pass_at_1:.4g} "
                     f"while the mean train reward rose from {best_reward:.4g} to {reward:.4g} "
                     "(reward hacking: the policy exploits the reward rather than solving the task; "
                     "inspect samples and check the reward functions)",
