@@ -1,6 +1,7 @@
-"""Held-out effect of on-policy DPO on the built-in task: cold-start SFT, then DPO, pass@1 before and after.
+r"""Held-out effect of on-policy DPO on the built-in task: cold-start SFT, then DPO, pass@1 before and after.
 
-    .venv/bin/python benchmarks/dpo_heldout.py [--sft-cache FILE] [key=value ...]   # defaults: sft.steps=150 train.steps=30
+    .venv/bin/python benchmarks/dpo_heldout.py [--sft-cache FILE] \
+        [key=value ...]   # defaults: sft.steps=150 train.steps=30
 
 --sft-cache FILE: load the SFT weights from FILE if it exists, else train and save them there
 (to compare DPO settings from one SFT model).

@@ -13,16 +13,16 @@ issue 4 asks for. `builtin` is the built-in tiny Qwen2 (a quick run on a CPU).
   `--max-new-tokens` new tokens at temperature 1 through a native-engine decoding session; new
   tokens per second. A random model samples <eos> with probability ~1 / vocabulary per token: at
   Qwen's 151,936 every row runs to the limit, at the built-in 89 rows end early (mean ~80).
-- Learner: one `policy_update` (dr_grpo's loss: no KL, so no reference model; one optimizer step, the default forward plan: the
-  shared-prompt forward with the chunked fp32 head) on a batch of the same shape with
-  completion lengths drawn long-tailed up to `--max-new-tokens` (k ~ P(k >= x) = 1 / (x + 1)
-  times max/8, at least 1) and random advantages. `learner_tokens_per_s` counts the batch's
-  prompt and completion tokens (each row's own); `mfu` divides the model FLOPs of the work the
-  forward really does (each prompt once per group, then the completions) by the time and the
-  device's peak: 6 x (matmul parameters) per token plus 12 x layers x heads x head_dim x
-  (keys attended) per token for attention (PaLM, arXiv 2204.02311, app. B, with each token's own
-  causal context). The peak is `--peak-tflops`, or for a known GPU its dense bf16/fp16 rate
-  (H100/H200 SXM: 989 TFLOP/s); none on a CPU (mfu is then null).
+- Learner: one `policy_update` (dr_grpo's loss: no KL, so no reference model; one optimizer step,
+  the default forward plan: the shared-prompt forward with the chunked fp32 head) on a batch of
+  the same shape with completion lengths drawn long-tailed up to `--max-new-tokens` (k ~ P(k >= x)
+  = 1 / (x + 1) times max/8, at least 1) and random advantages. `learner_tokens_per_s` counts the
+  batch's prompt and completion tokens (each row's own); `mfu` divides the model FLOPs of the work
+  the forward really does (each prompt once per group, then the completions) by the time and the
+  device's peak: 6 x (matmul parameters) per token plus 12 x layers x heads x head_dim x (keys
+  attended) per token for attention (PaLM, arXiv 2204.02311, app. B, with each token's own causal
+  context). The peak is `--peak-tflops`, or for a known GPU its dense bf16/fp16 rate (H100/H200
+  SXM: 989 TFLOP/s); none on a CPU (mfu is then null).
 
 Each figure is the median of `--repeats` timed runs after one warm-up run. The last line is one
 JSON object.

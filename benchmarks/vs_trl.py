@@ -1,4 +1,4 @@
-"""Seconds per RL step of reinforge against TRL's GRPOTrainer, on the same problem in one process.
+r"""Seconds per RL step of reinforge against TRL's GRPOTrainer, on the same problem in one process.
 
 One RL step = one generation batch + one optimizer step. Both sides get:
 - the built-in tiny Qwen2 (default `ModelConfig`, ~1 M parameters, fp32) with the same initial
@@ -40,7 +40,8 @@ Install and run (TRL lives in its own virtual environment, not the project's .ve
 
     python -m venv .venv-bench
     .venv-bench/bin/pip install torch==2.13.0 -e . -r benchmarks/requirements.txt
-    .venv-bench/bin/python benchmarks/vs_trl.py [--engine hf] [--no-shared-prefix] [--steps 5] [--rounds 6] [--threads 2]
+    .venv-bench/bin/python benchmarks/vs_trl.py [--engine hf] [--no-shared-prefix] \
+        [--steps 5] [--rounds 6] [--threads 2]
 
 The last line of stdout is one JSON object: reinforge_s_per_step, trl_s_per_step, ratio
 (reinforge / trl; below 1 means reinforge is faster), the settings and library versions.

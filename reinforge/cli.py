@@ -88,7 +88,8 @@ def train(
 ) -> None:
     """Cold-start SFT, RL with the chosen recipe, and held-out evaluation.
 
-    Every key=value setting, with its documentation and default: `reinforge config` (one section: `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
+    Every key=value setting, with its documentation and default: `reinforge config` (one section:
+    `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
     """
     from reinforge.pipeline import RunStopped, resume_config, run
 
@@ -247,7 +248,8 @@ def sweep(
         ),
     ] = 1,
 ) -> None:
-    """Run every combination of the values given (each a `reinforge train` run), then compare the groups: mean ± std over seeds."""
+    """Run every combination of the values given (each a `reinforge train` run), then compare the groups:
+    mean ± std over seeds."""
     import time
     from pathlib import Path
 
@@ -276,7 +278,8 @@ def sweep(
     for run in result.failed:
         last = (run.error or "").splitlines()[-1:] or ["no output"]
         console.print(
-            f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} (log: {escape(str(target / 'logs' / run.name))}.log)",
+            f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} "
+            f"(log: {escape(str(target / 'logs' / run.name))}.log)",
             soft_wrap=True,
         )
     console.print(
@@ -356,7 +359,8 @@ def export_run(
         typer.Option("--step", help="Checkpoint step to export; default the newest checkpoint, else RUN_DIR/model"),
     ] = None,
 ) -> None:
-    """A run's model as a plain Hugging Face folder: LoRA adapters merged, the run's sampling settings as generation defaults."""
+    """A run's model as a plain Hugging Face folder: LoRA adapters merged, the run's sampling settings as
+    generation defaults."""
     from pathlib import Path
 
     from reinforge.export import export_model

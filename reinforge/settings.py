@@ -469,7 +469,10 @@ class LogConfig(Section):
     samples_per_step: int = Field(
         4,
         gt=0,
-        description="Samples written per logged step, spread over the batch (from different prompts when there are enough).",
+        description=(
+            "Samples written per logged step, spread over the batch "
+            "(from different prompts when there are enough)."
+        ),
     )
     tensorboard: bool = Field(
         False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard."

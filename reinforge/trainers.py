@@ -169,7 +169,9 @@ def _on_policy_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: T
 
 
 def _dataset_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> DatasetPairs:
-    pool = PromptStream(preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed)  # type: ignore[arg-type]
+    pool = PromptStream(
+        preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields), seed=cfg.rl_seed  # type: ignore[arg-type]
+    )
     return DatasetPairs(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
 
 

@@ -270,7 +270,10 @@ ATTACKS: dict[str, str] = {
     "infinite_loop": "while True:\n    pass\n",
     "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
     "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n",
-    "output_flood": "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 10 ** 6)\ndef f(n):\n    return None\n",
+    "output_flood": (
+        "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 10 ** 6)\n"
+        "def f(n):\n    return None\n"
+    ),
     "huge_return_value": "def f(n):\n    return 'x' * (64 * 2 ** 20)\n",
     # --- calls without audit events, and other spellings (red team, second round) ---
     "mkfifo_canary_dir": "import os\nos.mkfifo('CANARY_DIR/fifo')\n",

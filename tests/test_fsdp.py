@@ -275,7 +275,8 @@ def test_rank_rows_split_whole_groups_by_their_middle_row():
     # Sizes 6, 1, 1 (shares [0, 4), [4, 8)): middles 3, 6.5, 7.5 -> 6 rows and 2.
     ids = torch.tensor([0] * 6 + [1, 2])
     assert rank_rows(ids, 0, 2).tolist() == [True] * 6 + [False] * 2
-    # Groups in id order, wherever their rows sit: group 3 (3 rows, middle 1.5) before group 7 (middle 4), shares of 2.5.
+    # Groups in id order, wherever their rows sit: group 3 (3 rows, middle 1.5) before group 7 (middle 4),
+    # shares of 2.5.
     ids = torch.tensor([7, 3, 7, 3, 3])
     assert rank_rows(ids, 0, 2).tolist() == [False, True, False, True, True]
     # Three ranks, six groups of 2 (shares of 4): two groups each.

@@ -45,7 +45,8 @@ SCRIPT = {
     # verified: 039, 039, 39, 0039 (the verifier compares values); 0039 never ended (truncated): not kept;
     # ended and verified: 039, 039, 39 -> distinct 039, 39 (one duplicate) -> both kept (cap 2).
     "05+34=": [("039", False), ("039", False), ("40", False), ("39", False), ("0039", True), ("1", False)],
-    # verified: 031, 31, 0031, 031, 031 (5) -> distinct 031, 31, 0031 (two duplicates) -> cap keeps 031, 31 (one capped).
+    # verified: 031, 31, 0031, 031, 031 (5) -> distinct 031, 31, 0031 (two duplicates) ->
+    # cap keeps 031, 31 (one capped).
     "12+19=": [("031", False), ("31", False), ("0031", False), ("031", False), ("30", False), ("031", False)],
     # nothing right
     "20+20=": [("41", False)] * 6,

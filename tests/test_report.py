@@ -106,7 +106,8 @@ def test_report_of_a_real_run_shows_its_numbers_plots_and_alerts(tmp_path: Path,
     if alerts:
         for alert in alerts:
             assert (
-                f"<td>{alert['step']}</td><td>{html.escape(alert['alert'])}</td><td>{html.escape(alert['message'])}</td>"
+                f"<td>{alert['step']}</td><td>{html.escape(alert['alert'])}</td>"
+                f"<td>{html.escape(alert['message'])}</td>"
                 in alerts_section
             )
     else:

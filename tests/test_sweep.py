@@ -118,7 +118,8 @@ def test_groups_are_summarised_with_sample_std() -> None:
     assert grpo.group == {"recipe": "grpo"} and grpo.n == 3 and grpo.failed == 0
     # mean(0.5, 0.6, 0.7) = 0.6; sample std = sqrt((0.01 + 0 + 0.01) / 2) = 0.1
     assert grpo.final_pass1.mean == pytest.approx(0.6) and grpo.final_pass1.std == pytest.approx(0.1)
-    # deltas 0.1, 0.2, 0.2: mean 1/6; sample std = sqrt((1/15^2... ) ) = sqrt(((0.1-1/6)^2 + 2 (0.2-1/6)^2) / 2) = 0.0577
+    # deltas 0.1, 0.2, 0.2: mean 1/6; sample std = sqrt((1/15^2... ) )
+    # = sqrt(((0.1-1/6)^2 + 2 (0.2-1/6)^2) / 2) = 0.0577
     assert grpo.delta_pass1.mean == pytest.approx(1 / 6) and grpo.delta_pass1.std == pytest.approx(0.0577350, abs=1e-6)
     assert grpo.greedy.mean == pytest.approx(0.55) and grpo.greedy.std == pytest.approx(0.05)
     assert grpo.pass_at_k["4"].mean == pytest.approx(0.8) and grpo.pass_at_k["4"].std == pytest.approx(0.1)
@@ -127,7 +128,9 @@ def test_groups_are_summarised_with_sample_std() -> None:
     assert dr.delta_pass1.mean == pytest.approx(-0.05)
 
     header, cells = table([grpo, dr], ["recipe", "seed"])
-    assert header == ["recipe", "n", "final pass@1", "Δ pass@1 (final − start)", "greedy accuracy", "pass@4", "failed"]
+    assert header == [
+        "recipe", "n", "final pass@1", "Δ pass@1 (final − start)", "greedy accuracy", "pass@4", "failed"
+    ]
     assert cells[0] == ["grpo", "3", "0.600 ± 0.100", "+0.167 ± 0.058", "0.550 ± 0.050", "0.800 ± 0.100", "0"]
     assert cells[1][:4] == ["dr_grpo", "2", "0.250 ± 0.071", "-0.050 ± 0.071"]
     # gap 0.35 > 0.1 + 0.0707
@@ -254,7 +257,8 @@ def test_cli_sweep_reports_a_failed_run_and_finishes_the_others(
     )
     assert result.exit_code == 1, result.output
     assert "failed:" in result.output and "Traceback" not in result.output
-    assert re.search(r"│ 1 │ +0\.000 ± n/a │", result.output), result.output   # the table, unwrapped: one seed, no std
+    # the table, unwrapped: one seed, no std
+    assert re.search(r"│ 1 │ +0\.000 ± n/a │", result.output), result.output
     assert str(out / "sweep.md") in result.output and str(out / "report.html") in result.output
     good, bad = json.loads((out / "sweep.json").read_text())["runs"]
     assert good["status"] == "done" and (Path(good["path"]) / "summary.json").is_file()

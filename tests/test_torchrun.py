@@ -2,11 +2,12 @@
 CPU, loopback only) train as one process does (distributed/data_parallel.py).
 
 The ranks split each batch's generation and gather the whole rollout, the one a single process samples
-(the native engine keys each prompt's samples), and each updates on its own prompt groups; mini-batches are cut from one shuffle of the whole batch (learner/update.py), so the
-union of the ranks' rows is the one-process mini-batch and the runs differ only by the order of
-the gradient sums (2 RL steps x 2 epochs x 2 mini-batches at lr 1e-3). Two epochs
-(train.ppo_epochs=2) make pi_old a forward before the update, which each rank computes for its own
-rows and the ranks exchange; grpo's k3 KL runs a plain reference copy on each rank.
+(the native engine keys each prompt's samples), and each updates on its own prompt groups; mini-batches
+are cut from one shuffle of the whole batch (learner/update.py), so the union of the ranks' rows is the
+one-process mini-batch and the runs differ only by the order of the gradient sums (2 RL steps x 2
+epochs x 2 mini-batches at lr 1e-3). Two epochs (train.ppo_epochs=2) make pi_old a forward before the
+update, which each rank computes for its own rows and the ranks exchange; grpo's k3 KL runs a plain
+reference copy on each rank.
 """
 
 from __future__ import annotations

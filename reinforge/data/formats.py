@@ -140,7 +140,8 @@ def _quiet_datasets():
 
 
 def _no_rows(path: Path, suffix: str) -> bool:
-    """True for a Parquet file of zero rows or a CSV file of at most a header; False when unsure (the reader decides)."""
+    """True for a Parquet file of zero rows or a CSV file of at most a header; False when unsure (the
+    reader decides)."""
     try:
         if suffix == ".parquet":
             import pyarrow.parquet as pq

@@ -34,7 +34,10 @@ def _fraction(rng: random.Random) -> Problem:
     b = Fraction(rng.randint(1, 9), rng.randint(2, 9))
     op = rng.choice("+-*")
     value = a + b if op == "+" else a - b if op == "-" else a * b
-    prompt = f"Compute {a.numerator}/{a.denominator} {op} {b.numerator}/{b.denominator}. Give the answer as a reduced fraction."
+    prompt = (
+        f"Compute {a.numerator}/{a.denominator} {op} {b.numerator}/{b.denominator}. "
+        "Give the answer as a reduced fraction."
+    )
     return prompt, str(value)
 
 

@@ -14,8 +14,8 @@ First version, and how it departs from a one-process run:
   same batch. With the HF engine rank 0 samples, scores and curates alone and sends the batch.
   The held-out evaluations are split the same way. With train.mode=async rank 0 alone runs the
   rollout workers and the stream of groups (one sampler, one staleness gate, one publication of
-  the weights per step), and sends every curated batch to all ranks (`RankZeroSource`). SFT and advantages run on every rank with the
-  same seeds (DUPLICATED, not split).
+  the weights per step), and sends every curated batch to all ranks (`RankZeroSource`). SFT and
+  advantages run on every rank with the same seeds (DUPLICATED, not split).
   The learner is split too: each rank holds the `rank_rows` of every
   rollout batch (whole prompt groups) and computes its share of the global-batch loss, and the
   trained model is FSDP2-sharded (`shard_model`), the optimizer stepping the shards.

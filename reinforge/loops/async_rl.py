@@ -1,6 +1,6 @@
 """Asynchronous RL (`train.mode=async`): the batch source of the one loop (loops/loop.py) when
-rollout workers keep generating while the learner trains, with bounded staleness (AReaL, arXiv 2505.24298; ALGORITHMS.md,
-"Asynchronous training").
+rollout workers keep generating while the learner trains, with bounded staleness (AReaL, arXiv
+2505.24298; ALGORITHMS.md, "Asynchronous training").
 
 Synchronous RL waits for the slowest completion of every batch, and the
 sampler waits for the learner. Here requests for prompt groups go to rollout

@@ -86,7 +86,10 @@ def native_refusal(config: dict[str, Any]) -> str | None:
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if rope_type not in STATIC_ROPE_TYPES:
-        return f"{model_type} with rope_type '{rope_type}' is not one the native decoder implements ({', '.join(STATIC_ROPE_TYPES)})"
+        return (
+            f"{model_type} with rope_type '{rope_type}' is not one the native decoder implements "
+            f"({', '.join(STATIC_ROPE_TYPES)})"
+        )
     if config.get("final_logit_softcapping") is not None:
         return f"{model_type} soft-caps its logits, which the native decoder does not"
     if (

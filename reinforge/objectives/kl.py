@@ -20,8 +20,9 @@ with k1), see `sequence_kl_penalty`. In the reward the estimator is a value
 estimate of the sequence's KL, not a gradient: k1 and k3 are unbiased for
 KL(pi || ref) under pi (E_pi[exp(-delta)] = 1), k3 with lower variance
 (verl's "low_var_kl"); k2 is biased (second order in delta; verl's "mse").
-All three are allowed; `objective.kl_estimator` picks one in either placement. Reference kinds: the frozen initial policy, or an EMA
-of the policy (T1, arXiv 2501.11651), see `ema_update_`.
+All three are allowed; `objective.kl_estimator` picks one in either
+placement. Reference kinds: the frozen initial policy, or an EMA of the
+policy (T1, arXiv 2501.11651), see `ema_update_`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ that needs a worker starts a fresh one. The waiting thread sleeps in
 `Connection.poll`, so it holds no GIL and the rest of the process runs.
 
 Lifetime: `close()` runs at interpreter exit, so no worker outlives a normal
-exit; one whose parent was killed exits at its next read (EOF). After `os.fork()` the child forgets the parent's workers (they
-are not its children) and starts its own on first use.
+exit; one whose parent was killed exits at its next read (EOF). After
+`os.fork()` the child forgets the parent's workers (they are not its
+children) and starts its own on first use.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from typing import Any
 # A fresh interpreter, not a fork (a forked child of a process with threads, torch's or a
 # tokenizer's, can deadlock) and not multiprocessing's spawn (which re-runs the caller's
 # `__main__` script in the child, so a script without a main guard would run twice).
-_BOOT = "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); from reinforge.rewards.bounded import _serve; _serve(int(sys.argv[2]))"
+_BOOT = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from reinforge.rewards.bounded import _serve; _serve(int(sys.argv[2]))"
+)
 
 
 @dataclass(frozen=True)
