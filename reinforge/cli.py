@@ -248,8 +248,10 @@ def sweep(
         ),
     ] = 1,
 ) -> None:
-    """Run every combination of the values given (each a `reinforge train` run), then compare the groups:
-    mean ± std over seeds."""
+    """Run every combination of the values given, then compare the groups: mean ± std over seeds.
+
+    Each combination is one `reinforge train` run.
+    """
     import time
     from pathlib import Path
 
@@ -359,8 +361,10 @@ def export_run(
         typer.Option("--step", help="Checkpoint step to export; default the newest checkpoint, else RUN_DIR/model"),
     ] = None,
 ) -> None:
-    """A run's model as a plain Hugging Face folder: LoRA adapters merged, the run's sampling settings as
-    generation defaults."""
+    """A run's model as a plain Hugging Face folder, LoRA adapters merged.
+
+    The run's sampling settings become the folder's generation defaults.
+    """
     from pathlib import Path
 
     from reinforge.export import export_model
