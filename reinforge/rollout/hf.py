@@ -8,6 +8,7 @@ from reinforge.models import Policy, model_device
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import apply_stop_strings, completion_mask
+from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
 
 class HFEngine:
@@ -72,19 +73,13 @@ class HFEngine:
         # Stop strings are matched in the completion's text only (as vLLM does), after generation:
         # generate's own stop_strings also match text that straddles the prompt's end.
         mask, truncated = apply_stop_strings(tokenizer, completion_ids, mask, truncated, params.stop)
-        completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
-        sampler_logprobs = sampler_logprobs.masked_fill(mask == 0, 0.0)
-        rows_prompt_ids = [ids for ids in prompt_ids for _ in range(group_size)]
-        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        return Rollout(
-            prompt_ids=rows_prompt_ids,
-            completion_ids=completion_ids,
-            pad_id=pad_id,
-            completion_mask=mask,
-            sampler_logprobs=sampler_logprobs,
-            truncated=truncated,
-            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
-            policy_version=policy_version,
-            texts=texts,
-        )
-
+        # The rows as single-turn trajectories (each completion a prefix of the generated ids), collated
+        # into the batch view as the native engine's are.
+        trajectories = [
+            Trajectory(prompt_ids=tuple(prompt_ids[r // group_size]), truncated=bool(truncated[r]),
+                       group=r // group_size,
+                       segments=(Segment.sampled(completion_ids[r, :n], sampler_logprobs[r, :n], policy_version),))
+            for r, n in enumerate(mask.sum(dim=1).long().tolist())
+        ]
+        return collate(trajectories, pad_id, policy_version,
+                       lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
