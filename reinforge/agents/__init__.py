@@ -1,0 +1,1 @@
+"""Multi-turn agents: tools and environments."""
