@@ -25,6 +25,8 @@ from reinforge.agents.environment import (
 )
 from reinforge.errors import ConfigError
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "guess_number_env.py"
+
 
 def ids(text: str) -> list[int]:
     return [ord(c) for c in text]
@@ -312,3 +314,31 @@ def test_load_environment_refuses_what_the_protocol_cannot_run(game_file: Path, 
         load_environment(target.format(file=game_file, dir=game_file.parent))
     assert str(raised.value).startswith("task.environment=") and "\n" not in str(raised.value)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# The documented example
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_the_example_game_plays_to_the_answer() -> None:
+    cls = load_environment(f"{EXAMPLE}:GuessNumber")
+    result = play(cls, "50", "I'd say 25", "hmm", "37", row={"target": 37})
+    replies = [m["content"] for m in result.messages if m["role"] == "user"][1:]
+    assert replies == ["No, it is lower. 6 guesses left.", "No, it is higher. 5 guesses left.",
+                       "Please answer with one whole number.", "Correct, it is 37!"]
+    assert (result.stop_reason, result.turns, result.turn_rewards) == ("done", 4, (0.0, 0.0, -0.1, 1.0))
+    assert result.reward == pytest.approx(0.9)
+    assert (result.model_tokens, result.environment_tokens) == (2 + 10 + 3 + 2, 32 + 33 + 36)
+    assert result.trajectory.prompt_ids[:8] == tuple(ids("You are "))
+
+
+def test_the_example_game_ends_when_the_guesses_run_out() -> None:
+    result = play(load_environment(f"{EXAMPLE}:GuessNumber"), *"1234567", row={"target": 9})
+    assert (result.stop_reason, result.turns, result.reward) == ("done", 7, 0.0)
+    assert result.messages[-1]["content"] == "Out of guesses: it was 9."
+
+
+def test_the_documented_example_is_the_example_file() -> None:
+    docs = (EXAMPLE.parents[1] / "docs" / "agents.md").read_text()
+    block = next(b for b in docs.split("```python\n")[1:] if b.startswith("class GuessNumber")).split("```")[0]
+    assert block in EXAMPLE.read_text()
