@@ -91,7 +91,8 @@ def train(
     Every key=value setting, with its documentation and default: `reinforge config` (one section:
     `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
     """
-    from reinforge.pipeline import RunStopped, resume_config, run
+    from reinforge.errors import RunStopped
+    from reinforge.pipeline import resume_config, run
 
     with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
         if resume is not None:
@@ -127,8 +128,8 @@ def pipeline(
     import time
     from pathlib import Path
 
+    from reinforge.errors import RunStopped
     from reinforge.multistage import run_pipeline
-    from reinforge.pipeline import RunStopped
 
     target = Path(out) if out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(name).stem}"
 

@@ -4,7 +4,7 @@ command-line overrides, validated before anything runs.
 Precedence (later wins): field defaults < recipe preset
 (`reinforge/recipes/<recipe>.yaml`) < user YAML file (`config=FILE`) <
 `key=value` overrides. The sections that parts of the run take are declared
-in settings.py (documented once, there), the objective section is derived
+in reinforge/settings/ (documented once, there), the objective section is derived
 from ObjectiveSpec's fields (objective_config.py), the task section and the
 whole Config are here; this module is the edge where they meet: a part below
 it takes its own section, never the Config. Unknown keys are errors that name

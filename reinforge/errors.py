@@ -16,3 +16,7 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A configuration problem the user can fix; the message says how. (A ValueError too, for the
     callers that catch bad values as ValueError.)"""
+
+
+class RunStopped(RuntimeError):
+    """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""

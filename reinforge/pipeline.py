@@ -31,13 +31,11 @@ from reinforge.distributed import (
     torchrun_world_size,
 )
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
-from reinforge.errors import ConfigError
+from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
-from reinforge.learner.forward import ForwardPlan
 from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import RLResult
 from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord
-from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, load_policy, resolve_device
 from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir
@@ -53,7 +51,7 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
-from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl
+from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
 
 
 @dataclass
@@ -158,10 +156,6 @@ def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
         raise ConfigError(
             "train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native"
         )
-
-
-class RunStopped(RuntimeError):
-    """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""
 
 
 def resume_config(run_dir: str | Path, *, command: str = "--resume", rewards: bool = True) -> Config:
@@ -343,7 +337,7 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
     """SFT and the held-out evaluation of the model RL starts from, or for a resumed run what its
     checkpoint says they gave; the hooks of the training stage."""
     evaluator = split_generation(engine, group)
-    sft_summary = _sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
+    sft_summary = run_sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
     held_out = task.eval_split(cfg.eval.num_prompts)
     if saved is None:
         start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
@@ -401,54 +395,6 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
         "eval": {"start": hooks.start.to_summary(), "final": final.to_summary()},
     }
     run_dir.write_summary(summary)
-    return summary
-
-
-def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
-    """What SFT trains on (sft.source) and figures about it for the summary."""
-    if cfg.sft.source == "teacher":
-        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed), {}
-    if cfg.sft.source == "file":
-        from reinforge.loops.rejection import distillation_examples
-
-        examples = distillation_examples(cfg.sft.data_path)
-        return examples, {"examples": len(examples)}
-    from reinforge.loops.rejection import rejection_sample
-
-    kept = rejection_sample(engine, task, task.train_split(cfg.sft.rejection_prompts), cfg.sft.rejection_samples,
-                            SamplingParams.from_config(cfg.rollout), cfg.sft.rejection_max_per_prompt, seed=cfg.seed)
-    if not kept.examples:
-        raise RunStopped(f"rejection sampling kept no sample: none of {cfg.sft.rejection_prompts} prompts x "
-                         f"{cfg.sft.rejection_samples} samples was verified correct; start from a stronger model "
-                         "or raise sft.rejection_samples")
-    return kept.examples, kept.metrics()
-
-
-def _sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> dict | None:
-    """SFT on the sft.source examples; its summary, or None when it is off."""
-    if not (cfg.sft.enabled and cfg.sft.steps > 0):
-        return None
-    data, figures = sft_examples(cfg, engine, task)
-    t0 = time.perf_counter()
-    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False, dynamic_ncols=True)
-
-    def sft_step(step: int, loss: float) -> None:
-        recorder.log_sft_step(step, loss)
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
-
-    sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
-                  forward=ForwardPlan.from_config(cfg.train))
-    bar.close()
-    summary = {
-        "source": cfg.sft.source,
-        **figures,
-        "steps": sft.steps,
-        "first_loss": sft.first_loss,
-        "final_loss": sft.final_loss,
-    }
-    recorder.sft_done(summary, time.perf_counter() - t0)
     return summary
 
 

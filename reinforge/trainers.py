@@ -11,14 +11,16 @@ is written, what learner ranks do not support (`check_data_parallel`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import torch
+from tqdm import tqdm
 
 from reinforge.config import Config
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
-from reinforge.errors import ConfigError
+from reinforge.errors import ConfigError, RunStopped
 from reinforge.learner import ForwardPlan, UpdateSettings
 from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
 from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow
@@ -38,6 +40,7 @@ from reinforge.loops.rl import (
     composed_scores,
     pretrain_critic,
 )
+from reinforge.loops.sft import run_sft
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.preference import preference_loss
@@ -47,6 +50,7 @@ from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import RolloutEngine, SamplingParams
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.tasks import Task
+from reinforge.telemetry.recorder import Recorder
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
 
@@ -228,3 +232,51 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
         )
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
+
+
+def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
+    """What SFT trains on (sft.source) and figures about it for the summary."""
+    if cfg.sft.source == "teacher":
+        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed), {}
+    if cfg.sft.source == "file":
+        from reinforge.loops.rejection import distillation_examples
+
+        examples = distillation_examples(cfg.sft.data_path)
+        return examples, {"examples": len(examples)}
+    from reinforge.loops.rejection import rejection_sample
+
+    kept = rejection_sample(engine, task, task.train_split(cfg.sft.rejection_prompts), cfg.sft.rejection_samples,
+                            SamplingParams.from_config(cfg.rollout), cfg.sft.rejection_max_per_prompt, seed=cfg.seed)
+    if not kept.examples:
+        raise RunStopped(f"rejection sampling kept no sample: none of {cfg.sft.rejection_prompts} prompts x "
+                         f"{cfg.sft.rejection_samples} samples was verified correct; start from a stronger model "
+                         "or raise sft.rejection_samples")
+    return kept.examples, kept.metrics()
+
+
+def run_sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -> dict | None:
+    """SFT on the sft.source examples; its summary, or None when it is off."""
+    if not (cfg.sft.enabled and cfg.sft.steps > 0):
+        return None
+    data, figures = sft_examples(cfg, engine, task)
+    t0 = time.perf_counter()
+    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not cfg.log.progress, leave=False, dynamic_ncols=True)
+
+    def sft_step(step: int, loss: float) -> None:
+        recorder.log_sft_step(step, loss)
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
+                  forward=ForwardPlan.from_config(cfg.train))
+    bar.close()
+    summary = {
+        "source": cfg.sft.source,
+        **figures,
+        "steps": sft.steps,
+        "first_loss": sft.first_loss,
+        "final_loss": sft.final_loss,
+    }
+    recorder.sft_done(summary, time.perf_counter() - t0)
+    return summary

@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.pipeline import RunStopped, run
+from reinforge.errors import RunStopped
+from reinforge.pipeline import run
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 from reinforge.telemetry.errors import os_error_message
 from reinforge.telemetry.recorder import TIMING_KEYS

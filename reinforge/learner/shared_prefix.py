@@ -142,10 +142,9 @@ def completion_token_stats_shared(
     if not bool((batch.attention_mask > 0).eq(torch.arange(width_all, device=device)[None, :] < total[:, None]).all()):
         raise ValueError("the shared-prompt learner forward needs right-padded rows (attention_mask 1 then 0)")
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
-    pad = model.get_input_embeddings().padding_idx  # HF zeroes that row's gradient: so do we
-    if len(group_ids.unique()) == len(
-        group_ids
-    ):  # nothing to share (SFT: one trace per prompt): whole rows in one pass
+    pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
+    # Nothing to share (SFT: one trace per prompt): whole rows in one pass.
+    if len(group_ids.unique()) == len(group_ids):
         freqs = rotary_factors(model, shape, width_all)
         geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
         hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
@@ -162,21 +161,18 @@ def completion_token_stats_shared(
 
     # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
     geometry = pass_geometry(freqs, span, torch.zeros_like(prompt_len))
-    prompt_hidden, keys, values = run_pass(
-        shape, w, batch.input_ids[representative, :span], geometry, freqs, padding_idx=pad
-    )
+    prompt_hidden, keys, values = run_pass(shape, w, batch.input_ids[representative, :span], geometry, freqs,
+                                           padding_idx=pad)
 
     # 2. completion passes, one per length bucket: completion positions only, each row attending to
     #    its group's prompt, then causally to its own tokens
     def completion_pass(sub: torch.Tensor, width: int) -> torch.Tensor:
         """Hidden states [n, width, E] of rows `sub` [n] at their completion positions 0..width-1."""
-        at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(
-            max=width_all - 1
-        )  # past the row: unseen
+        # positions past the row are clamped: unseen
+        at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(max=width_all - 1)
         geometry = pass_geometry(freqs, width, starts[sub], slot[sub], starts[sub])
-        hidden, _, _ = run_pass(
-            shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values), padding_idx=pad
-        )
+        hidden, _, _ = run_pass(shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values),
+                                padding_idx=pad)
         return hidden
 
     # The hidden state predicting each valid token (r, c), in pieces: c = 0 from the prompt pass,
@@ -186,17 +182,15 @@ def completion_token_stats_shared(
     bucket_of = torch.full_like(starts, -1)
     for b, sub in enumerate(length_buckets(need, PASS_COST_POSITIONS)):
         bucket_of[sub] = b
-        local = torch.empty_like(starts).index_copy_(
-            0, sub, torch.arange(len(sub), device=device)
-        )  # row -> its place in sub
+        # row -> its place in sub
+        local = torch.empty_like(starts).index_copy_(0, sub, torch.arange(len(sub), device=device))
         mine = ((bucket_of[rows] == b) & (cols > 0)).nonzero().squeeze(1)
         hidden = completion_pass(sub, int(need[sub].max()))   # [n, width, E]
         pieces.append(hidden[local[rows[mine]], cols[mine] - 1])
         order.append(mine)
     order = torch.cat(order)
-    predictors = torch.cat(pieces)[
-        torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=device))
-    ]
+    back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=device))
+    predictors = torch.cat(pieces)[back]
 
     # 3. the LM head on the valid tokens only
     return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head)

@@ -190,26 +190,9 @@ class NativeEngine:
         shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
         rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
         for index, (lw, packed) in enumerate(zip(w.layers, w.packed(self.kernels), strict=True)):
-            self.kernels.decode_layer(
-                x,
-                lw.input_norm,
-                packed.qkv,
-                lw.qkv_bias,
-                lw.q_norm,
-                lw.k_norm,
-                packed.o,
-                lw.o_bias,
-                lw.post_norm,
-                packed.gate_up,
-                packed.down,
-                rot,
-                cache.k[index],
-                cache.v[index],
-                positions,
-                shape.num_heads,
-                w.eps,
-                shape.sliding_window or 0,
-            )
+            self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o,
+                                      lw.o_bias, lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index],
+                                      cache.v[index], positions, shape.num_heads, w.eps, shape.sliding_window or 0)
         return rms_norm(x, w.final_norm, w.eps).float() @ w.head.t()
 
 
@@ -425,15 +408,8 @@ class DecodeSession:
             movers = keep[live:].nonzero().squeeze(1) + live
             if len(holes):
                 self.cache.move(holes, movers)
-                for state in (
-                    self.tokens,
-                    self.logprobs,
-                    self.versions,
-                    self.keys,
-                    self.last,
-                    self.length,
-                    self.generated,
-                ):
+                for state in (self.tokens, self.logprobs, self.versions, self.keys,
+                              self.last, self.length, self.generated):
                     state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]

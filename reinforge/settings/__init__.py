@@ -1,0 +1,55 @@
+"""The settings of each part of a run, as typed sections: what the parts below the config take
+(the engine its RolloutConfig, the reward composer its RewardConfig, the recorder its LogConfig
+and AlertConfig), so that none of them imports the whole config. reinforge.config assembles
+them into the Config that users write; every field is documented once, here, where it is
+declared (STYLE principle 7).
+
+The sections live in two modules, `training` (model, prompt, sft, rollout, train, critic,
+curation, dpo) and `run` (reward, eval, checkpoint, log, alerts, ray), on `base.Section`.
+"""
+
+from reinforge.settings.base import Section
+from reinforge.settings.run import (
+    AlertConfig,
+    CheckpointConfig,
+    EvalConfig,
+    LogConfig,
+    OverlongConfig,
+    RayConfig,
+    RewardConfig,
+    RewardFunctionConfig,
+)
+from reinforge.settings.training import (
+    LORA_TARGETS,
+    CriticConfig,
+    CurationConfig,
+    DPOConfig,
+    LoraConfig,
+    ModelConfig,
+    PromptConfig,
+    RolloutConfig,
+    SFTConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "AlertConfig",
+    "CheckpointConfig",
+    "CriticConfig",
+    "CurationConfig",
+    "DPOConfig",
+    "EvalConfig",
+    "LORA_TARGETS",
+    "LogConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OverlongConfig",
+    "PromptConfig",
+    "RayConfig",
+    "RewardConfig",
+    "RewardFunctionConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "Section",
+    "TrainConfig",
+]

@@ -1,0 +1,226 @@
+"""The sections of what surrounds training: rewards, evaluation, checkpoints, logging, alerts and Ray."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from reinforge.errors import ConfigError
+from reinforge.settings.base import Section
+
+
+class EvalConfig(Section):
+    num_prompts: int = Field(200, gt=0, description="Held-out prompts evaluated at the start and end of RL.")
+    num_samples: int = Field(
+        8, gt=0, description="Samples per prompt for pass@1 and pass@k (at the rollout temperature)."
+    )
+    seed: int = Field(1234, description="Sampling seed of evaluation, the same for the start and final model.")
+    every: int = Field(
+        25,
+        ge=0,
+        description=(
+            "Held-out evaluation during RL every this many steps (metrics eval/pass@1, eval/greedy_accuracy; what "
+            "the reward-hacking alert compares with the train reward); 0: only at the start and end. It runs under "
+            "its own seed and never changes the training numbers."
+        ),
+    )
+    every_prompts: int | None = Field(
+        None,
+        gt=0,
+        description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: "
+                    "eval.num_prompts.",
+    )
+
+
+class CheckpointConfig(Section):
+    every: int = Field(
+        25,
+        ge=0,
+        description=(
+            "Write a resumable checkpoint (weights, optimizer, scheduler, RNG, data and curation state, metrics "
+            "position) every this many RL steps, and always at the end of RL; 0: only at the end. `reinforge train "
+            "--resume RUN_DIR` continues from the newest."
+        ),
+    )
+    keep_last: int = Field(
+        2, gt=0, description="Resumable checkpoints kept; older ones are deleted once a newer one is complete."
+    )
+
+
+class LogConfig(Section):
+    progress: bool = Field(True, description="Show a progress bar.")
+    samples_every: int = Field(
+        10,
+        ge=0,
+        description=(
+            "Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's "
+            "value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the "
+            "report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples)."
+        ),
+    )
+    samples_per_step: int = Field(
+        4,
+        gt=0,
+        description=(
+            "Samples written per logged step, spread over the batch "
+            "(from different prompts when there are enough)."
+        ),
+    )
+    tensorboard: bool = Field(
+        False, description="Also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard."
+    )
+    wandb: bool = Field(False, description="Also log the metrics to Weights & Biases.")
+    wandb_project: str = Field("reinforge", description="W&B project name.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes RUN_DIR/wandb without network (`wandb sync` uploads it later)."
+    )
+
+
+class AlertConfig(Section):
+    """Thresholds of the health alerts (console and RUN_DIR/alerts.jsonl); see reinforge.telemetry.alerts."""
+
+    enabled: bool = Field(True, description="Check the health alerts every step.")
+    window: int = Field(
+        5, gt=0, description="Steps averaged for the baseline (the first `window` RL steps) and for the current value."
+    )
+    entropy_collapse_ratio: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="Entropy collapse: the current mean token entropy falls below this fraction of its baseline.",
+    )
+    length_blowup_ratio: float = Field(
+        3.0, gt=1, description="Length blow-up: the current mean response length exceeds this multiple of its baseline."
+    )
+    truncation_rate_max: float = Field(
+        0.5, gt=0, le=1, description="Length blow-up: the current truncation rate exceeds this fraction."
+    )
+    hacking_eval_drop: float = Field(
+        0.05,
+        gt=0,
+        description=(
+            "Reward hacking: held-out pass@1 has fallen by at least this much from its best while the train reward "
+            "rose over the same steps."
+        ),
+    )
+    is_weight_max: float = Field(
+        10.0,
+        gt=1,
+        description="Exploding IS weights: the largest per-token ratio pi_learner / pi_sampler of a step exceeds this.",
+    )
+    no_gradient_steps: int = Field(
+        5,
+        gt=0,
+        description=(
+            "Training on nothing: this many steps in a row took no update because curation dropped every sampled "
+            "group (RL) or no preference pair formed (DPO)."
+        ),
+    )
+
+
+class RewardFunctionConfig(Section):
+    name: str = Field(
+        description=(
+            "Reward function: verifier (the task's own), format, think_answer, length_penalty, or 'module:function' "
+            "(see reinforge.rewards.compose)."
+        )
+    )
+    weight: float = Field(1.0, description="Weight of this function in the summed reward.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword parameters of the function, e.g. {pattern: 'answer: \\d+', mode: search} for format.",
+    )
+
+
+class OverlongConfig(Section):
+    max_length: int | None = Field(None, gt=0, description="L_max in completion tokens; None: rollout.max_new_tokens.")
+    cache: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "L_cache: the window before L_max over which the penalty ramps from 0 to -1; None: L_max // 5 (DAPO: "
+            "4096 of 20480)."
+        ),
+    )
+    coef: float = Field(1.0, ge=0, description="Weight of the shaping term in the reward.")
+
+    @model_validator(mode="after")
+    def _check_window(self) -> OverlongConfig:
+        if self.max_length is not None and self.cache is not None and self.cache > self.max_length:
+            raise ConfigError(f"reward.overlong.cache ({self.cache}) must be <= max_length ({self.max_length})")
+        return self
+
+
+class RewardConfig(Section):
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=lambda: [RewardFunctionConfig(name="verifier")],
+        min_length=1,
+        description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no "
+                    "gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].",
+    )
+    overlong: OverlongConfig | None = Field(
+        None,
+        description=(
+            "DAPO overlong shaping added to the reward (0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond); "
+            "None: off."
+        ),
+    )
+    max_error_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description=(
+            "Largest fraction of a batch's samples on which reward functions may raise; above it the run stops with "
+            "the first traceback."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names_alone(cls, data: Any) -> Any:
+        # `reward.functions=[a.py:f, format]` (or one name) is the shorthand people type first: each a {name: ...}.
+        if isinstance(data, dict):
+            functions = data.get("functions")
+            if isinstance(functions, str):
+                functions = [functions]
+            if isinstance(functions, list):
+                data = {**data, "functions": [{"name": f} if isinstance(f, str) else f for f in functions]}
+        return data
+
+    @model_validator(mode="after")
+    def _check_functions(self, info: ValidationInfo) -> RewardConfig:
+        from reinforge.rewards.functions import resolve_reward_function
+
+        if (info.context or {}).get("resolve_rewards") is False:
+            return self    # `reinforge export` of a run whose reward was a notebook function: no reward is computed
+        for f in self.functions:
+            resolve_reward_function(f.name, f.params)   # raises with a suggestion for an unknown name or parameter
+        return self
+
+
+class RayConfig(Section):
+    """backend=ray: where the rollout workers of train.mode=async run."""
+
+    address: str | None = Field(
+        None,
+        description="None: start a Ray instance on this machine; 'auto' or 'ray://HOST:PORT': join an existing cluster "
+                    "(ray.init(address=...)).",
+    )
+    num_workers: int = Field(2, gt=0, description="Rollout worker actors; the groups of a step are spread over them.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout worker reserves.")
+    num_gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs each rollout worker reserves (placed by a placement group); 0: CPU workers."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Times a rollout worker that dies is restarted; its requests in flight are sent again."
+    )
+    learner_ranks: int = Field(
+        1,
+        gt=0,
+        description=(
+            "train.mode=sync: data-parallel FSDP2 learner ranks that Ray launches as actors (one bundle of "
+            "num_cpus/num_gpus_per_worker each), as torchrun would; each runs the job under torch.distributed and "
+            "rank 0 writes the run."
+        ),
+    )
