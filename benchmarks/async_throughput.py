@@ -52,9 +52,8 @@ def sft_weights(cfg, cache: str | None) -> dict:
     if cache and Path(cache).is_file():
         return torch.load(cache)
     task = build_task(cfg.task.name, **cfg.task.options)
-    data = task.sft_examples(
-        cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed
-    )  # as the pipeline's cold start
+    # as the pipeline's cold start
+    data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
     run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed)
     state = policy.model.state_dict()
     if cache:

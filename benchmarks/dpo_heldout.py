@@ -42,9 +42,8 @@ def main(overrides: list[str], sft_cache: str | None = None) -> dict:
         policy.model.load_state_dict(torch.load(sft_cache))
         sft_loss = None
     else:
-        data = task.sft_examples(
-            cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed
-        )  # as the pipeline's cold start
+        # as the pipeline's cold start
+        data = task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
         sft_loss = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed).final_loss
         if sft_cache:
             torch.save(policy.model.state_dict(), sft_cache)

@@ -84,9 +84,8 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
     if state.step == 0:
-        pretrain_critic(
-            state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step
-        )  # VC-PPO / VAPO only
+        # VC-PPO / VAPO only
+        pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
     return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step)
 
 

@@ -29,9 +29,8 @@ def naive_stats(hidden, weight, bias, targets, temperature=1.0):
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    logp_all = torch.log_softmax(
-        logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1
-    )  # [M, V], .float() but fp64 stays fp64
+    # [M, V], .float() but fp64 stays fp64
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)
     logprobs = logp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
     entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
     return logprobs, entropy

@@ -128,9 +128,8 @@ def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None
 def test_nonfinite_update_moves_nothing(micro_overrides) -> None:
     model, seq, ref, optimizer = _fixed_pairs(micro_overrides, 1e-2)
     scheduler = warmup_constant(optimizer, 2)
-    dpo_update(
-        model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0
-    )  # Adam has moments now
+    # Adam has moments now
+    dpo_update(model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)
     weights, moments = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     ref[1] = float("nan")
     out = dpo_update(model, optimizer, scheduler, seq, ref, PreferenceSpec(), ForwardPlan(), grad_clip=1.0)

@@ -89,9 +89,8 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     assert [x["step"] for x in two] == [1, 2]
     assert [x["reward_mean"] for x in two] == [x["reward_mean"] for x in single]
     assert all(x["reward_std"] > 0 for x in two)
-    assert (
-        [x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8]
-    )  # 2 epochs x 2 mini-batches per step
+    # 2 epochs x 2 mini-batches per step
+    assert ([x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8])
     for a, b in zip(two, single, strict=True):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)     # global: the same up to rounding
         # A loss-part figure is a row-weighted mean of the ranks' means over their micro-batches: close

@@ -73,9 +73,8 @@ class RolloutActor:
         # The worker's device is its Ray resources' (Ray shows an actor only the GPUs it was given),
         # whatever model.device the learner runs on.
         device = "cuda" if settings.ray.num_gpus_per_worker > 0 else "cpu"
-        policy = load_policy(
-            settings.model.model_copy(update={"device": device}), settings.seed
-        )  # the driver's weights follow
+        # the driver's weights follow
+        policy = load_policy(settings.model.model_copy(update={"device": device}), settings.seed)
         # Each request brings its group's sampling key: a group's samples do not depend on which worker decodes it.
         self.sampler = settings.worker.sampler(policy)
         # The sampler decodes its own copy; this one receives published weights on the CPU, where they arrive.

@@ -101,9 +101,8 @@ class StreamSource:
         """Request every group the gate allows now."""
         requests = []
         while self.gate.may_start(self.version) and not self.exhausted:
-            if (
-                not self.replay and self.pool.size < self.gate.batch_size
-            ):  # the learner raises it when it needs a group never requested
+            # the learner raises it when it needs a group never requested
+            if not self.replay and self.pool.size < self.gate.batch_size:
                 self.exhausted = True
                 break
             example = self.replay.pop(0) if self.replay else self.pool.next(1)[0]
@@ -134,9 +133,8 @@ class StreamSource:
             group, example = self.done.pop(self.next_take), self.examples.pop(self.next_take)
             self.next_take += 1
             self.consumed += 1
-            if (
-                self.version - group.oldest_version > self.gate.max_staleness
-            ):  # never expected: see the module docstring
+            # never expected: see the module docstring
+            if self.version - group.oldest_version > self.gate.max_staleness:
                 self.too_stale += 1
                 self.gate.release(1)
                 continue

@@ -114,9 +114,8 @@ class Scores:
     valid: torch.Tensor              # bool: False where a reward function failed or skipped the sample
     correct: torch.Tensor            # bool: the verifier accepted the completion (pass rate, NLL term)
     metrics: dict[str, float] = field(default_factory=dict)  # the reward step's own figures
-    parts: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # reward function name -> [N] raw values (samples.jsonl)
+    # reward function name -> [N] raw values (samples.jsonl)
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -259,9 +258,8 @@ class BatchCollector:
                     self.pool.retire(examples[p])
                     counts["retired"] += 1
             take = keep.nonzero().flatten()[: target - counts["kept"]]  # a full batch, and no more
-            if (
-                self.cfg.refill != "none"
-            ):  # the rest are replaced by the next round's (async: the gate lets them be requested)
+            # the rest are replaced by the next round's (async: the gate lets them be requested)
+            if self.cfg.refill != "none":
                 self.source.release(len(examples) - len(take))
             if len(take):
                 rows = (take[:, None] * g + torch.arange(g)).flatten()

@@ -249,9 +249,8 @@ def preference_backward(model: torch.nn.Module, seq: SequenceBatch, ref_logprobs
         logprobs[rows], entropy[rows] = row_logprobs.detach().cpu(), stats.entropy.detach().sum(dim=1).cpu()
         ref = ref_logprobs.to(row_logprobs.device)
         local = {int(r): i for i, r in enumerate(rows)}
-        pairs = torch.tensor(
-            sorted(r for r in local if r < num_pairs), dtype=torch.long
-        )  # [M/2] pairs of this micro-batch
+        # [M/2] pairs of this micro-batch
+        pairs = torch.tensor(sorted(r for r in local if r < num_pairs), dtype=torch.long)
         chosen = torch.tensor([local[int(p)] for p in pairs], dtype=torch.long)
         rejected = torch.tensor([local[int(p) + num_pairs] for p in pairs], dtype=torch.long)
         out = preference_loss(chosen_logprobs=row_logprobs[chosen], rejected_logprobs=row_logprobs[rejected],

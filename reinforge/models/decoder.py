@@ -303,9 +303,8 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
             values.append(v)
         return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
     prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
-    bias = additive_mask(
-        allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype
-    )  # [B, 1, S, Lp + S]
+    # [B, 1, S, Lp + S]
+    bias = additive_mask(allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype)
 
     def attend(layer: int, q, k, v):
         keys.append(k)

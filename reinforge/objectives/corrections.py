@@ -47,9 +47,8 @@ class Correction:
     """What a correction returns: per-token loss weights and per-token diagnostics."""
 
     weights: Tensor  # [N, T] detached, multiplies each token's loss term; 0 where mask is 0
-    metrics: dict[str, Tensor] = field(
-        default_factory=dict
-    )  # name -> [N, T] detached per-token values, to be mask-averaged
+    # name -> [N, T] detached per-token values, to be mask-averaged
+    metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 def _token_log_rho(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:

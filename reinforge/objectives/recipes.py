@@ -42,9 +42,8 @@ class Recipe:
     summary: str                                # one line: what the method changes
     extras: tuple[str, ...] = ()                # curation and other settings beyond the loss (catalogue column)
     requires: tuple[str, ...] = ()  # keys of SYSTEMS the trainer must provide
-    settings: Mapping[str, Mapping[str, object]] = field(
-        default_factory=dict, hash=False
-    )  # config defaults (section -> key -> value)
+    # config defaults (section -> key -> value)
+    settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - set(SYSTEMS)

@@ -22,9 +22,8 @@ class PolicyTerms:
     """What a policy objective returns: unreduced terms and per-token diagnostics."""
 
     loss: Tensor  # [N, T] per-token loss terms (= -J_it), 0 where mask is 0
-    metrics: dict[str, Tensor] = field(
-        default_factory=dict
-    )  # name -> [N, T] detached per-token values, to be mask-averaged
+    # name -> [N, T] detached per-token values, to be mask-averaged
+    metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 def token_metrics(mask: Tensor, dtype: torch.dtype, **values: Tensor) -> dict[str, Tensor]:

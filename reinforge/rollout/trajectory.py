@@ -33,10 +33,8 @@ class Segment:
     """Consecutive tokens of one producer."""
 
     role: Role
-    token_ids: torch.Tensor  # [L] long
-    sampler_logprobs: (
-        torch.Tensor
-    )  # [L] float: log-prob of each token under the distribution it was drawn from; 0 for environment tokens
+    token_ids: torch.Tensor          # [L] long
+    sampler_logprobs: torch.Tensor   # [L] float: log-prob under the distribution it was drawn from; 0 if environment
     versions: torch.Tensor           # [L] long: the policy version that sampled each token; -1 for environment tokens
 
     def __post_init__(self) -> None:

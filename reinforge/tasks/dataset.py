@@ -173,9 +173,8 @@ class DatasetTask(Task):
             loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid, defaults=defaults)
         except DatasetError as err:
             row = _ROW_ERROR.match(str(err))
-            if (
-                skip_invalid or row is None or int(row.group(2)) == 1
-            ):  # the first row: more likely the layout than one row
+            # the first row: more likely the layout than one row
+            if skip_invalid or row is None or int(row.group(2)) == 1:
                 raise
             # One bad row after good ones: say how to go on without it (each skipped row is still logged and counted).
             raise DatasetError(f"{err}; to skip such rows instead: task.options.skip_invalid=true") from None
