@@ -114,14 +114,9 @@ def pipeline(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="key=value for every stage, STAGE:key=value for one stage")
     ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it skips "
-                 "finished stages and resumes an interrupted one",
-        ),
+    out: Annotated[str | None, typer.Option(
+        "--out", "-o", help="Folder of the stages' run directories; default runs/<time>-<name>. Re-running into it "
+                            "skips finished stages and resumes an interrupted one")
     ] = None,
 ) -> None:
     """Multi-stage training: each stage a train run starting from the previous stage's model."""
@@ -231,13 +226,8 @@ def sweep(
     config: Annotated[
         str | None, typer.Option("--config", "-c", help="YAML file of settings shared by every run")
     ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Sweep folder; default sweeps/<time>. Re-running into the same folder skips finished runs",
-        ),
+    out: Annotated[str | None, typer.Option(
+        "--out", "-o", help="Sweep folder; default sweeps/<time>. Re-running into the same folder skips finished runs")
     ] = None,
     jobs: Annotated[
         int,

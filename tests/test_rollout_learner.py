@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -81,27 +82,11 @@ def _update_grads(policy, batch: LearnerBatch, spec, micro_batch_size: int, micr
     opt = build_optimizer(model, lr=1e-3)
     for group in opt.param_groups:
         group["lr"] = 0.0
-    policy_update(
-        model,
-        opt,
-        warmup_constant(opt, 0),
-        batch,
-        spec,
-        UpdateSettings(
-            ppo_epochs=1,
-            mini_batches=1,
-            grad_clip=1e9,
-            temperature=1.0,
-            forward=ForwardPlan(
-                micro_batch_size=micro_batch_size,
-                micro_batch_tokens=micro_batch_tokens,
-                chunk_size=logprob_chunk_size,
-                shared_prefix=shared_prefix,
-            ),
-            max_length=6,
-        ),
-        torch.Generator().manual_seed(0),
-    )
+    forward = ForwardPlan(micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
+                          chunk_size=logprob_chunk_size, shared_prefix=shared_prefix)
+    settings = UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e9, temperature=1.0, forward=forward,
+                              max_length=6)
+    policy_update(model, opt, warmup_constant(opt, 0), batch, spec, settings, torch.Generator().manual_seed(0))
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -170,22 +155,9 @@ def test_several_optimizer_steps_per_rollout_keep_old_logprobs_fixed(policy) -> 
     )
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-2)
-    stats = policy_update(
-        model,
-        opt,
-        warmup_constant(opt, 0),
-        batch,
-        spec,
-        UpdateSettings(
-            ppo_epochs=2,
-            mini_batches=2,
-            grad_clip=1.0,
-            temperature=1.0,
-            forward=ForwardPlan(micro_batch_size=3),
-            max_length=6,
-        ),
-        torch.Generator().manual_seed(0),
-    )
+    settings = UpdateSettings(ppo_epochs=2, mini_batches=2, grad_clip=1.0, temperature=1.0,
+                              forward=ForwardPlan(micro_batch_size=3), max_length=6)
+    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, settings, torch.Generator().manual_seed(0))
     assert stats.optimizer_steps == 4
     assert torch.equal(batch.old_logprobs, frozen)           # pi_old is the rollout-time policy throughout
     # The first mini-batch sees ratio 1 exactly; later ones see the moved policy against the fixed pi_old.
@@ -217,33 +189,14 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     model = copy.deepcopy(policy.model)
     opt = build_optimizer(model, lr=1e-3)
-    stats = policy_update(
-        model,
-        opt,
-        warmup_constant(opt, 0),
-        LearnerBatch(old_logprobs=None, **common),
-        spec,
-        UpdateSettings(forward=ForwardPlan(micro_batch_size=3), max_length=6),
-        torch.Generator().manual_seed(0),
-    )
+    settings = UpdateSettings(forward=ForwardPlan(micro_batch_size=3), max_length=6)
+    in_place_batch = LearnerBatch(old_logprobs=None, **common)
+    stats = policy_update(model, opt, warmup_constant(opt, 0), in_place_batch, spec, settings,
+                          torch.Generator().manual_seed(0))
     torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ppo_epochs = mini_batches = 1"):
-        policy_update(
-            model,
-            opt,
-            warmup_constant(opt, 0),
-            LearnerBatch(old_logprobs=None, **common),
-            spec,
-            UpdateSettings(
-                ppo_epochs=1,
-                mini_batches=2,
-                grad_clip=1.0,
-                temperature=1.0,
-                forward=ForwardPlan(micro_batch_size=3),
-                max_length=6,
-            ),
-            torch.Generator().manual_seed(0),
-        )
+        policy_update(model, opt, warmup_constant(opt, 0), in_place_batch, spec,
+                      dataclasses.replace(settings, mini_batches=2), torch.Generator().manual_seed(0))
 
 
 def _small_batch(policy, seed: int) -> tuple[LearnerBatch, object]:
@@ -265,17 +218,9 @@ def test_gradient_is_clipped_to_grad_clip_and_the_metric_is_the_norm_before(poli
     opt = build_optimizer(model, lr=1e-3)
     for group in opt.param_groups:
         group["lr"] = 0.0  # keep the weights: the clipped grads stay readable
-    stats = policy_update(
-        model,
-        opt,
-        warmup_constant(opt, 0),
-        batch,
-        spec,
-        UpdateSettings(
-            ppo_epochs=1, mini_batches=1, grad_clip=1e-3, temperature=1.0, forward=ForwardPlan(micro_batch_size=8)
-        ),
-        torch.Generator().manual_seed(0),
-    )
+    settings = UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e-3, temperature=1.0,
+                              forward=ForwardPlan(micro_batch_size=8))
+    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, settings, torch.Generator().manual_seed(0))
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])))
     assert stats.metrics["grad_norm"] > 1e-2                                     # clipping had work to do
     assert norm == pytest.approx(1e-3, rel=1e-4)                                  # ||g|| scaled down to grad_clip
