@@ -200,13 +200,9 @@ def preference_spec(cfg: Config) -> PreferenceSpec:
     changes = {k: v for k in ("beta", "loss_type", "label_smoothing") if (v := getattr(cfg.dpo, k)) is not None}
     spec = dataclasses.replace(objective, **changes)
     empty = torch.zeros(0)
-    preference_loss(
-        chosen_logprobs=empty,
-        rejected_logprobs=empty,
-        ref_chosen_logprobs=empty,
-        ref_rejected_logprobs=empty,
-        **dataclasses.asdict(spec),
-    )     # raises for a bad loss name or parameter
+    # raises for a bad loss name or parameter
+    preference_loss(chosen_logprobs=empty, rejected_logprobs=empty, ref_chosen_logprobs=empty,
+                    ref_rejected_logprobs=empty, **dataclasses.asdict(spec))
     return spec
 
 
