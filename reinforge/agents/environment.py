@@ -33,7 +33,7 @@ import torch
 
 from reinforge.errors import ConfigError
 from reinforge.objectives.common import resolve, unknown_name_error
-from reinforge.rewards.conventions import _module_from_file, import_user_function
+from reinforge.rewards.conventions import import_user_function, module_from_file
 from reinforge.rollout.trajectory import Segment, Trajectory
 
 KEY = "task.environment"
@@ -90,7 +90,7 @@ def _import(name: str) -> object:
                           f"working directory, {Path.cwd()})")
     try:
         if module_name.endswith(".py"):
-            module = _module_from_file(Path(module_name).expanduser().resolve())
+            module = module_from_file(Path(module_name).expanduser().resolve(), "environment file")
             return getattr(module, attr) if hasattr(module, attr) else _missing(name, module, attr)
         return import_user_function(name) or resolve({}, name, "environment")
     except ConfigError:
@@ -98,7 +98,7 @@ def _import(name: str) -> object:
     except ValueError as err:  # the importer's one-line reasons: no such module, no such name, a file that fails
         module = sys.modules.get(module_name)
         if module is None:
-            reason = str(err.__cause__ or err).replace("reward file", "file", 1)   # resolve() wraps the ImportError
+            reason = str(err.__cause__ or err)   # resolve() wraps the ImportError
             raise ConfigError(f"{KEY}={name!r} cannot be imported: {reason} (name a module on the Python path or in "
                               "the working directory, or a file as 'path/to/file.py:Class')") from None
         return getattr(module, attr) if hasattr(module, attr) else _missing(name, module, attr)

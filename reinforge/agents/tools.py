@@ -207,11 +207,7 @@ BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"python": python}
 @functools.cache
 def tool_function(spec: str) -> Callable[..., Any]:
     """The function a tool name names: a built-in, `path/to/file.py:function` or `module:function`."""
-    try:
-        fn = import_user_function(spec)
-    except ValueError as err:   # the shared resolver speaks of reward functions
-        raise ValueError(f"tool {spec!r}: {str(err).removeprefix(f'reward function {spec!r}: ')}") from None
-    return fn or resolve(BUILTIN_TOOLS, spec, "tool")
+    return import_user_function(spec, kind="tool") or resolve(BUILTIN_TOOLS, spec, "tool")
 
 
 def _load_tools(specs: tuple[str, ...]) -> None:

@@ -60,18 +60,19 @@ FORMS_HELP = (
 )
 
 
-def import_user_function(name: str) -> Callable[..., Any] | None:
+def import_user_function(name: str, kind: str = "reward function") -> Callable[..., Any] | None:
     """The function of a 'path/to/file.py:function' name (verl's custom_reward_function.path form),
     or of a 'module:function' whose module lies in the working directory; None for any other name
-    (the registry's resolver handles those, and its errors)."""
+    (the registry's resolver handles those, and its errors). `kind` names what is imported in the
+    errors (reward functions, tools)."""
     module_name, sep, attr = name.rpartition(":")
     if not sep or not module_name:
         return None
     if module_name.endswith(".py"):
         path = Path(module_name).expanduser().resolve()
         if not path.is_file():
-            raise ValueError(f"reward function {name!r}: file '{module_name}' does not exist")
-        module = _module_from_file(path)
+            raise ValueError(f"{kind} {name!r}: file '{module_name}' does not exist")
+        module = module_from_file(path, f"{kind.removesuffix(' function')} file")   # 'reward file', 'tool file'
     else:
         # `reinforge` is a console script: unlike `python -m`, it does not put the working directory on
         # sys.path, so my_rewards.py next to the user's data would not import.
@@ -87,13 +88,14 @@ def import_user_function(name: str) -> Callable[..., Any] | None:
                          and not k.startswith("_"))
         close = difflib.get_close_matches(attr, defined, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"reward function {name!r}: '{module_name}' has no function '{attr}'{hint} "
+        raise ValueError(f"{kind} {name!r}: '{module_name}' has no function '{attr}'{hint} "
                          f"(its functions: {', '.join(defined) or 'none'})")
     return fn
 
 
-def _module_from_file(path: Path) -> Any:
-    """The module of a file, loaded once per process (the composer resolves names again after the config check)."""
+def module_from_file(path: Path, label: str = "reward file") -> Any:
+    """The module of a file, loaded once per process (the composer resolves names again after the config check).
+    A file that fails to load is one ValueError line starting with `label` and the path."""
     key = f"reinforge_user_rewards_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     if key not in sys.modules:
         # As `python file.py` would: the file's folder is importable, so `from my_utils import ...` next to it works
@@ -109,7 +111,7 @@ def _module_from_file(path: Path) -> Any:
             del sys.modules[key]
             what = err.msg if isinstance(err, SyntaxError) else err  # its str() repeats the file and line
             raise ValueError(
-                f"reward file '{path}' failed to load: {_where(err, path)}{type(err).__name__}: {what}"
+                f"{label} '{path}' failed to load: {_where(err, path)}{type(err).__name__}: {what}"
             ) from None
         except BaseException:
             del sys.modules[key]
@@ -237,6 +239,7 @@ __all__ = [
     "unfilled_parameters",
     "FORMS_HELP",
     "import_user_function",
+    "module_from_file",
     "SAMPLE_INPUTS",
     "TRL_INPUTS",
     "VERL_INPUTS",
