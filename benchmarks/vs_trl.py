@@ -63,7 +63,7 @@ import torch
 import transformers
 
 from reinforge.config import Config, build_config
-from reinforge.loops.rl import StepRecord
+from reinforge.loops.loop import StepRecord
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.pipeline import prepare, seed_everything

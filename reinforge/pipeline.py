@@ -34,8 +34,8 @@ from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.loops.dpo import preference_pairs
-from reinforge.loops.loop import RLResult
-from reinforge.loops.rl import NonFiniteStop, RLState, StepRecord
+from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
+from reinforge.loops.rl import RLState
 from reinforge.models import Policy, load_policy, resolve_device
 from reinforge.models.decoder import check_native_model_type
 from reinforge.models.factory import check_model_dir

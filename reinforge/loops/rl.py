@@ -28,7 +28,7 @@ from reinforge.learner import (
 from reinforge.learner.critic import Critic
 from reinforge.loops.credit import CriticCredit, GroupCredit
 from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, Scores
-from reinforge.loops.loop import LoopState, NonFiniteStop, RLResult, StepRecord, Timed, train_rl
+from reinforge.loops.loop import LoopState, StepRecord, Timed
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
@@ -36,8 +36,6 @@ from reinforge.rollout import Rollout, SamplingParams
 from reinforge.settings import CriticConfig, TrainConfig
 from reinforge.tasks import Example
 from reinforge.telemetry.samples import StepSamples
-
-__all__ = ["Learner", "NonFiniteStop", "RLResult", "RLState", "StepRecord", "SyncBatches", "train_rl"]
 
 
 @dataclass(kw_only=True)
