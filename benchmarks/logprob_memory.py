@@ -159,14 +159,9 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "naive_peak_mb": round(naive_mb, 1),
-                "chunked_peak_mb": round(chunked_mb, 1),
-                "ratio": round(chunked_mb / naive_mb, 4),
-                "max_abs_diff": max_abs_diff,
-                "tokens": args.tokens,
-                "vocab": args.vocab,
-                "hidden": args.hidden,
-                "chunk_size": args.chunk_size,
+                "naive_peak_mb": round(naive_mb, 1), "chunked_peak_mb": round(chunked_mb, 1),
+                "ratio": round(chunked_mb / naive_mb, 4), "max_abs_diff": max_abs_diff, "tokens": args.tokens,
+                "vocab": args.vocab, "hidden": args.hidden, "chunk_size": args.chunk_size,
                 "naive_err_vs_fp64": fp64_err["naive"],
                 "chunked_err_vs_fp64": fp64_err["chunked"],
                 "naive_seconds": round(reports["naive"]["seconds"], 1),

@@ -271,12 +271,7 @@ def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy
 def _writers(cfg: Config, saved: LoadedCheckpoint | None, *, overwrite: bool) -> tuple[RunDir, Recorder]:
     run_dir = RunDir(cfg.output_dir, config_to_yaml(cfg), cfg.rollout, resume=saved is not None, overwrite=overwrite)
     return run_dir, Recorder(
-        run_dir,
-        cfg.log,
-        cfg.alerts,
-        recipe=cfg.recipe,
-        rl_steps=cfg.train.steps,
-        resolved=cfg.model_dump(mode="json"),
+        run_dir, cfg.log, cfg.alerts, recipe=cfg.recipe, rl_steps=cfg.train.steps, resolved=cfg.model_dump(mode="json"),
         saved=saved.meta["telemetry"] if saved is not None else None,
     )
 

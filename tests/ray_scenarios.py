@@ -53,12 +53,7 @@ def kill() -> dict:
     # fast workers could finish 0..19 first and the kill hit only requests no step takes).
     cfg = build_config(
         [
-            *MICRO,
-            *RAY,
-            "train.steps=4",
-            "sft.steps=0",
-            "rollout.max_new_tokens=8",
-            "rollout.max_batch_rows=4",
+            *MICRO, *RAY, "train.steps=4", "sft.steps=0", "rollout.max_new_tokens=8", "rollout.max_batch_rows=4",
             "train.max_staleness=1",
         ]
     )

@@ -56,13 +56,8 @@ def test_eta_zero_reproduces_the_synchronous_loop(micro_overrides, recipe):
     if recipe == "areal":    # areal's preset is async; its sync counterpart is the same loss under grpo's name
         sync_policy, sync_records = _run(
             [
-                *base,
-                "recipe=grpo",
-                "objective.policy_loss=decoupled_ppo",
-                "objective.kl_estimator=none",
-                "objective.kl_coef=0",
-                "objective.aggregation=token_mean",
-                "train.mode=sync",
+                *base, "recipe=grpo", "objective.policy_loss=decoupled_ppo", "objective.kl_estimator=none",
+                "objective.kl_coef=0", "objective.aggregation=token_mean", "train.mode=sync",
             ],
             "sync",
         )
@@ -95,14 +90,8 @@ def test_staleness_never_exceeds_eta_with_random_lengths(micro_overrides, in_fli
     eta = 2
     _, records = _run(
         [
-            *micro_overrides,
-            "recipe=areal",
-            f"train.max_staleness={eta}",
-            f"train.in_flight={in_flight}",
-            "train.steps=6",
-            "rollout.max_new_tokens=16",
-            "rollout.stop=['1','2','3']",
-            "sft.steps=0",
+            *micro_overrides, "recipe=areal", f"train.max_staleness={eta}", f"train.in_flight={in_flight}",
+            "train.steps=6", "rollout.max_new_tokens=16", "rollout.stop=['1','2','3']", "sft.steps=0",
         ],
         "async",
     )
@@ -122,11 +111,7 @@ def test_filtered_groups_are_replaced_under_active_refill(micro_overrides):
     requests fill the batch; the staleness bound still holds."""
     _, records = _run(
         [
-            *micro_overrides,
-            "recipe=olmo3",
-            "train.mode=async",
-            "train.max_staleness=1",
-            "sft.steps=0",
+            *micro_overrides, "recipe=olmo3", "train.mode=async", "train.max_staleness=1", "sft.steps=0",
             "rollout.max_new_tokens=6",
             "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
         ],

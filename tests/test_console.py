@@ -39,12 +39,7 @@ def test_config_lists_every_key_with_its_doc_and_default() -> None:
     keys = re.findall(r"^(\S+) = ", result.output, flags=re.MULTILINE)
     assert keys == [k.key for k in config_keys()]
     assert {
-        "seed",
-        "rollout.temperature",
-        "train.lr",
-        "log.samples_every",
-        "model.lora.r",
-        "reward.overlong.coef",
+        "seed", "rollout.temperature", "train.lr", "log.samples_every", "model.lora.r", "reward.overlong.coef",
     } <= set(keys)
     assert (
         "rollout.temperature = 1.0  (float)\n    Sampling temperature for training rollouts and pass@k evaluation.\n"

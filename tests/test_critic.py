@@ -167,13 +167,8 @@ def test_a_critic_run_resumes_exactly(tmp_path: Path, micro_overrides, monkeypat
     # seed 1: the micro model's samples vary in length in both pre-training steps (vapo's dynamic
     # sampling drops groups whose rewards are all equal, and a step with none left logs nothing).
     args = [
-        *micro_overrides,
-        "seed=1",
-        f"recipe={recipe}",
-        "train.steps=4",
-        "checkpoint.every=1",
-        "objective.value={pretrain_steps: 2}",
-        "train.lr=1e-3",
+        *micro_overrides, "seed=1", f"recipe={recipe}", "train.steps=4", "checkpoint.every=1",
+        "objective.value={pretrain_steps: 2}", "train.lr=1e-3",
         "reward.functions=[{name: verifier}, {name: length_penalty, params: {target: 2}}]",
     ]
     whole = run(build_config([*args, f"output_dir={tmp_path / 'whole'}"]))

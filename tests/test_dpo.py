@@ -336,11 +336,7 @@ def test_reinforge_train_recipe_dpo_end_to_end(tmp_path, micro_overrides) -> Non
     refused = CliRunner().invoke(
         app,
         [
-            "train",
-            *micro_overrides,
-            "recipe=dpo",
-            "dpo.pairs=dataset",
-            f"dpo.pairs_path={bad}",
+            "train", *micro_overrides, "recipe=dpo", "dpo.pairs=dataset", f"dpo.pairs_path={bad}",
             f"output_dir={tmp_path / 'bad'}",
         ],
     )

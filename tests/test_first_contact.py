@@ -45,14 +45,8 @@ def llama_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=128,
-            pad_token_id=tok.pad_token_id,
+            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
         )
     )

@@ -181,12 +181,7 @@ def test_sft_and_rl_updates_move_only_the_adapters(micro_overrides) -> None:
         ref_logprobs=reference.logprobs(seq, 1.0, PLAN),
     )
     stats = policy_update(
-        policy.model,
-        optimizer,
-        warmup_constant(optimizer, 0),
-        batch,
-        spec,
-        UpdateSettings(forward=PLAN),
+        policy.model, optimizer, warmup_constant(optimizer, 0), batch, spec, UpdateSettings(forward=PLAN),
         torch.Generator().manual_seed(0),
     )
     assert stats.optimizer_steps == 1

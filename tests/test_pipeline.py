@@ -42,15 +42,8 @@ def test_three_step_run_writes_a_complete_run_dir(
     rl = [r for r in lines if r["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3]
     for key in (
-        "reward_mean",
-        "response_length_mean",
-        "entropy",
-        "clip_frac",
-        "grad_norm",
-        "lr",
-        "tokens_per_s",
-        "step_seconds",
-        "mismatch_abs_diff_max",
+        "reward_mean", "response_length_mean", "entropy", "clip_frac", "grad_norm", "lr", "tokens_per_s",
+        "step_seconds", "mismatch_abs_diff_max",
     ):
         assert all(key in r for r in rl), key
     assert all(_finite(r) for r in lines)

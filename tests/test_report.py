@@ -85,16 +85,8 @@ def test_report_of_a_real_run_shows_its_numbers_plots_and_alerts(tmp_path: Path,
     summary = json.loads((out / "summary.json").read_text())
     start, final = summary["eval"]["start"], summary["eval"]["final"]
     assert _row(page, "grpo seed 0") == [
-        "grpo seed 0",
-        "grpo",
-        "0",
-        "3",
-        "done",
-        fmt(start["pass@1"]),
-        fmt(final["pass@1"]),
-        fmt(start["greedy_accuracy"]),
-        fmt(final["greedy_accuracy"]),
-        fmt(final["pass@k"]["2"]),
+        "grpo seed 0", "grpo", "0", "3", "done", fmt(start["pass@1"]), fmt(final["pass@1"]),
+        fmt(start["greedy_accuracy"]), fmt(final["greedy_accuracy"]), fmt(final["pass@k"]["2"]),
         fmt(final["pass@k"]["4"]),
     ]
     alerts = (

@@ -121,11 +121,7 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
     # 24 tokens: a few rows per micro-batch; chunk 5: the LM head in chunks of 5 tokens (learner.logprobs);
     # shared: each prompt once per micro-batch (learner.shared_prefix), whole groups or split ones.
     for size, tokens, chunk, shared in (
-        (1, None, 0, False),
-        (3, None, 0, False),
-        (8, 24, 0, False),
-        (3, None, 5, False),
-        (8, None, 0, True),
+        (1, None, 0, False), (3, None, 0, False), (8, 24, 0, False), (3, None, 5, False), (8, None, 0, True),
         (3, None, 5, True),
     ):
         split = _update_grads(policy, batch, spec, micro_batch_size=size, micro_batch_tokens=tokens,

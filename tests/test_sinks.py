@@ -81,13 +81,7 @@ def wandb_offline(tmp_path, monkeypatch) -> None:
     """Offline W&B that reads no credentials and writes nothing outside tmp_path."""
     pytest.importorskip("wandb")
     for name in (
-        "WANDB_API_KEY",
-        "WANDB_DISABLED",
-        "WANDB_DIR",
-        "WANDB_RUN_ID",
-        "WANDB_RESUME",
-        "WANDB_PROJECT",
-        "WANDB_ENTITY",
+        "WANDB_API_KEY", "WANDB_DISABLED", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_PROJECT", "WANDB_ENTITY",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")

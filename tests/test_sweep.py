@@ -106,11 +106,7 @@ def test_groups_are_summarised_with_sample_std() -> None:
         _run("dr_grpo", 0, 0.3, 0.2, 0.2, 0.4),
         _run("dr_grpo", 1, 0.3, 0.3, 0.3, 0.5),
         SweepRun(
-            name="dr_grpo-2",
-            path=Path("x"),
-            overrides=[],
-            axes={"recipe": "dr_grpo", "seed": "2"},
-            status="failed",
+            name="dr_grpo-2", path=Path("x"), overrides=[], axes={"recipe": "dr_grpo", "seed": "2"}, status="failed",
             error="boom",
         ),
     ]

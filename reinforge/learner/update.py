@@ -144,12 +144,8 @@ class UpdateSettings:
     @classmethod
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
         return cls(
-            ppo_epochs=train.ppo_epochs,
-            mini_batches=train.mini_batches,
-            grad_clip=train.grad_clip,
-            temperature=rollout.temperature,
-            forward=ForwardPlan.from_config(train),
-            max_length=rollout.max_new_tokens,
+            ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
+            temperature=rollout.temperature, forward=ForwardPlan.from_config(train), max_length=rollout.max_new_tokens,
         )
 
 
@@ -235,13 +231,8 @@ def policy_update(
 
 
 def _accumulate(
-    model: torch.nn.Module,
-    batch: LearnerBatch,
-    mb: torch.Tensor,
-    old_all: torch.Tensor,
-    spec: ObjectiveSpec,
-    settings: UpdateSettings,
-    means: _Means,
+    model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
+    settings: UpdateSettings, means: _Means,
 ) -> bool:
     """The gradient of mini-batch `mb`'s loss into `.grad`, micro-batch by micro-batch; whether the loss was finite.
     A `None` pi_old (`old_all` zeros) is taken from these forwards: no step has been taken yet."""

@@ -162,15 +162,8 @@ class OnPolicyPairs(PairSource):
     """Pairs from the current policy's samples and the task's verifier (dpo.pairs=on_policy)."""
 
     def __init__(
-        self,
-        pool: PromptStream,
-        engine: RolloutEngine,
-        task: Task,
-        sampling: SamplingParams,
-        prompts_per_step: int,
-        group_size: int,
-        pairs_per_prompt: int,
-        pad_id: int,
+        self, pool: PromptStream, engine: RolloutEngine, task: Task, sampling: SamplingParams, prompts_per_step: int,
+        group_size: int, pairs_per_prompt: int, pad_id: int,
     ):
         self.clock = Timed()
         self.pool, self.engine, self.task, self.sampling = pool, engine, task, sampling

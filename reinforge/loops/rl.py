@@ -183,12 +183,7 @@ class Learner:
     def __init__(self, policy: Policy, spec: ObjectiveSpec, update: UpdateSettings, sampling: SamplingParams,
                  dp: DataParallel, max_nonfinite_steps: int):
         self.policy, self.model, self.spec, self.update, self.sampling, self.dp = (
-            policy,
-            policy.model,
-            spec,
-            update,
-            sampling,
-            dp,
+            policy, policy.model, spec, update, sampling, dp,
         )
         self.max_nonfinite_steps = max_nonfinite_steps
         self.old_before_update = (update.ppo_epochs * update.mini_batches > 1

@@ -31,12 +31,7 @@ WEIGHT_FILES = (
 # One of these is a tokenizer's vocabulary (tokenizer_config.json alone is not: transformers then
 # builds an empty tokenizer, and generation fails much later on empty prompts).
 TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
+    "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
 )
 
 
