@@ -14,6 +14,7 @@ config_input.py).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from pathlib import Path
@@ -57,12 +58,21 @@ class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
         description=(
-            "Task: arithmetic, countdown, or dataset (problems from a JSONL/Parquet/datasets file, options path and "
-            "verifier; see reinforge.tasks.dataset)."
+            "Task: arithmetic, countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
+            "dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see "
+            "reinforge.tasks.dataset)."
         ),
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of the task's constructor, e.g. digits=3 for arithmetic."
+    )
+    environment: str | None = Field(
+        None,
+        description=(
+            "A multi-turn environment, 'module:Class' or 'path/to/file.py:Class': a class with reset(row) -> "
+            "messages and step(text) -> (messages, reward, done), constructed with no arguments per trajectory "
+            "(docs/agents.md). Its return is the reward. None: single-turn, or tools (rollout.tools)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -153,6 +163,15 @@ def recipe_preset(name: str) -> dict[str, Any]:
     return load_yaml(path) if path.is_file() else {}
 
 
+def task_preset(user: dict[str, Any]) -> dict[str, Any]:
+    """The config values the named task runs best with (`Task.preset`): under the recipe's and the user's."""
+    from reinforge.tasks import TASKS
+
+    task = user.get("task") if isinstance(user.get("task"), dict) else {}
+    name = task.get("name", TaskConfig.model_fields["name"].default)
+    return copy.deepcopy(TASKS[name].preset) if name in TASKS else {}
+
+
 def build_config(overrides: list[str] | None = None, config_file: str | None = None, *,
                  architecture_of: str | None = None) -> Config:
     """Resolve defaults, recipe preset, YAML file and overrides into one validated Config, fitted to
@@ -167,7 +186,7 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
     merged_user = deep_merge(user, cli)
     check_keys(merged_user, Config)
     recipe = merged_user.get("recipe", Config.model_fields["recipe"].default)
-    preset = recipe_preset(str(recipe))
+    preset = deep_merge(task_preset(merged_user), recipe_preset(str(recipe)))
     check_keys(preset, Config, prefix=f"recipes/{recipe}.yaml: ")
     try:
         cfg = Config.model_validate(deep_merge(preset, merged_user))

@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
+from reinforge.agents.rollout import AgentEngine
+from reinforge.agents.setup import build_agent, check_agent
 from reinforge.config import Config, config_to_yaml, format_validation_error, load_yaml
 from reinforge.distributed import (
     LearnerGroup,
@@ -110,6 +112,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         task.teacher_completion(first[0], rng)
         if cfg.sft.corrupt_fraction > 0:
             task.corrupt_completion(first[0], rng)
+    check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
     check_reward_inputs(cfg.reward, task.train_split(1)[0])   # a required parameter nothing fills: before any load
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
@@ -229,6 +232,8 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
         # The engine reads the policy's weights at every call, so it can be built before SFT
         # (rejection-sampling SFT samples from the model it then trains).
         engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+        # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
+        engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task) or engine
         hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
         rl = _train(cfg, hooks, engine, spec, saved, run_dir)
         summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)
@@ -389,6 +394,10 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
         "wall_seconds": time.perf_counter() - t_start,
         "eval": {"start": hooks.start.to_summary(), "final": final.to_summary()},
     }
+    if isinstance(hooks.evaluator, AgentEngine) and hooks.evaluator.tools is not None:
+        # The same model with no tool to call: one turn each, what the tools add is the difference.
+        alone = _evaluate(cfg, hooks.evaluator.engine, hooks.task, hooks.held_out, "eval (final, no tools)")
+        summary["eval"]["final_without_tools"] = alone.to_summary()
     run_dir.write_summary(summary)
     return summary
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
+from reinforge.agents.rollout import AgentEngine
 from reinforge.config import Config
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
@@ -264,7 +265,8 @@ def run_sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -
             bar.set_postfix(loss=f"{loss:.3f}")
 
     sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
-                  forward=ForwardPlan.from_config(cfg.train))
+                  forward=ForwardPlan.from_config(cfg.train),
+                  renderer=engine.renderer if isinstance(engine, AgentEngine) else None)
     bar.close()
     summary = {
         "source": cfg.sft.source,

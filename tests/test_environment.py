@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.agents.environment import (
+from reinforge.agents.environment import load_environment
+from reinforge.agents.episode import (
     STOP_REASONS,
     Episode,
     EpisodeLimits,
     EpisodeResult,
     EpisodeStats,
     GeneratedTurn,
-    load_environment,
 )
 from reinforge.errors import ConfigError
 
@@ -307,7 +307,7 @@ def test_load_environment_from_a_file_and_a_module(game_file: Path, monkeypatch:
     ("{dir}/nothere.py:Game", "file '.*nothere.py' does not exist"),
     ("Game", "is not 'module:Class' or 'path/to/file.py:Class'"),
     ("reinforge_no_such_module:Game", "cannot be imported: No module named 'reinforge_no_such_module'"),
-    ("reinforge.agents.environment:EpisodeLimits", "EpisodeLimits.reset is missing"),
+    ("reinforge.agents.episode:EpisodeLimits", "EpisodeLimits.reset is missing"),
 ])
 def test_load_environment_refuses_what_the_protocol_cannot_run(game_file: Path, target: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as raised:

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from reinforge.eval.passk import pass_at_k_curve
-from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
+from reinforge.rollout.base import environment_returns
 from reinforge.tasks import Example, Task
 
 
@@ -32,6 +33,15 @@ class EvalResult:
         """The inverse of `to_summary`."""
         out = dict(summary)
         return cls(pass_at_1=out.pop("pass@1"), pass_at_k=out.pop("pass@k"), **out)
+
+
+def _correct(task: Task, examples: list[Example], rollout: Rollout) -> list[bool]:
+    """Row r is right: the task's verifier accepts its text (the last turn of an episode with tools), or
+    the environment's return is positive (episodes of task.environment)."""
+    returns = environment_returns(rollout)
+    if returns is not None:
+        return [bool(r > 0) for r in returns]
+    return [task.reward(e, t) >= 1.0 for e, t in zip(examples, rollout.texts, strict=True)]
 
 
 def evaluate(
@@ -58,11 +68,9 @@ def evaluate(
             prompts = [e.prompt for e in chunk]
             sampled = engine.generate(prompts, num_samples, sampling)
             total_len += float(sampled.lengths.sum())
-            for i, example in enumerate(chunk):
-                texts = sampled.texts[i * num_samples : (i + 1) * num_samples]
-                correct_counts.append(sum(task.reward(example, t) >= 1.0 for t in texts))
-            best = engine.generate(prompts, 1, greedy)
-            greedy_correct += sum(task.reward(e, t) >= 1.0 for e, t in zip(chunk, best.texts, strict=True))
+            right = _correct(task, [e for e in chunk for _ in range(num_samples)], sampled)
+            correct_counts += [sum(right[i * num_samples : (i + 1) * num_samples]) for i in range(len(chunk))]
+            greedy_correct += sum(_correct(task, chunk, engine.generate(prompts, 1, greedy)))
             if on_batch is not None:
                 on_batch(len(chunk))
     n = len(examples)

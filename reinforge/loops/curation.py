@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 
+from reinforge.agents.rollout import agent_metrics
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.rollout.base import concat_rollouts
 from reinforge.settings import CurationConfig
@@ -153,11 +154,13 @@ class CuratedBatch:
 
 
 def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
-    """What the sampled batch looked like before curation: reward (of the valid samples), length,
-    degenerate groups."""
+    """What the sampled batch looked like before curation: reward (of the valid samples), length (the
+    model's tokens), degenerate groups; for multi-turn episodes their turns, tools and stops (env/*, tools/*)."""
     rewards = groups.rewards[groups.valid]
     lengths, correct = rollout.lengths.float(), groups.correct.flatten()
+    episodes = agent_metrics(rollout.episodes) if rollout.episodes is not None else {}
     return {
+        **episodes,
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "response_length_mean": float(lengths.mean()),
@@ -186,6 +189,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         group_ids=groups,
         policy_version=rollout.policy_version,
         texts=[rollout.texts[i] for i in index],
+        episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
     )
 
 

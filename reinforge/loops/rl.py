@@ -33,6 +33,7 @@ from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
+from reinforge.rollout.base import environment_returns
 from reinforge.settings import CriticConfig, TrainConfig
 from reinforge.tasks import Example
 from reinforge.telemetry.samples import StepSamples
@@ -85,9 +86,16 @@ class RLState(LoopState):
 
 
 def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list[Example], Rollout], Scores]:
-    """The configured reward functions (cfg.reward) as the reward; row r belongs to examples[r // group_size]."""
+    """The configured reward functions (cfg.reward) as the reward; row r belongs to examples[r // group_size].
+    The episodes of an environment (task.environment) are scored by the environment: their returns."""
 
     def score(examples: list[Example], rollout: Rollout) -> Scores:
+        returns = environment_returns(rollout)
+        if returns is not None:      # episodes of an environment: their return is the reward
+            valid = ~returns.isnan()
+            return Scores(rewards=returns, valid=valid, correct=returns > 0,
+                          metrics={"reward/environment_mean": float(returns[valid].mean()) if valid.any() else 0.0},
+                          parts={"environment": returns})
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
         correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0

@@ -1,7 +1,8 @@
 """Supervised fine-tuning on (prompt, completion) pairs: the cold start.
 
 The loss is the token-mean negative log-likelihood of the completion tokens
-(eos included); prompt tokens are context only.
+(eos included); prompt tokens are context only, and so are the tools' results
+inside a multi-turn trace.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.agents.render import Renderer, trace_tokens
+from reinforge.data.chat import Conversation
 from reinforge.learner import (
     build_optimizer,
     build_sequences,
@@ -43,6 +46,23 @@ def tokenize_pairs(
     return prompts, completions
 
 
+def tokenize_traces(policy: Policy, examples: list[SFTExample], chat_template: str,
+                    renderer: Renderer | None) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
+    """(prompt ids, completion ids, loss mask) of each trace: a multi-turn one (`turns`) as the agent
+    rollout holds it (the tools' results in the context, out of the loss), a plain one as a pair."""
+    prompts, completions = tokenize_pairs(policy, examples, chat_template)
+    masks = [[1.0] * len(c) for c in completions]
+    for i, e in enumerate(examples):
+        if e.turns:
+            if renderer is None:
+                raise ValueError("a multi-turn SFT trace needs the agent renderer (rollout.tools or task.environment)")
+            opening = e.prompt.as_list() if isinstance(e.prompt, Conversation) else [{"role": "user",
+                                                                                        "content": str(e.prompt)}]
+            prompts[i], completions[i], masks[i] = trace_tokens(renderer, opening, list(e.turns),
+                                                                policy.tokenizer.eos_token_id)
+    return prompts, completions, masks
+
+
 def run_sft(
     policy: Policy,
     examples: list[SFTExample],
@@ -52,21 +72,25 @@ def run_sft(
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
     forward: ForwardPlan | None = None,
+    renderer: Renderer | None = None,
 ) -> SFTResult:
     """`cfg.steps` AdamW steps of `cfg.batch_size` traces each, one forward per step. `forward`
     chooses the learner's forward path as in RL (ForwardPlan.from_config(train): the pipeline runs
     SFT through the shared-prompt forward, each trace its own group, whose fused CPU kernels make it
     the fastest; default the model's own forward)."""
     forward = forward or ForwardPlan()
-    prompts, completions = tokenize_pairs(policy, examples, chat_template)
+    prompts, completions, trained = tokenize_traces(policy, examples, chat_template, renderer)
     width = max(len(c) for c in completions)
     completion_ids = torch.full((len(completions), width), policy.tokenizer.pad_token_id, dtype=torch.long)
     completion_mask = torch.zeros(len(completions), width)
-    for i, c in enumerate(completions):
+    loss_mask = torch.zeros(len(completions), width)
+    for i, (c, m) in enumerate(zip(completions, trained, strict=True)):
         completion_ids[i, : len(c)] = torch.tensor(c)
         completion_mask[i, : len(c)] = 1.0
+        loss_mask[i, : len(c)] = torch.tensor(m)
     data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id,
-                           group_ids=torch.arange(len(completions)))     # each trace its own group
+                           group_ids=torch.arange(len(completions)),     # each trace its own group
+                           loss_mask=None if bool((loss_mask == completion_mask).all()) else loss_mask)
 
     model = policy.model
     device = model_device(model)

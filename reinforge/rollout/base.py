@@ -7,7 +7,7 @@ between processes), so every field is documented and shape-annotated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,9 @@ class Rollout:
     group_ids: torch.Tensor              # [N] long, index of the prompt in the batch
     policy_version: int                  # optimizer steps the generating weights had taken
     texts: list[str]                     # [N] decoded completions, special tokens removed
+    # [N] multi-turn rows: how each episode went (reinforge.agents.rollout.AgentRow: its conversation,
+    # turns, tool calls, the environment's return); None for single-turn rollouts.
+    episodes: list[Any] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -56,6 +59,14 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:   # [N] completion tokens per row
         return self.completion_mask.sum(dim=1)
+
+
+def environment_returns(rollout: Rollout) -> torch.Tensor | None:
+    """[N] float: the return of each row's episode when an environment scores them (NaN where the episode
+    failed); None when the reward functions score the rows (single-turn, or tools)."""
+    if rollout.episodes is None or any(e.reward is None for e in rollout.episodes):
+        return None
+    return torch.tensor([e.reward for e in rollout.episodes], dtype=torch.float)
 
 
 class RolloutEngine(Protocol):
@@ -91,4 +102,5 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         group_ids=torch.cat(groups),
         policy_version=min(p.policy_version for p in parts),
         texts=[t for p in parts for t in p.texts],
+        episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
     )

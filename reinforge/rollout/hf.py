@@ -28,14 +28,20 @@ class HFEngine:
                  generator: torch.Generator | None = None) -> Rollout:
         """`group_size` samples of each prompt. `generate` draws from torch's global generator: with
         `generator` given, it is seeded from it first, so the draws follow `generator`'s state."""
+        prompt_ids = encode_prompts(self.policy.tokenizer, prompts, self.chat_template)
+        return self.generate_ids(prompt_ids, group_size, params, policy_version, generator)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
+                     policy_version: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        """`generate` of prompts given as token ids (a multi-turn rollout's contexts)."""
         if generator is not None:
             torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
         model, tokenizer = self.policy.model, self.policy.tokenizer
-        prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
         pad_id = tokenizer.pad_token_id
         width = max(len(p) for p in prompt_ids)
         # Left padding: every prompt ends at the same column, where decoding starts.
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for i, ids in enumerate(prompt_ids):
             input_ids[i, width - len(ids):] = torch.tensor(ids)

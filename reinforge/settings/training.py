@@ -175,6 +175,34 @@ class RolloutConfig(Section):
         default_factory=list,
         description="Stop strings: a completion ends with the token that completes one (eos always ends it).",
     )
+    tools: list[str] | None = Field(
+        None,
+        description=(
+            "Tools the model may call, making each sample a multi-turn episode (docs/agents.md): 'python' (the code "
+            "sandbox), 'module:function' or 'path/to/file.py:function' (a typed function with a docstring, the "
+            "transformers chat-template convention). None: the task's own (multiply_tool: its calculator); []: none."
+        ),
+    )
+    tool_parser: str = Field(
+        "auto", description="How tool calls are read from the model's text: hermes, or auto (from the chat template)."
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit of one tool call; a late call is stopped.")
+    tool_max_chars: int = Field(4096, ge=100, description="A tool's result is cut to this many characters.")
+    max_tool_calls: int = Field(4, ge=1, description="Tool calls per trajectory; a call past it ends the trajectory.")
+    max_turns: int = Field(8, ge=1, description="Multi-turn: model turns per trajectory (each up to max_new_tokens).")
+    max_model_tokens: int | None = Field(
+        None, gt=0, description="Multi-turn: the model's tokens per trajectory, all turns (None: no limit)."
+    )
+    max_environment_tokens: int | None = Field(
+        None, ge=0, description="Multi-turn: tool-result and reply tokens per trajectory (None: no limit)."
+    )
+    continuation: bool = Field(
+        True,
+        description=(
+            "Multi-turn on the native engine: a trajectory goes on from its cached keys/values after a tool result "
+            "or reply (the prompt and earlier turns are not recomputed). false: each turn re-prefills its context."
+        ),
+    )
 
 
 class TrainConfig(Section):

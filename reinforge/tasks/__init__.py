@@ -8,11 +8,13 @@ from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.base import Example, SFTExample, Task
 from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.dataset import DatasetTask
+from reinforge.tasks.multiply_tool import MultiplyToolTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
     CountdownTask.name: CountdownTask,
     DatasetTask.name: DatasetTask,
+    MultiplyToolTask.name: MultiplyToolTask,
 }
 
 

@@ -48,12 +48,21 @@ class SFTExample:
     prompt: str
     completion: str
     correct: bool
+    # A multi-turn trace (a task with tools): the conversation after the prompt, the model's turns
+    # (role assistant, trained on) and the tools' results (context only); `completion` is its last turn.
+    turns: tuple[dict[str, str], ...] = ()
 
 
 class Task(ABC):
     """A family of problems with a verifier. Subclasses set `name`."""
 
     name: str
+    # The tools its problems are meant to be solved with (rollout.tools when that is not given), and
+    # whether this run gives them (set by the pipeline): then SFT traces are conversations (`teacher_turns`).
+    tools: tuple[str, ...] = ()
+    use_tools: bool = False
+    # Config values this task runs best with, under the recipe and the user's (a nested dict like a YAML file).
+    preset: dict[str, Any] = {}
 
     def __init__(self, seed: int = 0, eval_fraction: float = 0.2) -> None:
         if not 0.0 < eval_fraction < 1.0:
@@ -91,6 +100,14 @@ class Task(ABC):
     def corrupt_completion(self, example: Example, rng: random.Random) -> str:
         """A plausible but wrong completion (reward 0.0 guaranteed)."""
 
+    def teacher_turns(self, example: Example, rng: random.Random) -> list[dict[str, str]] | None:
+        """A correct multi-turn trace with the task's tools (see SFTExample.turns); None: the task has none."""
+        return None
+
+    def corrupt_turns(self, example: Example, rng: random.Random) -> list[dict[str, str]] | None:
+        """A plausible but wrong multi-turn trace; None: the task has none."""
+        return None
+
     # ----------------------------------------------------------------- splits
 
     # prompt.system (set by the pipeline): a system message put before every prompt the splits and
@@ -104,6 +121,10 @@ class Task(ABC):
     def eval_split(self, n: int) -> list[Example]:
         """The first `n` examples of the held-out split."""
         return self._with_system(self._take("eval", n))
+
+    def drawn(self) -> list[Example]:
+        """Every example drawn so far, train then held-out, as the splits hand them out."""
+        return self._with_system(self._splits["train"] + self._splits["eval"])
 
     def _with_system(self, examples: list[Example]) -> list[Example]:
         if self.system is None:
@@ -177,8 +198,12 @@ class Task(ABC):
                 rng.shuffle(order)
             example = order.pop()
             prompt = self._with_system([example])[0].prompt
-            if rng.random() < corrupt_fraction:
-                out.append(SFTExample(prompt, self.corrupt_completion(example, rng), False))
-            else:
+            correct = rng.random() >= corrupt_fraction
+            turns = (self.teacher_turns if correct else self.corrupt_turns)(example, rng) if self.use_tools else None
+            if turns is not None:
+                out.append(SFTExample(prompt, turns[-1]["content"], correct, tuple(turns)))
+            elif correct:
                 out.append(SFTExample(prompt, self.teacher_completion(example, rng), True))
+            else:
+                out.append(SFTExample(prompt, self.corrupt_completion(example, rng), False))
         return out

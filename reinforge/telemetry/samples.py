@@ -79,6 +79,10 @@ def pick_samples(step: int, batch: StepSamples, k: int) -> list[dict]:
             "trained": bool(batch.trained[r]),
             "truncated": bool(rollout.truncated[r]),
         })
+        if rollout.episodes is not None:     # a multi-turn row: the whole conversation, with roles
+            episode = rollout.episodes[r]
+            out[-1].update({"trajectory": episode.transcript(), "turns": episode.result.turns,
+                            "stop_reason": episode.result.stop_reason, "error": episode.result.error})
     return out
 
 

@@ -1,0 +1,106 @@
+"""Conversations as the model's tokens: the opening prompt, and the tokens an environment's reply
+adds after a model turn.
+
+With a chat template (the tokenizer has one and prompt.chat_template allows it) both are the
+template's own rendering, with the tools' schemas passed as `apply_chat_template(..., tools=...)`
+so the system prompt lists them as the model family expects. A reply's tokens are what the template
+writes between the end of the model's turn and the start of the next: the end-of-turn marker the
+model did not write itself (it stopped on `</tool_call>` rather than its end token), the reply
+messages, and the next generation prompt. They are found by rendering the conversation with a
+sentinel as the model's turn and cutting at it, because the template's text for the model's turn
+need not equal the text the model sampled (whitespace, stripped reasoning), while the context the
+engine continues is the tokens it sampled.
+
+Without a template (the built-in character model) the conversation is plain text: the opening
+messages' contents joined by newlines, a tool's result as `<tool_response>...</tool_response>`
+(the Hermes form) and any other reply message as its content and a newline.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from reinforge.agents.episode import Message
+from reinforge.rollout.prompts import use_chat_template
+
+_SENTINEL = "\u2063REINFORGE-TURN\u2063"
+
+
+class Renderer:
+    """A tokenizer's rendering of agent conversations (see the module docstring)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto", tools: list[dict] | None = None,
+                 eos_token_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.templated = use_chat_template(tokenizer, chat_template)
+        self.tools = tools or None
+        self.eos_ids = set(eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, messages: list[Message]) -> list[int]:
+        """The opening messages with the generation prompt."""
+        if not self.templated:
+            return self.encode("\n".join(str(m["content"]) for m in messages))
+        return self.encode(self._template(messages, generation_prompt=True))
+
+    def reply(self, before: list[Message], after: list[Message], turn_ids: list[int]) -> list[int]:
+        """The tokens after the model's turn (`turn_ids`, the last message of `before`) when the reply
+        extends the conversation from `before` to `after`, through the next turn's generation prompt."""
+        reply = after[len(before):]
+        if not self.templated:
+            return self.encode("".join(_plain(m) for m in reply))
+        probe = [*before[:-1], {**before[-1], "content": _SENTINEL}]
+        closed = self._template(probe, generation_prompt=False)
+        opened = self._template(probe + reply, generation_prompt=True)
+        cut = closed.rindex(_SENTINEL) + len(_SENTINEL)
+        if not opened.startswith(closed[:cut]):
+            raise ValueError("the chat template renders the earlier turns differently once a reply follows; "
+                             "multi-turn rollouts need a template whose rendering of a conversation is a prefix "
+                             "of its rendering of the same conversation continued")
+        trailer = opened[cut:]
+        if turn_ids and turn_ids[-1] in self.eos_ids:
+            # The model ended its turn with its end token, which the template writes right after the content.
+            end = self.tokenizer.decode([turn_ids[-1]])
+            if trailer.startswith(end):
+                trailer = trailer[len(end):]
+        return self.encode(trailer)
+
+    def _template(self, messages: list[Message], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+
+def _plain(message: Message) -> str:
+    if message["role"] == "tool":
+        return f"<tool_response>{message['content']}</tool_response>"
+    return f"{message['content']}\n"
+
+
+def trace_tokens(renderer: Renderer, opening: list[Message], turns: list[Message],
+                 eos_id: int) -> tuple[list[int], list[int], list[float]]:
+    """A teacher's conversation as the rollout would hold it: (prompt ids, completion ids, loss mask).
+    Each model turn is its content's tokens and `eos_id` (trained on); each run of other messages is the
+    reply the renderer writes after the turn before it (context only)."""
+    prompt = renderer.prompt(opening)
+    completion: list[int] = []
+    trained: list[float] = []
+    messages, last_turn, at = list(opening), [], 0
+    while at < len(turns):
+        if turns[at]["role"] == "assistant":
+            last_turn = renderer.encode(str(turns[at]["content"])) + [eos_id]
+            messages.append(turns[at])
+            completion += last_turn
+            trained += [1.0] * len(last_turn)
+            at += 1
+            continue
+        end = at
+        while end < len(turns) and turns[end]["role"] != "assistant":
+            end += 1
+        reply = renderer.reply(messages, messages + list(turns[at:end]), last_turn)
+        messages += list(turns[at:end])
+        completion += reply
+        trained += [0.0] * len(reply)
+        at = end
+    return prompt, completion, trained

@@ -1,0 +1,152 @@
+"""Multiplication with a calculator tool: "123*456=" -> a `calculator` call, its result, the answer.
+
+The built-in agentic task. Multiplying two 3-digit numbers in one pass is beyond the tiny
+built-in model (it cannot carry through a six-digit product from a few thousand SFT traces), but
+copying the expression into a tool call and the tool's result into the answer is within its
+reach: the model learns to use the tool. Its teacher traces are conversations, the model's turns
+and the tool's results (the results are context, not trained on); without tools
+(`rollout.tools=[]`) the teacher answers directly, which is the baseline the tool beats.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from reinforge.rewards.arithmetic import verify_integer
+from reinforge.tasks.arithmetic import ArithmeticTask, _change_one_digit
+from reinforge.tasks.base import Example
+
+TOOL = "reinforge.tasks.multiply_tool:calculator"
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an integer arithmetic expression with +, -, * and parentheses.
+
+    Args:
+        expression: The expression, for example "123*456" or "(12+3)*4".
+    """
+    parser = _Parser(expression.replace(" ", ""))
+    value = parser.sum()
+    if parser.at != len(parser.text):
+        raise ValueError(f"unexpected {parser.text[parser.at]!r} at position {parser.at} of {expression!r}")
+    return str(value)
+
+
+class _Parser:
+    """Recursive descent over `text`: sum := product (('+'|'-') product)*, product := atom ('*' atom)*,
+    atom := digits | '-' atom | '(' sum ')'. Leading zeros are allowed ("012" is 12), unlike Python's
+    own literals; at most 40 digits a number, so no call can take long."""
+
+    def __init__(self, text: str):
+        self.text, self.at = text, 0
+
+    def peek(self) -> str:
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def sum(self) -> int:
+        value = self.product()
+        while self.peek() in ("+", "-"):
+            op = self.peek()
+            self.at += 1
+            value = value + self.product() if op == "+" else value - self.product()
+        return value
+
+    def product(self) -> int:
+        value = self.atom()
+        while self.peek() == "*":
+            self.at += 1
+            value *= self.atom()
+            if abs(value) > 10**80:
+                raise ValueError("the result is too large")
+        return value
+
+    def atom(self) -> int:
+        c = self.peek()
+        if c == "-":
+            self.at += 1
+            return -self.atom()
+        if c == "(":
+            self.at += 1
+            value = self.sum()
+            if self.peek() != ")":
+                raise ValueError(f"missing ')' at position {self.at}")
+            self.at += 1
+            return value
+        start = self.at
+        while self.peek().isdigit() and self.peek().isascii():
+            self.at += 1
+        if start == self.at:
+            raise ValueError(f"expected a number at position {start}" + (f", got {c!r}" if c else ""))
+        if self.at - start > 40:
+            raise ValueError("a number has more than 40 digits")
+        return int(self.text[start:self.at])
+
+
+def tool_call(expression: str) -> str:
+    """The Hermes-form call of the calculator, compact JSON (fewer tokens for the built-in model to write)."""
+    body = json.dumps({"name": "calculator", "arguments": {"expression": expression}}, separators=(",", ":"))
+    return f"<tool_call>{body}</tool_call>"
+
+
+class MultiplyToolTask(ArithmeticTask):
+    """`digits`-digit multiplication, zero-padded ("012*345="), answered with the calculator's help."""
+
+    name = "multiply_tool"
+    tools = (TOOL,)
+    # The conversation is ~100 characters: room for it in the built-in model, one turn's call per turn,
+    # and a shorter cold start and RL than single-turn arithmetic, which fit the 10-minute budget.
+    preset: dict[str, Any] = {
+        "model": {"max_positions": 160},
+        "rollout": {"max_new_tokens": 96, "max_turns": 3},
+        "sft": {"steps": 300, "batch_size": 64, "num_examples": 19200},
+        "train": {"steps": 40, "prompts_per_step": 16},
+        "eval": {"num_prompts": 100, "every": 0},
+    }
+
+    def __init__(self, seed: int = 0, digits: int = 3, eval_fraction: float = 0.2) -> None:
+        super().__init__(seed=seed, digits=digits, operators="*", eval_fraction=eval_fraction, zero_pad=True)
+
+    def reward(self, example: Example, completion: str) -> float:
+        return verify_integer(completion, example.answer)
+
+    def _expression(self, example: Example) -> str:
+        return example.prompt.removesuffix("=")
+
+    def teacher_turns(self, example: Example, rng: random.Random) -> list[dict[str, str]]:
+        expression = self._expression(example)
+        result = calculator(expression)
+        return _conversation(expression, result, result)
+
+    def corrupt_turns(self, example: Example, rng: random.Random) -> list[dict[str, str]]:
+        """A miscopied operand (the tool then answers another product), a miscopied result, or a guess
+        without the tool: each wrong."""
+        expression, answer = self._expression(example), int(example.answer)
+        while True:
+            kind = rng.randrange(3)
+            if kind == 0:
+                a, b = expression.split("*")
+                wrong = [a, b]
+                side = rng.randrange(2)
+                wrong[side] = f"{_change_one_digit(int(wrong[side]), rng):0{len(wrong[side])}d}"[-len(wrong[side]):]
+                call = "*".join(wrong)
+                result = calculator(call)
+                turns = _conversation(call, result, result)
+                final = int(result)
+            elif kind == 1:
+                final = _change_one_digit(answer, rng)
+                turns = _conversation(expression, str(answer), str(final))
+            else:
+                final = answer + rng.choice([-1, 1]) * rng.randint(1, 1000)
+                turns = [{"role": "assistant", "content": str(final)}]
+            if final != answer:
+                return turns
+
+
+def _conversation(expression: str, result: str, answer: str) -> list[dict[str, str]]:
+    return [
+        {"role": "assistant", "content": tool_call(expression)},
+        {"role": "tool", "name": "calculator", "content": result},
+        {"role": "assistant", "content": answer},
+    ]
