@@ -186,6 +186,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         group_ids=groups,
         policy_version=rollout.policy_version,
         texts=[rollout.texts[i] for i in index],
+        loss_mask=None if rollout.loss_mask is None else rollout.loss_mask[rows],
     )
 
 
