@@ -43,8 +43,9 @@ def test_an_environment_segment_is_context_not_loss() -> None:
     assert turn.sampler_logprobs().tolist() == pytest.approx([-0.1, -0.2, 0, 0, 0, -0.3])
     assert turn.versions().tolist() == [5, 5, -1, -1, -1, 6]
     assert (turn.model_tokens, turn.environment_tokens) == (3, 3)
-    with pytest.raises(NotImplementedError, match="environment tokens"):
-        collate([turn], pad_id=9, policy_version=5, decode=decode_ids)
+    rollout = collate([turn], pad_id=9, policy_version=5, decode=decode_ids)   # tests/test_loss_mask.py for more
+    assert rollout.completion_mask.tolist() == [[1, 1, 1, 1, 1, 1]]
+    assert rollout.loss_mask.tolist() == [turn.loss_mask().tolist()]
 
 
 def test_a_record_of_another_schema_is_refused_and_bad_segments_are_named() -> None:

@@ -55,7 +55,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
-        """V of every completion token's state, [N, T] fp32, 0 on padding, on the model's device."""
+        """V of every completion token's state, [N, T] fp32, 0 off the loss mask (padding, environment
+        tokens: GAE skips them), on the model's device."""
         body = self._shared_body[0] if self.shared else self.body
         batch = batch.to(self.head.weight.device)
         with torch.no_grad() if self.shared else contextlib.nullcontext():

@@ -5,7 +5,7 @@ each chunk's logits instead of saving them.
 The naive path (`sequences.completion_token_stats`) materialises the [N, L, V]
 logits and then several [N, T, V] tensors (gathered logits, softmax, the
 autograd copies). At V = 151,936 that is 0.6 GB per 1,000 tokens per fp32
-copy. Here only the valid completion tokens ([M] of them, no padding) reach
+copy. Here only the trained completion tokens ([M] of them: no padding, no environment token) reach
 the head, and at most two [chunk_size, V] buffers are alive at once; the
 forward keeps just three [M] vectors (max logit, log-sum-exp of the shifted
 logits, entropy) for the backward.
@@ -212,7 +212,8 @@ def completion_token_stats_chunked(
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
     ).last_hidden_state  # [N, L, H]
-    # Position starts[i] - 1 + j predicts completion token j; only valid tokens reach the head.
+    # Position starts[i] - 1 + j predicts completion token j (by column); only the tokens trained on
+    # reach the head. An environment token is in the body's input (context) but predicts nothing here.
     t = batch.completion_ids.shape[1]
     positions = batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)  # [N, T]
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]

@@ -1,5 +1,11 @@
 """Prompt + completion rows as right-padded model inputs, and per-token log-probs
-of the completion tokens aligned to the rollout's [N, T] layout."""
+of the completion tokens aligned to the rollout's [N, T] layout.
+
+Two masks go in, one stays: the input sequence holds every present completion token (a multi-turn
+row's environment tokens are context for the model's next turn), while the batch's
+`completion_mask` is the loss mask, 1 on the tokens trained on only. Everything downstream (log-
+probs, losses, KL, entropy, advantages, metrics) reads that one mask, so an environment token is
+seen as input and never as a target."""
 
 from __future__ import annotations
 
@@ -11,13 +17,16 @@ from transformers import PreTrainedModel
 
 @dataclass
 class SequenceBatch:
-    """Right-padded full sequences; completion token t of row i sits at input position starts[i] + t."""
+    """Right-padded full sequences; completion token t of row i sits at input position starts[i] + t
+    (by column: an environment token in the middle keeps its column, it is just not trained on)."""
 
-    input_ids: torch.Tensor       # [N, L] long
-    attention_mask: torch.Tensor  # [N, L] long
+    input_ids: torch.Tensor       # [N, L] long, prompt then every present completion token, right-padded
+    attention_mask: torch.Tensor  # [N, L] long, 1 on the present tokens
     starts: torch.Tensor          # [N] long, prompt length of each row
     completion_ids: torch.Tensor  # [N, T] long
-    completion_mask: torch.Tensor  # [N, T] float
+    # [N, T] float, the loss mask: 1 on the completion tokens trained on; 0 on environment tokens
+    # (in input_ids as context) and on padding
+    completion_mask: torch.Tensor
     group_ids: torch.Tensor | None = None  # [N] long, rows with one id share their prompt (None: unknown)
 
     def to(self, device: torch.device) -> SequenceBatch:
@@ -29,8 +38,10 @@ class SequenceBatch:
 
     def rows(self, index: torch.Tensor) -> SequenceBatch:
         """The sub-batch of the given rows, trimmed to its own longest sequence."""
-        length = int(self.attention_mask[index].sum(dim=1).max().item()) if len(index) else 0
-        width = int(self.completion_mask[index].sum(dim=1).max().item()) if len(index) else 0
+        present = self.attention_mask[index].sum(dim=1)                     # [n] prompt + completion tokens
+        length = int(present.max().item()) if len(index) else 0
+        # Completion columns from presence: the loss mask may end before a row's last (environment) token.
+        width = int((present - self.starts[index]).max().item()) if len(index) else 0
         width = max(width, 1)
         return SequenceBatch(
             input_ids=self.input_ids[index, :length],
@@ -48,7 +59,11 @@ def build_sequences(
     completion_mask: torch.Tensor,
     pad_id: int,
     group_ids: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,
 ) -> SequenceBatch:
+    """The rows as model inputs. completion_mask [N, T]: the tokens present (a prefix of each row,
+    right-padded); loss_mask [N, T]: those trained on (None: all present ones), the batch's
+    `completion_mask`."""
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -64,7 +79,7 @@ def build_sequences(
         attention_mask=attention_mask,
         starts=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
         completion_ids=completion_ids,
-        completion_mask=completion_mask.float(),
+        completion_mask=(completion_mask if loss_mask is None else loss_mask).float(),
         group_ids=group_ids,
     )
 

@@ -151,7 +151,8 @@ def completion_token_stats_shared(
         return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
     slot, representative = _prompt_slots(batch, group_ids)
     # Token t >= 1 is predicted at completion position t - 1: row i's pass needs positions
-    # 0..need[i]-1, need[i] its last valid token's index (0: its tokens are predicted by the prompt pass).
+    # 0..need[i]-1, need[i] its last trained token's column (0: its tokens are predicted by the prompt
+    # pass). Every present token before it, an environment token too, is in that pass as context.
     need = torch.zeros_like(starts).scatter_reduce(0, rows, cols, "amax")  # [N]
     prompt_len = starts[representative]  # [P]
     span = int(prompt_len.max())

@@ -13,6 +13,13 @@ Two kinds behind one interface; the objective decides which (`spec.needs_critic`
 
 A sample without a reward (its reward function failed or skipped it) gets no
 advantage and leaves the batch; it never moves a baseline or a value target.
+
+Every per-token figure here reads the batch's loss mask (`SequenceBatch.completion_mask`): in a
+multi-turn row the environment's tokens are not in it, so the outcome reward sits on the model's
+last token, the KL in the reward is charged on the model's tokens only, and GAE runs over the
+model's tokens in order as if the environment's were not there (`objectives.value.gae` passes a
+masked position through: V and A of the next model token carry over it, undiscounted; the critic's
+values at environment positions are never read).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def pretrain_critic(
             continue
         rollout = curated.rollout
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask, pad_id,
-                                    group_ids=rollout.group_ids)
+                                    group_ids=rollout.group_ids, loss_mask=rollout.loss_mask)
         fitted = state.credit.pretrain(sequences, curated.scores.rewards, curated.scores.valid, state.generator)
         on_step(StepRecord(step=k, metrics=fitted, stage="value_pretrain"), state)
         history.append(fitted.get("critic/explained_variance_after", float("nan")))
@@ -176,7 +176,8 @@ class SyncBatches:
         return []
 
     def step_metrics(self, batch: CuratedBatch) -> dict[str, float]:
-        return self.clock.timings(float(batch.rollout.completion_mask.sum()) if batch.rollout is not None else None)
+        # tokens_per_s counts the tokens the model sampled (an environment's reply is not generated)
+        return self.clock.timings(float(batch.rollout.lengths.sum()) if batch.rollout is not None else None)
 
 
 class Learner:
@@ -214,8 +215,10 @@ class Learner:
         #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
         #    step's own forward: the update takes it there (one forward less; TRL does the same
         #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL).
+        #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
-                                    self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+                                    self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
+                                    loss_mask=rollout.loss_mask)
         old_logprobs = (dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
                         if self.old_before_update else None)
         ref_logprobs = (dp.rowwise(sequences, lambda rows: state.reference.logprobs(rows, temperature, forward))

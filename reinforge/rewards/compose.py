@@ -230,7 +230,7 @@ class RewardComposer:
         if n != len(examples) * group_size:
             raise ValueError(f"rollout has {n} rows, expected {len(examples)} examples x group_size {group_size}")
         rows = [examples[r // group_size] for r in range(n)]
-        lengths = rollout.lengths                                                       # [N]
+        lengths = rollout.lengths     # [N] the model's tokens: environment replies do not make a row overlong
         parts = {t.key: torch.full((n,), math.nan) for t in self.terms}
         errors = {t.key: 0 for t in self.terms}
         raised = torch.zeros(n, dtype=torch.bool)
@@ -316,7 +316,7 @@ class RewardComposer:
 
     @staticmethod
     def _trl_inputs(t: _Term, rows: list[Example], rollout: Rollout) -> dict[str, Any]:
-        mask = rollout.completion_mask > 0
+        mask = rollout.completion_mask > 0      # every token of the completion, as in its text
         columns = dict.fromkeys(k for e in rows for k in e.meta)      # every column of the batch, in first-seen order
         chat = [isinstance(e.prompt, Conversation) for e in rows]
         return {

@@ -36,18 +36,24 @@ class SamplingParams:
 class Rollout:
     """Completions of a batch of prompts, `group_size` per prompt, rows grouped by prompt.
 
-    Row r holds sample r % G of prompt r // G.
+    Row r holds sample r % G of prompt r // G. A multi-turn row's completion is the model's turns
+    and the environment's replies (tool results, user turns) in order: every one of its tokens is
+    present (`completion_mask`, the learner's input sequence), only the model's are trained on
+    (`trained_mask`: the loss, KL, entropy, advantages, length figures).
     """
 
     prompt_ids: list[list[int]]          # [N][P_i] prompt tokens of each row (no padding)
     completion_ids: torch.Tensor  # [N, T] long, right-padded with pad_id
     pad_id: int  # the id past each row's completion: the tokenizer's pad token (0 if it has none)
-    completion_mask: torch.Tensor  # [N, T] float, 1 for generated tokens (eos included)
+    completion_mask: torch.Tensor  # [N, T] float, 1 for every token present (eos included), 0 on padding
     sampler_logprobs: torch.Tensor  # [N, T] float, log-prob of each token under the sampling distribution; 0 on padding
     truncated: torch.Tensor              # [N] bool, True if no stop token came within max_new_tokens
     group_ids: torch.Tensor              # [N] long, index of the prompt in the batch
     policy_version: int                  # optimizer steps the generating weights had taken
     texts: list[str]                     # [N] decoded completions, special tokens removed
+    # [N, T] float, 1 on the model's tokens (trained on), 0 on environment tokens and padding; None:
+    # every present token is the model's (single-turn), i.e. completion_mask. Read it as `trained_mask`.
+    loss_mask: torch.Tensor | None = None
     # [N] multi-turn rows: how each episode went (reinforge.agents.rollout.AgentRow: its conversation,
     # turns, tool calls, the environment's return); None for single-turn rollouts.
     episodes: list[Any] | None = None
@@ -57,7 +63,15 @@ class Rollout:
         return self.completion_ids.shape[0]
 
     @property
-    def lengths(self) -> torch.Tensor:   # [N] completion tokens per row
+    def trained_mask(self) -> torch.Tensor:   # [N, T] float, 1 on the tokens the loss sees
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def lengths(self) -> torch.Tensor:   # [N] the model's (trained) tokens per row: response length figures
+        return self.trained_mask.sum(dim=1)
+
+    @property
+    def present_lengths(self) -> torch.Tensor:   # [N] every token of the completion, the environment's included
         return self.completion_mask.sum(dim=1)
 
 
@@ -102,5 +116,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         group_ids=torch.cat(groups),
         policy_version=min(p.policy_version for p in parts),
         texts=[t for p in parts for t in p.texts],
+        loss_mask=(None if all(p.loss_mask is None for p in parts)
+                   else torch.cat([pad(p.trained_mask, 0.0) for p in parts])),
         episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
     )

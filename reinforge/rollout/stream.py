@@ -51,8 +51,9 @@ class FinishedGroup:
 
     def oldest_versions(self) -> torch.Tensor:
         """[G] per sample, the version of the oldest weights that sampled one of its tokens: what its
-        staleness counts from (the group's policy_version for a sample without tokens)."""
-        mask = self.rollout.completion_mask.bool()
+        staleness counts from (the group's policy_version for a sample without tokens). The model's
+        tokens only: an environment token was sampled by no policy."""
+        mask = self.rollout.trained_mask.bool()
         oldest = self.versions.masked_fill(~mask, torch.iinfo(torch.long).max).min(dim=1).values
         return torch.where(mask.any(dim=1), oldest, torch.full_like(oldest, self.rollout.policy_version))
 

@@ -15,6 +15,7 @@ of its layout (STYLE 9); a consumer refuses a schema it does not know instead of
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -113,29 +114,32 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
             decode: Callable[[torch.Tensor], list[str]]) -> Rollout:
     """The batch view of `trajectories`, in order: completions right-padded with `pad_id`.
 
-    `decode` turns the padded [N, T] completion ids into texts (the tokenizer's batch_decode,
-    skipping special tokens). Group ids are the trajectories' own. The batch view has one mask,
-    tokens that are there and trained on at once, so it holds model tokens only: a trajectory with
-    an environment segment is refused until the learner reads a loss mask of its own.
+    A row's completion is all its segments' tokens in order; `completion_mask` is 1 on each of
+    them (the learner's input sequence holds them all), `loss_mask` 1 on the model's only, and the
+    sampler log-probs are 0 on the environment's. Without any environment token in the batch
+    `loss_mask` is None (the same as completion_mask), so a single-turn batch is what it always was.
+    `decode` turns the padded [N, T] completion ids, environment tokens included, into texts (the
+    tokenizer's batch_decode, skipping special tokens). Group ids are the trajectories' own.
     """
     for t in trajectories:
         if t.schema != SCHEMA_VERSION:
             raise ValueError(f"trajectory schema {t.schema} is not this reader's ({SCHEMA_VERSION}): "
                              "the producer runs another reinforge version")
-        if t.environment_tokens:
-            raise NotImplementedError("a trajectory with environment tokens (a tool result, a reply) cannot be "
-                                      "trained on yet: multi-turn training is not built")
     width = max([sum(len(s.token_ids) for s in t.segments) for t in trajectories] + [1])
     completion_ids = torch.full((len(trajectories), width), pad_id, dtype=torch.long)
     completion_mask = torch.zeros(len(trajectories), width)
+    loss_mask = torch.zeros(len(trajectories), width)
     sampler_logprobs = torch.zeros(len(trajectories), width)
     for i, t in enumerate(trajectories):
         at = 0
         for s in t.segments:
             end = at + len(s.token_ids)
-            completion_ids[i, at:end], sampler_logprobs[i, at:end] = s.token_ids, s.sampler_logprobs
-            completion_mask[i, at:end] = float(s.trained)
+            completion_ids[i, at:end] = s.token_ids
+            completion_mask[i, at:end] = 1.0
+            if s.trained:
+                loss_mask[i, at:end], sampler_logprobs[i, at:end] = 1.0, s.sampler_logprobs
             at = end
+    multi_turn = any(t.environment_tokens for t in trajectories)
     return Rollout(
         prompt_ids=[list(t.prompt_ids) for t in trajectories],
         completion_ids=completion_ids,
@@ -146,17 +150,33 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         group_ids=torch.tensor([t.group for t in trajectories], dtype=torch.long),
         policy_version=policy_version,
         texts=decode(completion_ids),
+        loss_mask=loss_mask if multi_turn else None,
     )
 
 
 def split(rollout: Rollout, versions: torch.Tensor | None = None) -> list[Trajectory]:
-    """`rollout`'s rows as single-turn trajectories (one model segment each). `versions` [N, T]:
-    the policy version of each token (default: the rollout's policy_version for all)."""
+    """`rollout`'s rows as trajectories: each maximal run of model tokens (loss mask 1) a model
+    segment, each run of environment tokens (present, loss mask 0) an environment segment, so
+    `split(collate(ts))` gives `ts` back with adjacent segments of one role merged. A row without
+    tokens is one empty model segment. `versions` [N, T]: the policy version of each token (default:
+    the rollout's policy_version for all); environment tokens get -1 whatever it holds there."""
     out = []
     for r in range(rollout.num_rows):
         n = int(rollout.completion_mask[r].sum())
-        token_versions = rollout.policy_version if versions is None else versions[r, :n]
-        segment = Segment.sampled(rollout.completion_ids[r, :n], rollout.sampler_logprobs[r, :n], token_versions)
-        out.append(Trajectory(prompt_ids=tuple(rollout.prompt_ids[r]), segments=(segment,),
+        trained = rollout.trained_mask[r, :n] > 0                                    # [n] bool
+        # Run boundaries: where the role changes, plus both ends (none for a row without tokens).
+        cuts = [0, *((trained[1:] != trained[:-1]).nonzero().squeeze(1) + 1).tolist(), n] if n else [0]
+        segments = []
+        for a, b in itertools.pairwise(cuts):
+            ids = rollout.completion_ids[r, a:b]
+            if not bool(trained[a]):
+                segments.append(Segment.observed(ids))
+                continue
+            token_versions = rollout.policy_version if versions is None else versions[r, a:b]
+            segments.append(Segment.sampled(ids, rollout.sampler_logprobs[r, a:b], token_versions))
+        if not segments:
+            segments.append(Segment.sampled(rollout.completion_ids[r, :0], rollout.sampler_logprobs[r, :0],
+                                            rollout.policy_version))
+        out.append(Trajectory(prompt_ids=tuple(rollout.prompt_ids[r]), segments=tuple(segments),
                               truncated=bool(rollout.truncated[r]), group=int(rollout.group_ids[r])))
     return out

@@ -8,10 +8,12 @@ writes one JSON line per row:
     prompt            the example's prompt (before the chat template)
     answer            the example's gold answer
     completion        the decoded completion, special tokens removed
-    completion_tokens the sampled token ids (eos included, no padding)
+    completion_tokens the completion's token ids (eos included, no padding; a multi-turn row's
+                      environment tokens too)
     rewards           each reward function's raw value by name (null: it raised or declined)
     reward            the total reward the advantage used (null: the sample was not valid)
-    advantage         the sample's advantage (critic recipes: the mean of its per-token advantages)
+    advantage         the sample's advantage (critic recipes: the mean of its per-token advantages
+                      over the model's tokens)
     trained           whether the loss saw the row (curation and advantage transforms may drop it)
     truncated         max_new_tokens cut it
 
@@ -59,11 +61,11 @@ def pick_samples(step: int, batch: StepSamples, k: int) -> list[dict]:
     n = rollout.num_rows
     m = min(k, n)
     rows = [i * n // m for i in range(m)]
-    mask = rollout.completion_mask
+    present, trained = rollout.completion_mask, rollout.trained_mask
     out = []
     for r in rows:
-        if batch.advantages.dim() == 2:        # per-token advantages: their mean over the completion
-            advantage = float((batch.advantages[r] * mask[r]).sum() / mask[r].sum().clamp(min=1))
+        if batch.advantages.dim() == 2:        # per-token advantages: their mean over the tokens trained on
+            advantage = float((batch.advantages[r] * trained[r]).sum() / trained[r].sum().clamp(min=1))
         else:
             advantage = float(batch.advantages[r])
         example = batch.examples[int(rollout.group_ids[r])]
@@ -72,7 +74,7 @@ def pick_samples(step: int, batch: StepSamples, k: int) -> list[dict]:
             "prompt": example.prompt,
             "answer": example.answer,
             "completion": rollout.texts[r],
-            "completion_tokens": rollout.completion_ids[r][mask[r] > 0].tolist(),
+            "completion_tokens": rollout.completion_ids[r][present[r] > 0].tolist(),
             "rewards": {name: _number(float(values[r])) for name, values in batch.parts.items()},
             "reward": _number(float(batch.rewards[r])),
             "advantage": _number(advantage),
