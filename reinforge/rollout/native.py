@@ -110,10 +110,11 @@ class NativeEngine:
                                tokenizer, policy_version)
 
     def session(self, params: SamplingParams, slots: int, generator: torch.Generator | None = None,
-                version: int = 0) -> DecodeSession:
+                version: int = 0, keep_context: bool = False) -> DecodeSession:
         """A decoding session over this engine's model with `slots` cache slots: prompts join it any
-        time (`add`), each `step` decodes one token of every live row (the asynchronous loop's sampler)."""
-        return DecodeSession(self, params, slots, generator, version)
+        time (`add`), each `step` decodes one token of every live row (the asynchronous loop's sampler).
+        `keep_context`: every finished row carries its `RowContext`, so `extend` can continue it."""
+        return DecodeSession(self, params, slots, generator, version, keep_context)
 
     def _stop_strings(self, tokens: torch.Tensor, generated: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
         """[live] bool: which rows' text so far (tokens [live, T], `generated` of them) contains a stop string."""
@@ -197,14 +198,29 @@ class NativeEngine:
 
 
 @dataclass
-class FinishedRow:
-    """One completed sample of a `DecodeSession`."""
+class RowContext:
+    """What a finished turn leaves for the row's next turn (`DecodeSession.extend`): a multi-turn
+    trajectory (prompt, model turn, observation, model turn, ...) goes on without re-prefilling."""
 
-    tag: Any                    # the caller's label, given to `add`
+    ids: list[int]                        # every token so far: prompt, all turns and observations, this turn's last
+    keys: list[torch.Tensor] | None       # per layer [kv_heads, cached, head_dim] of ids[:cached] (None: not kept)
+    values: list[torch.Tensor] | None     # per layer [kv_heads, cached, head_dim]
+    cached: int                           # positions stored: len(ids) - 1 (the last sampled token is not cached yet)
+    key: int                              # the row's sampling stream (`keyed_uniforms`)
+    drawn: int                            # draws taken from it so far (all turns): the next turn's first counter
+    version: int                          # the weight version that computed keys/values
+
+
+@dataclass
+class FinishedRow:
+    """One completed sample of a `DecodeSession` (of an extended row: its latest turn only)."""
+
+    tag: Any                    # the caller's label, given to `add` or `extend`
     tokens: torch.Tensor        # [L] long, eos (or the token completing a stop string) included
     logprobs: torch.Tensor      # [L] float, sampler log-prob of each token
     versions: torch.Tensor      # [L] long, the weight version that sampled each token
     truncated: bool             # no stop within max_new_tokens
+    context: RowContext | None = None   # with `keep_context`: what `extend` continues from
 
 
 @dataclass
@@ -227,6 +243,7 @@ class WaitingRow:
     logprob: float
     version: int
     key: int                    # its sampling stream (`keyed_uniforms`)
+    drawn: int = 0              # draws of that stream before this turn (earlier turns of an extended row)
 
 
 class DecodeSession:
@@ -244,11 +261,24 @@ class DecodeSession:
     arXiv 2505.24298 sec. 4.1): the keys/values the old weights computed are
     recomputed with the new ones, and later tokens are sampled by the new
     weights; every token records the version that sampled it.
+
+    Multi-turn rows: with `keep_context` each finished row carries its
+    `RowContext` (its ids, the keys/values of its slot, its stream and draws),
+    and `extend` continues it with observation tokens and a new model turn.
+    The decoder runs only over the new tokens, attending to the stored
+    keys/values (`continuation`); where those cannot be used (not kept,
+    computed by older weights, a sliding window) or `continuation` is off,
+    the whole sequence is prefilled again, with the same numbers.
+
+    A session is not thread-safe: `add`, `extend`, `step` and `reload` are
+    called from one thread (or under one lock).
     """
 
     def __init__(self, engine: NativeEngine, params: SamplingParams, slots: int,
-                 generator: torch.Generator | None, version: int):
+                 generator: torch.Generator | None, version: int, keep_context: bool = False):
         self.engine, self.params, self.count, self.generator, self.version = engine, params, slots, generator, version
+        self.keep_context = keep_context
+        self.continuation = True    # False: `extend` prefills the whole sequence again (the baseline)
         self.model = base_model(engine.policy.model)
         self.device = self.model.device
         self.weights = DecoderWeights.of(self.model)
@@ -265,6 +295,7 @@ class DecodeSession:
         self.last = torch.zeros(slots, dtype=torch.long, device=d)       # its newest token (not yet cached)
         self.length = torch.zeros(slots, dtype=torch.long, device=d)     # positions in its cache
         self.generated = torch.zeros(slots, dtype=torch.long, device=d)  # its tokens so far (the last not yet cached)
+        self.drawn = torch.zeros(slots, dtype=torch.long, device=d)      # its stream's draws before this turn
         self.tags: list[Any] = [None] * slots
         self.prompts: list[list[int]] = [[] for _ in range(slots)]
 
@@ -312,21 +343,69 @@ class DecodeSession:
             for i, (slot, n, stop) in enumerate(
                 zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
             ):
-                finished.append(
-                    FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n], truncated=not stop)
-                )
+                context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
+                finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
+                                            truncated=not stop, context=context))
             admitted = self._retire(done)
         if self.live:
             live = self.live
             g, pos = self.generated[:live], self.length[:live]
             logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs)
             self.length[:live] += 1
-            token, logprob = self._sample(logits, self.keys[:live], g)
+            token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
             rows = torch.arange(live, device=self.device)
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
             self.last[:live] = token
             self.generated[:live] += 1
         return finished
+
+    def _context(self, slot: int, tokens: list[int]) -> RowContext:
+        """The row in `slot` that just ended its turn (`tokens`), for `extend`: its keys/values copied out
+        of the cache before the slot is refilled or packed."""
+        cached, cache, layers = int(self.length[slot]), self.cache, range(len(self.cache.v))
+        # Copies (`contiguous()` of a slot that fills the cache would be a view of it).
+        dense = torch.contiguous_format
+        return RowContext(
+            ids=self.prompts[slot] + tokens,
+            keys=[cache.keys(layer)[slot, :, :cached].clone(memory_format=dense) for layer in layers],
+            values=[cache.v[layer][slot, :, :cached].clone(memory_format=dense) for layer in layers],
+            cached=cached, key=int(self.keys[slot]), drawn=int(self.drawn[slot]) + len(tokens), version=self.version,
+        )
+
+    @torch.no_grad()
+    def extend(self, context: RowContext, tokens: list[int], tag) -> None:
+        """Continue a finished row (its `context`) with `tokens` (an observation: at least one token)
+        and a new model turn, labelled `tag`; the row waits for a slot like an added one. Its first
+        token is drawn here, at draw `context.drawn` of its stream, so a turn never reuses the
+        uniforms of an earlier one."""
+        ids = context.ids + list(tokens)
+        if len(ids) <= context.cached:
+            raise ValueError("extend needs at least one new position: the context's last token or observation tokens")
+        self._make_room(len(ids))
+        reuse = (self.continuation and context.keys is not None and context.version == self.version
+                 and self.engine.shape.sliding_window is None)
+        block, logits = self._continue(context, ids) if reuse else self._prefill([ids])
+        key, drawn = torch.tensor([context.key]), torch.tensor([context.drawn])
+        token, logprob = self._sample(logits, key.to(self.device), drawn.to(self.device))
+        self.waiting.append(WaitingRow(tag, block, 0, int(token[0]), float(logprob[0]), self.version, context.key,
+                                       context.drawn))
+
+    def _continue(self, context: RowContext, ids: list[int]) -> tuple[PromptBlock, torch.Tensor]:
+        """The decoder over ids[cached:] alone, attending to the stored keys/values as a prefix
+        (`run_pass`'s shared-prompt geometry, pos0 = pre_len = cached): the block of the whole
+        sequence's keys/values [1, kv, len(ids), D] and the next-token logits [1, V]."""
+        engine, d, cached = self.engine, self.device, context.cached
+        new = torch.tensor(ids[cached:], dtype=torch.long, device=d)[None]             # [1, S]
+        # run_pass reads prefixes token-major, [P, Lp, kv, D]
+        prefix = ([k.transpose(0, 1)[None].contiguous() for k in context.keys],
+                  [v.transpose(0, 1)[None].contiguous() for v in context.values])
+        at = torch.tensor([cached], device=d)
+        geometry = pass_geometry(self.freqs, new.shape[1], at, torch.zeros_like(at), at)
+        hidden, k, v = run_pass(engine.shape, self.weights, new, geometry, self.freqs, prefix,
+                                fused=engine.kernels is not None)
+        keys = [torch.cat([old[None], nk.transpose(1, 2)], dim=2) for old, nk in zip(context.keys, k, strict=True)]
+        values = [torch.cat([old[None], nv.transpose(1, 2)], dim=2) for old, nv in zip(context.values, v, strict=True)]
+        return PromptBlock([ids], keys, values), hidden[:, -1].float() @ self.weights.head.t()
 
     def _sample(
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
@@ -366,8 +445,8 @@ class DecodeSession:
             self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=prompt_len + 64,
                                  limit=longest, dtype=self.model.dtype, device=self.device, reuse=spare)
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
-        elif longest > self.cache.limit:
-            self.cache.limit = longest
+        elif longest > len(self.freqs):   # (the cache's limit may already be past it: its BLAS floor)
+            self.cache.limit = max(self.cache.limit, longest)
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
 
     def _prefill(self, prompt_ids: list[list[int]]) -> tuple[PromptBlock, torch.Tensor]:
@@ -379,6 +458,8 @@ class DecodeSession:
         if not len(into):
             return
         rows = [self.waiting.popleft() for _ in range(len(into))]
+        # An extended row's context may be longer than the slots have room for yet.
+        self.cache.reserve(max(w.block.values[0].shape[2] for w in rows))
         for block in {id(w.block): w.block for w in rows}.values():
             mine = [i for i, w in enumerate(rows) if w.block is block]
             prompts = torch.tensor([rows[i].prompt for i in mine], dtype=torch.long, device=self.device)
@@ -390,6 +471,7 @@ class DecodeSession:
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
         self.versions[into, 0] = torch.tensor([w.version for w in rows], device=d)
         self.keys[into] = torch.tensor([w.key for w in rows], dtype=torch.long, device=d)
+        self.drawn[into] = torch.tensor([w.drawn for w in rows], dtype=torch.long, device=d)
         self.length[into] = torch.tensor([len(w.block.prompt_ids[w.prompt]) for w in rows], device=d)
         self.generated[into] = 1
         self.live = max(self.live, int(into.max()) + 1)
@@ -409,7 +491,7 @@ class DecodeSession:
             if len(holes):
                 self.cache.move(holes, movers)
                 for state in (self.tokens, self.logprobs, self.versions, self.keys,
-                              self.last, self.length, self.generated):
+                              self.last, self.length, self.generated, self.drawn):
                     state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
