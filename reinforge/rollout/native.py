@@ -104,10 +104,14 @@ class NativeEngine:
         while session.busy:
             for row in session.step():
                 rows[row.tag] = row
-        if self.policy.model.device.type == "cpu":
-            self._spare = session.cache
+        self.release(session)
         return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
                                tokenizer, policy_version)
+
+    def release(self, session: DecodeSession) -> None:
+        """A finished session's cache memory is kept for the next one (on CPU; see `_spare`)."""
+        if self.policy.model.device.type == "cpu":
+            self._spare = session.cache
 
     def session(self, params: SamplingParams, slots: int, generator: torch.Generator | None = None,
                 version: int = 0, keep_context: bool = False) -> DecodeSession:
