@@ -378,13 +378,11 @@ class DecodeSession:
 
     @torch.no_grad()
     def extend(self, context: RowContext, tokens: list[int], tag) -> None:
-        """Continue a finished row (its `context`) with `tokens` (an observation: at least one token)
-        and a new model turn, labelled `tag`; the row waits for a slot like an added one. Its first
+        """Continue a finished row (its `context`) with `tokens` (an observation; may be empty) and a
+        new model turn, labelled `tag`; the row waits for a slot like an added one. Its first
         token is drawn here, at draw `context.drawn` of its stream, so a turn never reuses the
         uniforms of an earlier one."""
-        ids = context.ids + list(tokens)
-        if len(ids) <= context.cached:
-            raise ValueError("extend needs at least one new position: the context's last token or observation tokens")
+        ids = context.ids + list(tokens)     # past `cached`: at least the last turn's last token
         self._make_room(len(ids))
         reuse = (self.continuation and context.keys is not None and context.version == self.version
                  and self.engine.shape.sliding_window is None)
