@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from reinforge.agents.rollout import AgentEngine
+from reinforge.agents.workers import AgentSampler
 from reinforge.config import Config
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
@@ -76,7 +77,7 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if saved is not None:
         state.load_state_dict(saved)
     if tc.mode == "async":
-        return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg))
+        return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
     engine, score = dp.rollout_parts(
         engine, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size)
@@ -148,13 +149,19 @@ def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec
     )
 
 
-def default_workers(cfg: Config) -> Workers:
-    """The rollout workers of `backend`: a sampler thread of this process, or Ray actors."""
+def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers:
+    """The rollout workers of `backend`: a sampler thread of this process, or Ray actors; for episodes
+    (`engine` an agent rollout) a sampler thread that plays them."""
     tc = cfg.train
     settings = WorkerSettings(SamplingParams.from_config(cfg.rollout), tc.group_size,
                               slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
                               in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
                               cpu_kernels=cfg.rollout.cpu_kernels)
+    if isinstance(engine, AgentEngine):
+        if cfg.backend == "ray":
+            raise ConfigError("backend=ray with tools or an environment: Ray rollout workers do not play episodes "
+                              "yet; use backend=local (the default), whose sampler thread does")
+        return lambda policy: AgentSampler(policy, engine, settings)
     if cfg.backend != "ray":
         return settings.sampler
     from reinforge.distributed.ray_workers import (  # Ray is imported only when asked for

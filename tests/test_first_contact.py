@@ -15,45 +15,12 @@ from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.pipeline import run
 
-SPECIALS = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SYSTEM = "Be brief."
 
 
 @pytest.fixture(autouse=True)
 def _fixtures_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    """A tiny Llama and a byte-level BPE tokenizer trained here, with a chat template."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    corpus = [f"What is {a} + {b}? The answer is {a + b}. Be brief, think." for a in range(20) for b in range(5)]
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<|end|>",
-                                  additional_special_tokens=SPECIALS[2:])
-    tok.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-    )
-    path = tmp_path_factory.mktemp("llama_bpe")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _overrides(model: Path, data: Path, out: Path, reward: str) -> list[str]:

@@ -74,12 +74,19 @@ class AgentEngine:
         self.policy = engine.policy
         self.chat_template = engine.chat_template
 
+    def over(self, engine: Any) -> AgentEngine:
+        """This agent rollout over another engine (an asynchronous worker's, on its own copy of the weights)."""
+        return AgentEngine(engine, self.renderer, self.rows, self.environment, self.tools, self.limits,
+                           self.max_tool_calls, self.continuation)
+
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
-                 generator: torch.Generator | None = None) -> Rollout:
+                 generator: torch.Generator | None = None, group_keys: torch.Tensor | None = None) -> Rollout:
         """`group_size` episodes of each prompt's row; each prompt's episodes draw from a stream keyed by one
-        draw from `generator` (torch's global one when None), as single-turn sampling does."""
-        group_keys = draw_group_keys(len(prompts), generator)
+        int64 (`group_keys` [P], default one draw per prompt from `generator`, else torch's global one), as
+        single-turn sampling does."""
+        if group_keys is None:
+            group_keys = draw_group_keys(len(prompts), generator)
         plays, environments = [], []
         for g, prompt in enumerate(prompts):
             row = self.rows(prompt)

@@ -138,7 +138,9 @@ class LocalSampler:
         engine = NativeEngine(
             Policy(self.model, policy.tokenizer), chat_template=chat_template, cpu_kernels=cpu_kernels
         )
+        self.params, self.slots, self.version = params, slots, 0
         self.session = engine.session(params, slots=slots, version=0)
+        self._decoder(engine)
         self.cond = threading.Condition()
         self.inbox = _Inbox()
         self.outbox: deque[FinishedGroup] = deque()
@@ -198,7 +200,7 @@ class LocalSampler:
                     weights, version = self.inbox.weights, self.inbox.version
                     # New weights apply between steps: at once (interrupt), or once the samples in
                     # flight have finished (finish), new requests waiting until then.
-                    apply = weights is not None and (self.in_flight == "interrupt" or not self.session.busy)
+                    apply = weights is not None and (self.in_flight == "interrupt" or not self._busy())
                     if apply:
                         self.inbox.weights = None
                     requests: list[GroupRequest] = []
@@ -208,9 +210,7 @@ class LocalSampler:
                 t1 = time.perf_counter()
                 if apply:
                     self._load(weights, version)
-                if requests:
-                    self._add(requests)
-                finished = self._finish(self.session.step()) if self.session.busy else []
+                finished = self._work(requests)
                 with self.cond:
                     self._times.busy += time.perf_counter() - t1
                     if apply:
@@ -225,12 +225,27 @@ class LocalSampler:
 
     def _has_work(self) -> bool:
         inbox = self.inbox
-        return self.session.busy or bool(inbox.requests) or inbox.weights is not None
+        return self._busy() or bool(inbox.requests) or inbox.weights is not None
+
+    # ---- what a kind of sampler changes: how requests are decoded
+    def _decoder(self, engine: NativeEngine) -> None:
+        """Set up decoding over `engine` (here: the session, made above)."""
+
+    def _busy(self) -> bool:
+        """Samples in flight between two `_work` calls."""
+        return self.session.busy
+
+    def _work(self, requests: list[GroupRequest]) -> list[FinishedGroup]:
+        """Take `requests` in and decode a step: the groups that finished."""
+        if requests:
+            self._add(requests)
+        return self._finish(self.session.step()) if self.session.busy else []
 
     @torch.no_grad()
     def _load(self, weights: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
         self.model.load_state_dict(weights)
+        self.version = version
         if self.session.busy:
             self.session.reload(version)      # AReaL: recompute the in-flight keys/values with the new weights
         else:

@@ -85,8 +85,9 @@ class _Parser:
 
 
 def tool_call(expression: str) -> str:
-    """The Hermes-form call of the calculator, compact JSON (fewer tokens for the built-in model to write)."""
-    body = json.dumps({"name": "calculator", "arguments": {"expression": expression}}, separators=(",", ":"))
+    """The Hermes-form call of the calculator, compact JSON (fewer tokens for the built-in model to write),
+    its arguments first: the model copies the prompt's expression from fewer positions back."""
+    body = json.dumps({"arguments": {"expression": expression}, "name": "calculator"}, separators=(",", ":"))
     return f"<tool_call>{body}</tool_call>"
 
 
