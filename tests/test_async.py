@@ -15,7 +15,7 @@ from reinforge.loops.curation import PromptStream
 from reinforge.models import load_policy
 from reinforge.pipeline import objective_spec
 from reinforge.rollout import SamplingParams, build_engine
-from reinforge.rollout.native import FinishedRow
+from reinforge.rollout.session import FinishedRow
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,

@@ -112,3 +112,16 @@ def test_verifier_latency_times_correct_programs_and_a_bounded_bomb():
     # The script asserts every timed program passed; the bomb scores 0 whatever thread judged it.
     assert out["runs"] == 4 and out["math_bomb_score"] == 0.0 and out["math_bomb_timeout_s"] == 1.0
     assert out["sandbox_median_s"] > 0 and out["sandbox_no_namespaces_median_s"] > 0
+
+
+def test_multiturn_continuation_samples_the_same_tokens_both_ways():
+    out = run_script("multiturn_continuation.py", "--rounds", "1", "--rows", "4", "--turns", "3", "--prompt-tokens",
+                     "16", "--turn-tokens", "8", "--observation-tokens", "8", "--hidden", "128", "--threads", "1")
+    # Continuing from stored keys/values and prefilling the whole sequence again draw the same tokens.
+    assert out["same_tokens"] is True
+    assert out["continuation_tokens_per_s"] > 0 and out["reprefill_tokens_per_s"] > 0
+    assert abs(out["ratio"] - out["continuation_tokens_per_s"] / out["reprefill_tokens_per_s"]) < 2e-3
+    # 4 rows x 3 turns, each turn 1 to 8 sampled tokens; the longest row is at most its 16 prompt
+    # tokens, 2 observations of 8 and 3 full turns.
+    assert 4 * 3 <= out["model_tokens"] <= 4 * 3 * 8
+    assert 16 + 2 * 8 + 3 <= out["final_length"] <= 16 + 2 * 8 + 3 * 8

@@ -11,9 +11,9 @@ from test_native_engine import PROMPTS, eos_prone
 from reinforge.config import ModelConfig
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.rollout import NativeEngine, SamplingParams
-from reinforge.rollout.native import FinishedRow
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.sampling import keyed_uniforms, row_keys, sample_tokens
+from reinforge.rollout.session import FinishedRow
 
 OBSERVATIONS = ["obs: 12\n", "tool said: nothing useful, try 7*6=\n"]   # written by the environment
 PARAMS = SamplingParams(temperature=0.8, max_new_tokens=9)
@@ -91,13 +91,15 @@ def test_continuation_equals_full_reprefill(cpu_kernels: bool, kv_heads: int) ->
 
 def test_continuation_prefills_only_the_new_tokens(monkeypatch) -> None:
     """With continuation the decoder runs over the turn's last token and the observation alone."""
-    from reinforge.rollout import native
+    from reinforge.rollout import native, session
 
     policy = qwen2()
     widths: list[int] = []
     run_pass = native.run_pass
-    monkeypatch.setattr(native, "run_pass", lambda shape, w, ids, *a, **k: widths.append(ids.shape[1])
-                        or run_pass(shape, w, ids, *a, **k))
+    # The engine's prefill (native) and the session's continuation (session) each call it.
+    for module in (native, session):
+        monkeypatch.setattr(module, "run_pass", lambda shape, w, ids, *a, **k: widths.append(ids.shape[1])
+                            or run_pass(shape, w, ids, *a, **k))
     obs = [encode(policy, text) for text in OBSERVATIONS]
     turns = play(policy, PROMPTS[:1], [obs], PARAMS, [5])[0]
     prompt = encode_prompts(policy.tokenizer, PROMPTS[:1], "auto")[0]

@@ -6,7 +6,7 @@ softmax, SwiGLU, sampling), and PyTorch ships no fused decode attention for CPU 
 was 2x slower than plain matmuls at rollout shapes). reinforge carries its own, as torch ops of
 the namespace `reinforge_kernels`:
 
-- `csrc/decode.cpp`, the native engine (rollout.native): `decode_layer` (one decoder layer for one
+- `csrc/decode.cpp`, the native engine (rollout.native, rollout.session): `decode_layer` (one decoder layer for one
   token of every row: the projections against weights packed once per generation by
   `pack_weight`, everything between them fused, the attention reading each row's keys up to its
   position), `sample` (keyed inverse-CDF sampling, `sample_tokens` with `keyed_uniforms` in one

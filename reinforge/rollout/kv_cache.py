@@ -1,5 +1,5 @@
 """The native engine's key/value cache: each layer's keys and values of the rows being decoded,
-in slots that rows are admitted to and retired from (rollout/native.py, `DecodeSession`). Its capacity
+in slots that rows are admitted to and retired from (rollout/session.py, `DecodeSession`). Its capacity
 doubles as rows grow and, on CPU, its memory is kept between calls.
 """
 

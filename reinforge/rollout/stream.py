@@ -24,8 +24,9 @@ import torch
 from reinforge.models import Policy
 from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout.base import Rollout, SamplingParams
-from reinforge.rollout.native import FinishedRow, NativeEngine, rows_to_rollout
+from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.prompts import encode_prompts
+from reinforge.rollout.session import FinishedRow, rows_to_rollout
 
 InFlight = Literal["interrupt", "finish"]
 
