@@ -139,10 +139,9 @@ def test_max_environment_tokens_leaves_out_the_reply_that_would_pass_it() -> Non
     assert result.trajectory.truncated
 
 
-def test_a_turn_truncated_by_the_generator_ends_unscored() -> None:
+def test_a_turn_truncated_by_the_generator_is_still_judged_and_marks_the_trajectory() -> None:
     result = play(Guess, "5", "8", "7", truncated_at=1)
-    assert (result.stop_reason, result.turns, result.turn_rewards) == ("model_truncated", 2, (-0.25,))
-    assert result.trajectory.tokens().tolist() == [53, 117, 112, 56]
+    assert (result.stop_reason, result.turns, result.turn_rewards) == ("done", 3, (-0.25, -0.25, 1.0))
     assert result.trajectory.truncated and result.trainable
 
 
@@ -240,7 +239,6 @@ def test_stats_aggregate_episodes_into_named_metrics() -> None:
         "env/stop/max_model_tokens": 0.0,
         "env/stop/max_environment_tokens": 0.0,
         "env/stop/error": 0.25,
-        "env/stop/model_truncated": 0.0,
         "env/reward_mean": (0.5 - 0.5 + 1.0) / 3,       # the failed episode's partial reward is left out
         "env/reward_by_turns/1": 1.0,
         "env/reward_by_turns/2": -0.5,

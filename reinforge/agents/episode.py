@@ -25,14 +25,13 @@ import torch
 
 from reinforge.rollout.trajectory import Segment, Trajectory
 
-StopReason = Literal["done", "max_turns", "max_model_tokens", "max_environment_tokens", "error", "model_truncated"]
+StopReason = Literal["done", "max_turns", "max_model_tokens", "max_environment_tokens", "error"]
 STOP_REASONS: tuple[StopReason, ...] = (
     "done",                    # step returned done=True
     "max_turns",               # the model had its max_turns turns and the environment was not done
     "max_model_tokens",        # the model's tokens reached the trajectory's budget (the last turn cut to fit)
     "max_environment_tokens",  # the next reply would have passed the environment's budget (it is left out)
     "error",                   # the class raised, or returned something outside the protocol (see `error`)
-    "model_truncated",         # the model's turn hit the generator's per-turn limit without a stop
 )
 RewardMode = Literal["trajectory", "turn"]
 Message = dict[str, Any]
@@ -71,7 +70,7 @@ class EpisodeResult:
 
     trajectory: Trajectory           # prompt_ids = the opening messages encoded; segments model/environment alternating
     messages: tuple[Message, ...]    # the conversation: opening, each model turn's text (whole), each reply
-    turn_rewards: tuple[float, ...]  # step's reward for each turn it scored (a turn cut or truncated has none)
+    turn_rewards: tuple[float, ...]  # step's reward for each turn it scored (a turn cut to the budget has none)
     reward_mode: RewardMode          # 'trajectory': their sum on the last model token; 'turn': each on its turn's last
     turns: int                       # model turns generated
     stop_reason: StopReason
@@ -137,6 +136,7 @@ class Play:
     segments: list[Segment] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     turns: int = 0
+    cut_turns: int = 0          # turns the generator cut at its per-turn limit
     model_tokens: int = 0
     environment_tokens: int = 0
     result: EpisodeResult | None = None
@@ -176,8 +176,9 @@ class Play:
         self.model_tokens += keep
         if keep < len(turn.token_ids):
             return self._end("max_model_tokens")   # the turn was cut: its text is not what step would judge
-        if turn.truncated:
-            return self._end("model_truncated")
+        # A turn the generator cut (per-turn limit, no stop) still goes to step: the environment judges what
+        # the model wrote, as a tool box reads an unclosed call as malformed. The trajectory is marked truncated.
+        self.cut_turns += int(turn.truncated)
         reply, reward, done = _checked_step(_user_call("step", self.environment.step, turn.text))
         self.rewards.append(reward)
         self.before = list(self.messages)
@@ -204,7 +205,7 @@ class Play:
 
     def _end(self, stop_reason: StopReason, error: str | None = None) -> None:
         trajectory = Trajectory(prompt_ids=self.prompt_ids, segments=tuple(self.segments), group=self.group,
-                                truncated=stop_reason not in ("done", "error"))
+                                truncated=stop_reason not in ("done", "error") or self.cut_turns > 0)
         self.result = EpisodeResult(trajectory=trajectory, messages=tuple(self.messages),
                                     turn_rewards=tuple(self.rewards), reward_mode=self.reward_mode, turns=self.turns,
                                     stop_reason=stop_reason, error=error)

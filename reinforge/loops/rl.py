@@ -8,6 +8,7 @@ branch in this file; asynchronous training (loops/async_rl.py) and data-parallel
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,10 +92,13 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
 
     def score(examples: list[Example], rollout: Rollout) -> Scores:
         returns = environment_returns(rollout)
-        if returns is not None:      # episodes of an environment: their return is the reward
+        if returns is not None:      # episodes of an environment: their return is the reward (NaN: it failed)
             valid = ~returns.isnan()
-            return Scores(rewards=returns, valid=valid, correct=returns > 0,
-                          metrics={"reward/environment_mean": float(returns[valid].mean()) if valid.any() else 0.0},
+            mean = float(returns[valid].mean()) if valid.any() else math.nan
+            failed = float((~valid).float().mean())
+            metrics = {"reward/environment_mean": mean, "reward/total_mean": mean, "reward/valid_frac": 1.0 - failed,
+                       "reward/error_frac": failed}
+            return Scores(rewards=returns, valid=valid, correct=returns > 0, metrics=metrics,
                           parts={"environment": returns})
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).

@@ -1,0 +1,35 @@
+"""Environments for tests/test_agent_training.py, written as a user would: no reinforge import."""
+
+from __future__ import annotations
+
+
+class CountDown:
+    """Say something; the environment asks twice for more, then scores the last turn's length (longer: better)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": str(row["prompt"])}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        self.turns += 1
+        if self.turns < 3:
+            return [{"role": "user", "content": "And then?"}], 0.0, False
+        return [], min(1.0, len(text) / 20), True
+
+
+class Broken:
+    """Raises on the second turn of every episode."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        return [{"role": "user", "content": str(row["prompt"])}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        self.turns += 1
+        if self.turns == 2:
+            raise RuntimeError("the simulator crashed")
+        return [{"role": "user", "content": "more"}], 1.0, False
