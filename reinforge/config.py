@@ -71,13 +71,17 @@ class TaskConfig(Section):
         description=(
             "A multi-turn environment, 'module:Class' or 'path/to/file.py:Class': a class with reset(row) -> "
             "messages and step(text) -> (messages, reward, done), constructed with no arguments per trajectory "
-            "(docs/agents.md). Its return is the reward. None: single-turn, or tools (rollout.tools)."
+            "(docs/agents.md). Its return is the reward. None: single-turn, or tools (rollout.tools). With "
+            "task.name=dataset the verifier defaults to none: rows need no answer, nor a prompt."
         ),
     )
 
     @model_validator(mode="after")
     def _check_task(self) -> TaskConfig:
         from reinforge.tasks import TASKS, build_task
+
+        if self.environment is not None and self.name == "dataset" and "verifier" not in self.options:
+            self.options = {**self.options, "verifier": "none"}      # the environment scores the rows
 
         if self.name not in TASKS:
             build_task(self.name)  # raises with a suggestion for an unknown name
@@ -186,10 +190,10 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
     merged_user = deep_merge(user, cli)
     check_keys(merged_user, Config)
     recipe = merged_user.get("recipe", Config.model_fields["recipe"].default)
-    preset = deep_merge(task_preset(merged_user), recipe_preset(str(recipe)))
+    preset = recipe_preset(str(recipe))
     check_keys(preset, Config, prefix=f"recipes/{recipe}.yaml: ")
     try:
-        cfg = Config.model_validate(deep_merge(preset, merged_user))
+        cfg = Config.model_validate(deep_merge(deep_merge(task_preset(merged_user), preset), merged_user))
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
     if (architecture_of or cfg.model.path) == "builtin":

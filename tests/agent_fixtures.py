@@ -33,3 +33,14 @@ class Broken:
         if self.turns == 2:
             raise RuntimeError("the simulator crashed")
         return [{"role": "user", "content": "more"}], 1.0, False
+
+
+class Guess:
+    """Rows hold only the number to find: {"target": 7}."""
+
+    def reset(self, row: dict) -> list[dict]:
+        self.target = int(row["target"])
+        return [{"role": "user", "content": "Guess a number from 1 to 12."}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        return [], float(str(self.target) in text), True

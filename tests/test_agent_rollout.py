@@ -19,7 +19,7 @@ from reinforge.agents.tools import ToolBox
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout.base import Rollout, SamplingParams, environment_returns
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
-from reinforge.tasks.multiply_tool import calculator, tool_call
+from reinforge.tasks.multiply_tool import tool_call
 
 CALC = "reinforge.tasks.multiply_tool:calculator"
 
@@ -152,9 +152,3 @@ def test_a_teacher_trace_tokenizes_as_the_rollout_holds_it() -> None:
     assert tok.decode(prompt) == "2*3="
     assert tok.decode(completion) == tool_call("2*3") + "<eos><tool_response>6</tool_response>6<eos>"
     assert sum(trained) == len(tool_call("2*3")) + 1 + 2
-
-
-def test_calculator() -> None:
-    assert calculator("012*345") == "4140" and calculator("(1+2)*-3") == "-9"
-    with pytest.raises(ValueError, match="expected a number"):
-        calculator("2**3")

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from reinforge.cli import app
+from reinforge.objectives import RECIPES, ObjectiveSpec
 
 runner = CliRunner()
 
@@ -51,7 +52,7 @@ def _env_run(llama_dir: Path, data: Path, out: Path, environment: str, *extra: s
         "train.group_size=2", "train.micro_batch_size=8", "rollout.max_new_tokens=6", "rollout.max_turns=3",
         "eval.num_prompts=2", "eval.num_samples=2", "log.progress=false", "log.samples_every=1", "threads=1",
         "task.name=dataset",
-        f"task.options.path={data}", "task.options.verifier=exact", f"task.environment={environment}",
+        f"task.options.path={data}", f"task.environment={environment}",
         f"output_dir={out}", *extra])
 
 
@@ -95,3 +96,33 @@ def test_a_missing_environment_class_is_one_line_before_anything_runs(llama_dir:
     result = _env_run(llama_dir, _rows(tmp_path), out, "agent_fixtures:Nope")
     assert result.exit_code == 2
     assert "task.environment='agent_fixtures:Nope'" in result.output and not out.exists()
+
+
+RL_RECIPES = sorted(n for n, r in RECIPES.items() if isinstance(r.objective, ObjectiveSpec))
+# A micro model after a short cold start on the tool task's traces opens its turns with a tool call, so
+# every step has multi-turn episodes: tool results (or the parser's errors) in the context.
+TOOL_RUN = ["task.name=multiply_tool", "sft.steps=40", "sft.batch_size=16", "sft.num_examples=640", "sft.lr=3e-3",
+            "rollout.max_new_tokens=24", "model.max_positions=160", "eval.num_prompts=2", "eval.num_samples=2"]
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_every_rl_recipe_trains_the_tool_task(tmp_path: Path, micro_overrides: list[str], name: str) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, *TOOL_RUN, f"recipe={name}", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    assert all(r["env/turns_mean"] > 1.0 and r["env/environment_tokens_mean"] > 0 for r in rl)
+    assert all("tools/calls_per_trajectory" in r and "tools/malformed_rate" in r for r in rl)
+    summary = json.loads((out / "summary.json").read_text())
+    assert "final_without_tools" in summary["eval"]
+
+
+def test_environment_rows_need_no_prompt_nor_answer(chatty_llama: Path, tmp_path: Path) -> None:
+    data = tmp_path / "games.jsonl"
+    data.write_text("".join(json.dumps({"target": t}) + "\n" for t in range(1, 13)))
+    out = tmp_path / "run"
+    result = _env_run(chatty_llama, data, out, "agent_fixtures:Guess", "train.steps=1", "rollout.max_new_tokens=24")
+    assert result.exit_code == 0, result.output
+    sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["trajectory"][0]["content"].startswith("Guess a number")

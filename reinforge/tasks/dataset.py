@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 class Verifier:
     """How one verifier scores a completion, and the record field it needs."""
 
-    field: str  # our field every row must have ("answer" or "tests")
+    field: str | None  # our field every row must have ("answer" or "tests"); None: no field
     score: Callable[[str, Example, float], float]  # (completion, example, code_timeout_s) -> 0.0 | 1.0
 
 
@@ -72,11 +72,18 @@ ANSWER_COLUMNS = ("reward_model.ground_truth", "solution", "ground_truth")
 # What a row's error starts with (reinforge.data.loading): "'FILE', line N: " or "'FILE', row N: ".
 _ROW_ERROR = re.compile(r"^'.*', (line|row) (\d+): ")
 
+def _environment(completion: str, example: Example, _timeout_s: float) -> float:
+    raise ValueError("task.options.verifier=none: the rows are scored by task.environment, not by a verifier")
+
+
 VERIFIERS: dict[str, Verifier] = {
     "math": Verifier("answer", _math),        # last \boxed{} / "answer is" / last number vs gold, by math-verify
     "code": Verifier("tests", _code),         # sandboxed program vs the row's top-level asserts, all must pass
     "integer": Verifier("answer", _integer),  # the completion is exactly the gold integer
     "exact": Verifier("answer", _exact),      # string equality after stripping whitespace
+    # rows an environment scores (task.environment): no answer needed, and a row without a prompt is
+    # keyed by its fields (the environment's reset writes the opening messages from them)
+    "none": Verifier(None, _environment),
 }
 
 # "{name}" is a record field; "{{" and "}}" are literal braces; any other brace is literal
@@ -97,8 +104,10 @@ class DatasetTask(Task):
       Without a mapping and without an `answer` column, the answer is read from
       `reward_model.ground_truth` (verl's layout), else `solution` (TRL's), else
       `ground_truth`.
-    * `verifier`: one of `VERIFIERS` (math, code, integer, exact). math,
-      integer and exact need an `answer` field; code needs `tests`.
+    * `verifier`: one of `VERIFIERS` (math, code, integer, exact, none). math,
+      integer and exact need an `answer` field; code needs `tests`; none (rows
+      an environment scores, the default with task.environment) needs nothing,
+      a row without a prompt being keyed by its fields.
     * `prompt_template`: e.g. "Question: {prompt}\\nAnswer:"; any record field
       may be used; None: the prompt as is. A tokenizer's chat template, when
       the model has one, is applied later by the rollout as for every task.
@@ -167,7 +176,7 @@ class DatasetTask(Task):
         # Template fields are required too, so a row without one fails (or is skipped) at load.
         template_fields = _PLACEHOLDER.findall(self.prompt_template or "")
         field = VERIFIERS[self.verifier].field
-        required = ["prompt", field, *filter(None, template_fields)]
+        required = [*(["prompt", field] if field else []), *filter(None, template_fields)]
         defaults = {field: ANSWER_COLUMNS} if field == "answer" else None
         try:
             loaded = read_records(path, self.fields, required=required, skip_invalid=skip_invalid, defaults=defaults)
@@ -184,6 +193,8 @@ class DatasetTask(Task):
                 logger.warning("skipped: %s", message)
         out = []
         for where, record in zip(loaded.locations, loaded.records, strict=True):
+            if "prompt" not in record:     # verifier none: the row's fields are its prompt
+                record = {**record, "prompt": json.dumps(record, sort_keys=True)}
             meta = {k: v for k, v in record.items() if k not in ("prompt", "answer")}
             try:
                 json.dumps(meta)
