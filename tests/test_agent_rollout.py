@@ -152,3 +152,41 @@ def test_a_teacher_trace_tokenizes_as_the_rollout_holds_it() -> None:
     assert tok.decode(prompt) == "2*3="
     assert tok.decode(completion) == tool_call("2*3") + "<eos><tool_response>6</tool_response>6<eos>"
     assert sum(trained) == len(tool_call("2*3")) + 1 + 2
+
+
+class Again:
+    """Answers every turn with the same reply for three turns; the return is the last turn's length."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.turns += 1
+        return [{"role": "user", "content": "more?"}], float(len(text)), self.turns == 3
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_native_continuation_gives_the_rollout_of_re_prefilling_each_turn(cpu_kernels: bool) -> None:
+    from reinforge.models import build_tiny_qwen2
+    from reinforge.rollout import NativeEngine
+    from reinforge.settings import ModelConfig
+
+    policy = build_tiny_qwen2(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                          intermediate_size=128, max_positions=256), seed=0)
+    with torch.no_grad():       # turns that end at different lengths (a random model's would all run to the limit)
+        policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= 15.0
+    engine = NativeEngine(policy, max_batch_rows=5, cpu_kernels=cpu_kernels)
+    renderer = Renderer(policy.tokenizer, "auto", None, policy.eos_token_ids)
+    out = {}
+    for continuation in (True, False):
+        agent = AgentEngine(engine, renderer, lambda p: {"prompt": p}, environment=Again, continuation=continuation)
+        out[continuation] = agent.generate(["12+3=", "7*8=", "1-1="], 3, SamplingParams(max_new_tokens=12),
+                                           generator=torch.Generator().manual_seed(0))
+    fast, slow = out[True], out[False]
+    assert torch.equal(fast.completion_ids, slow.completion_ids) and torch.equal(fast.loss_mask, slow.loss_mask)
+    torch.testing.assert_close(fast.sampler_logprobs, slow.sampler_logprobs, atol=1e-5, rtol=0)
+    assert [e.result.turns for e in fast.episodes] == [3] * 9
+    assert float(fast.loss_mask.sum()) < float(fast.completion_mask.sum())   # replies in, out of the loss

@@ -101,7 +101,7 @@ def test_a_missing_environment_class_is_one_line_before_anything_runs(llama_dir:
 RL_RECIPES = sorted(n for n, r in RECIPES.items() if isinstance(r.objective, ObjectiveSpec))
 # A micro model after a short cold start on the tool task's traces opens its turns with a tool call, so
 # every step has multi-turn episodes: tool results (or the parser's errors) in the context.
-TOOL_RUN = ["task.name=multiply_tool", "sft.steps=40", "sft.batch_size=16", "sft.num_examples=640", "sft.lr=3e-3",
+TOOL_RUN = ["task.name=multiply_tool", "sft.steps=100", "sft.batch_size=32", "sft.num_examples=3200", "sft.lr=1e-2",
             "rollout.max_new_tokens=24", "model.max_positions=160", "eval.num_prompts=2", "eval.num_samples=2"]
 
 
