@@ -43,20 +43,26 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-@pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory) -> Path:
-    """A tiny Llama and a byte-level BPE tokenizer trained here, with a chat template (CHAT_TEMPLATE)."""
-    import torch
+def byte_bpe(corpus: list[str], specials: list[str]):
+    """A byte-level BPE tokenizer (300 ids) trained here on `corpus`, with `specials` as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token=None))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [f"What is {a} + {b}? The answer is {a + b}. Be brief, think." for a in range(20) for b in range(5)]
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<|end|>",
+    return bpe
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    """A tiny Llama and a byte-level BPE tokenizer trained here, with a chat template (CHAT_TEMPLATE)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = [f"What is {a} + {b}? The answer is {a + b}. Be brief, think." for a in range(20) for b in range(5)]
+    tok = PreTrainedTokenizerFast(tokenizer_object=byte_bpe(corpus, SPECIALS), pad_token="<pad>", eos_token="<|end|>",
                                   additional_special_tokens=SPECIALS[2:])
     tok.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MICRO
+from conftest import MICRO, byte_bpe
 from typer.testing import CliRunner
 
 from reinforge.cli import app
@@ -32,15 +32,9 @@ SYSTEM_REQUIRED = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('
 def llama_needs_system(tmp_path_factory) -> Path:
     """A tiny Llama whose BPE tokenizer has an eos but no pad token and a template that needs a system message."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator([f"What is {a} + {b}? {a + b}" for a in range(10) for b in range(10)],
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe = byte_bpe([f"What is {a} + {b}? {a + b}" for a in range(10) for b in range(10)], SPECIALS)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", model_max_length=256)
     tok.chat_template = SYSTEM_REQUIRED
     torch.manual_seed(0)
