@@ -181,7 +181,7 @@ OK_REPLY = [{"role": "user", "content": "up"}]
     (returning(reset=[]), "reset returned an empty list"),
     (returning(reset=[{"role": "user"}]), "reset returned dict {'role': 'user'} as message 0"),
     (returning(reset=[{"role": "user", "content": 3}]), "reset returned dict {'content': 3, 'role': 'user'} as messa"),
-    (returning(step=[OK_REPLY, 0.0, False]), "step returned list"),
+    (returning(step=[OK_REPLY, 0.0]), "step returned list"),
     (returning(step=(OK_REPLY, 0.0)), "step returned tuple"),
     (returning(step=("up", 0.0, False)), "step returned str 'up' as its reply"),
     (returning(step=(OK_REPLY, True, 1.0)), "step returned reward bool True, expected a finite real number"),
@@ -340,3 +340,18 @@ def test_the_documented_example_is_the_example_file() -> None:
     docs = (EXAMPLE.parents[1] / "docs" / "agents.md").read_text()
     block = next(b for b in docs.split("```python\n")[1:] if b.startswith("class GuessNumber")).split("```")[0]
     assert block in EXAMPLE.read_text()
+
+
+class NumpyScored(Guess):
+    """Returns numpy scalars, as an environment computing with numpy does, and lists instead of tuples."""
+
+    def step(self, text: str):
+        import numpy as np
+
+        reply, reward, done = super().step(text)
+        return [tuple(reply), np.float32(reward), np.int64(int(text)) == np.int64(self.target)]
+
+
+def test_numpy_scalars_and_lists_from_step_are_read_as_python_values() -> None:
+    result = play(NumpyScored, "5", "7")
+    assert (result.stop_reason, result.turn_rewards, result.error) == ("done", (-0.25, 1.0), None)

@@ -260,7 +260,7 @@ def _shown(value: Any) -> str:
 def _checked_messages(method: str, value: Any, opening: bool) -> list[Message]:
     """`value` as a list of message dicts (copies), or _Failed naming `method` and what came back."""
     expected = "a list of {'role': str, 'content': str} dicts"
-    if not isinstance(value, list):
+    if not isinstance(value, list | tuple):
         raise _Failed(f"{method} returned {_shown(value)}{' as its reply' if not opening else ''}, expected {expected}")
     if opening and not value:
         raise _Failed(f"{method} returned an empty list, expected {expected} (at least one: the model's prompt)")
@@ -271,9 +271,9 @@ def _checked_messages(method: str, value: Any, opening: bool) -> list[Message]:
 
 
 def _checked_step(value: Any) -> tuple[list[Message], float, bool]:
-    if not isinstance(value, tuple) or len(value) != 3:
+    if not isinstance(value, tuple | list) or len(value) != 3:
         raise _Failed(f"step returned {_shown(value)}, expected a tuple (reply messages, reward, done)")
-    reply, reward, done = value
+    reply, reward, done = (_scalar(v) for v in value)
     messages = _checked_messages("step", reply, opening=False)
     # bool is an int: refused, so that (reply, done, reward) in the wrong order is caught, not scored as 0/1.
     if isinstance(reward, bool) or not isinstance(reward, Real) or not math.isfinite(reward):
@@ -281,6 +281,14 @@ def _checked_step(value: Any) -> tuple[list[Message], float, bool]:
     if not isinstance(done, bool):
         raise _Failed(f"step returned done {_shown(done)}, expected a bool (wrap it in bool(...))")
     return messages, float(reward), done
+
+
+def _scalar(value: Any) -> Any:
+    """A numpy or torch scalar (`reward = np.float32(...)`, `done = guess == target` on numpy ints) as the
+    Python number or bool it holds; anything else as it is."""
+    if type(value).__module__.split(".")[0] in ("numpy", "torch") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 # ----------------------------------------------------------------------------------------------------------------
