@@ -63,6 +63,12 @@ TRL_NAMES: dict[str, Synonym] = {
     ),
     "num_generations": Synonym("train.group_size", TRL),
     "max_completion_length": Synonym("rollout.max_new_tokens", TRL),
+    "max_tool_calling_iterations": Synonym(
+        "rollout.max_tool_calls",
+        TRL,
+        "reinforge counts tool calls per trajectory (a call past it ends the trajectory), and model turns with "
+        "rollout.max_turns",
+    ),
     "max_prompt_length": Synonym(
         None, TRL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"
     ),
@@ -199,6 +205,15 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.top_k": Synonym("rollout.top_k", VERL, "verl's -1 (off) is 0 here"),
     "actor_rollout_ref.rollout.response_length": Synonym("rollout.max_new_tokens", VERL),
     "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, _NO_VLLM),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Synonym("rollout.max_turns", VERL),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": Synonym(
+        "rollout.max_tool_calls", VERL, "tool calls per trajectory; an environment's replies are bounded by "
+        "rollout.max_turns"),
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": Synonym(
+        "rollout.tool_max_chars", VERL, "in characters, not tokens"),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": Synonym(
+        "rollout.tools", VERL, "tools are typed Python functions named in a list (rollout.tools=[module:function]), "
+        "not a YAML of tool classes; an environment class is task.environment"),
     "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, _NO_VLLM),
     "actor_rollout_ref.actor.optim.lr": Synonym("train.lr", VERL),
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
