@@ -190,3 +190,13 @@ def test_native_continuation_gives_the_rollout_of_re_prefilling_each_turn(cpu_ke
     torch.testing.assert_close(fast.sampler_logprobs, slow.sampler_logprobs, atol=1e-5, rtol=0)
     assert [e.result.turns for e in fast.episodes] == [3] * 9
     assert float(fast.loss_mask.sum()) < float(fast.completion_mask.sum())   # replies in, out of the loss
+
+
+def test_reward_by_turns_reads_the_rewards_as_scored() -> None:
+    def script(context: str) -> str:       # the first prompt answers at once, the second calls the tool first
+        return "7" if context.startswith("a") else calls_then_answers(context)
+
+    rollout = agent(script, tools=[CALC]).generate(["a", "2*3="], 2, PARAMS)
+    metrics = agent_metrics(rollout.episodes, torch.tensor([0.0, float("nan"), 1.0, 0.5]))
+    assert metrics["env/reward_by_turns/1"] == 0.0 and metrics["env/reward_by_turns/2"] == 0.75
+    assert "env/reward_mean" not in metrics           # the step's reward_mean is the one to read

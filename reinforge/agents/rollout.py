@@ -188,11 +188,20 @@ def _last_turn(result: EpisodeResult) -> str:
     return turns[-1] if turns else ""
 
 
-def agent_metrics(rows: list[AgentRow]) -> dict[str, float]:
+def agent_metrics(rows: list[AgentRow], rewards: torch.Tensor | None = None) -> dict[str, float]:
     """The env/* metrics of the episodes (EpisodeStats) and, for tool episodes, per-trajectory tool figures:
     tools/calls_per_trajectory, tools/error_rate (failed calls / calls), tools/malformed_rate (unreadable calls
-    / calls attempted), tools/timeouts, tools/truncated, tools/limit_rate (trajectories stopped at max_tool_calls)."""
+    / calls attempted), tools/timeouts, tools/truncated, tools/limit_rate (trajectories stopped at max_tool_calls).
+    `rewards` [N]: the rows' rewards as scored (NaN: none); env/reward_by_turns/<n> is then their mean by number
+    of turns, whoever scored them (the environment's returns, or the reward functions on a tool episode's answer)."""
     out = EpisodeStats.of([r.result for r in rows]).metrics()
+    if rewards is not None:
+        out = {k: v for k, v in out.items() if not k.startswith(("env/reward_by_turns/", "env/reward_mean"))}
+        turns = torch.tensor([r.result.turns for r in rows])
+        for n in sorted(set(turns.tolist())):
+            scored = rewards[(turns == n) & ~rewards.isnan()]
+            if len(scored):
+                out[f"env/reward_by_turns/{n}"] = float(scored.mean())
     tools = [r.tools for r in rows if r.tools is not None]
     if tools:
         calls = sum(t.calls for t in tools)

@@ -158,7 +158,7 @@ def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
     model's tokens), degenerate groups; for multi-turn episodes their turns, tools and stops (env/*, tools/*)."""
     rewards = groups.rewards[groups.valid]
     lengths, correct = rollout.lengths.float(), groups.correct.flatten()
-    episodes = agent_metrics(rollout.episodes) if rollout.episodes is not None else {}
+    episodes = agent_metrics(rollout.episodes, groups.rewards.flatten()) if rollout.episodes is not None else {}
     return {
         **episodes,
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
