@@ -46,7 +46,7 @@ def test_without_tools_the_traces_answer_directly() -> None:
 
 def test_the_task_preset_sits_under_the_recipe_and_the_user() -> None:
     cfg = build_config(["task.name=multiply_tool"])
-    assert (cfg.rollout.max_new_tokens, cfg.model.max_positions, cfg.sft.lr) == (96, 160, 1e-3)
+    assert (cfg.rollout.max_new_tokens, cfg.model.max_positions, cfg.sft.lr, cfg.train.lr) == (96, 160, 1e-3, 1e-4)
     assert build_config(["task.name=multiply_tool", "rollout.max_new_tokens=50"]).rollout.max_new_tokens == 50
     assert build_config(["task.name=multiply_tool", "recipe=areal"]).train.mode == "async"
     assert build_config([]).rollout.max_new_tokens == 8          # other tasks keep the defaults
