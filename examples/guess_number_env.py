@@ -1,7 +1,12 @@
 """An environment of your own: a number-guessing game, in the protocol reinforge calls (no reinforge import).
 
-Name it with `task.environment=examples/guess_number_env.py:GuessNumber`. Each dataset row holds the
-number to find, e.g. `{"target": 37}` (and optionally its range, `low` and `high`). The model guesses,
+Train on it with
+
+    reinforge train task.name=dataset task.options.path=examples/guess_number_rows.jsonl \
+        task.environment=examples/guess_number_env.py:GuessNumber
+
+Each dataset row holds the number to find, e.g. `{"target": 37}` (and optionally its range, `low` and
+`high`); it needs no prompt nor answer, since the environment writes the opening and scores the game. The model guesses,
 the environment answers "higher" or "lower", and the game ends when the guess is right or the guesses
 run out. The protocol is two methods:
 

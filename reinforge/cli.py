@@ -380,6 +380,10 @@ def _print_summary(output_dir: str, summary: dict) -> None:
     for name, a, b in rows:
         table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
     console.print(table)
+    alone = summary["eval"].get("final_without_tools")
+    if alone is not None:     # a run with tools: the same model with none to call
+        console.print(f"after RL without tools: pass@1 {alone['pass@1']:.3f}, greedy accuracy "
+                      f"{alone['greedy_accuracy']:.3f}")
     console.print(f"run directory: {output_dir}  ({summary['wall_seconds']:.0f} s)")
 
 

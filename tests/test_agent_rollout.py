@@ -200,3 +200,20 @@ def test_reward_by_turns_reads_the_rewards_as_scored() -> None:
     metrics = agent_metrics(rollout.episodes, torch.tensor([0.0, float("nan"), 1.0, 0.5]))
     assert metrics["env/reward_by_turns/1"] == 0.0 and metrics["env/reward_by_turns/2"] == 0.75
     assert "env/reward_mean" not in metrics           # the step's reward_mean is the one to read
+
+
+def test_the_hf_engine_plays_episodes_turn_by_turn() -> None:
+    from reinforge.models import build_tiny_qwen2
+    from reinforge.rollout import HFEngine
+    from reinforge.settings import ModelConfig
+
+    policy = build_tiny_qwen2(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                          intermediate_size=64, max_positions=256), seed=0)
+    agent = AgentEngine(HFEngine(policy), Renderer(policy.tokenizer, "auto", None, policy.eos_token_ids),
+                        lambda p: {"prompt": p}, environment=Again)
+    rollout = agent.generate(["1+1=", "2+2="], 2, SamplingParams(max_new_tokens=5),
+                             generator=torch.Generator().manual_seed(0))
+    assert [e.result.turns for e in rollout.episodes] == [3] * 4 and all(n <= 15 for n in rollout.lengths.tolist())
+    reply = len(policy.tokenizer("more?", add_special_tokens=False)["input_ids"]) + 1     # content and newline
+    environment = rollout.completion_mask.sum(dim=1) - rollout.loss_mask.sum(dim=1)
+    assert environment.tolist() == [2.0 * reply] * 4                # two replies in each context

@@ -126,3 +126,16 @@ def test_environment_rows_need_no_prompt_nor_answer(chatty_llama: Path, tmp_path
     assert result.exit_code == 0, result.output
     sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert sample["trajectory"][0]["content"].startswith("Guess a number")
+
+
+def test_the_documented_example_environment_trains_from_its_command(tmp_path: Path, micro_overrides) -> None:
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    out = tmp_path / "run"
+    result = runner.invoke(app, [
+        "train", *micro_overrides, "task.name=dataset", f"task.options.path={examples / 'guess_number_rows.jsonl'}",
+        f"task.environment={examples / 'guess_number_env.py'}:GuessNumber", "sft.enabled=false",
+        "model.max_positions=256", "rollout.max_new_tokens=4", "train.steps=2", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2] and all(r["env/error_rate"] == 0.0 for r in rl)
+    assert all(r["env/turns_mean"] > 1 for r in rl)     # a turn without a number gets a reply and goes on
