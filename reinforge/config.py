@@ -76,6 +76,15 @@ class TaskConfig(Section):
         ),
     )
 
+    environment_reward: Literal["trajectory", "turn"] = Field(
+        "trajectory",
+        description=(
+            "How an environment's rewards are credited: 'trajectory', their sum on the last model token (every "
+            "recipe); 'turn', each turn's reward on that turn's last token, for GAE to credit turn by turn (a recipe "
+            "with a critic: ppo, vapo)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_task(self) -> TaskConfig:
         from reinforge.tasks import TASKS, build_task

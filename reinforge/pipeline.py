@@ -113,6 +113,11 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         if cfg.sft.corrupt_fraction > 0:
             task.corrupt_completion(first[0], rng)
     check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
+    if cfg.task.environment_reward == "turn" and not (cfg.task.environment and spec.needs_critic):
+        need = "a critic to credit turn by turn (recipe=ppo or vapo, or objective.advantage=gae)" \
+            if cfg.task.environment else "task.environment (tools' episodes are scored once, on the answer)"
+        raise ConfigError(f"task.environment_reward=turn needs {need}; a group advantage ({cfg.recipe}) reads one "
+                          "reward per trajectory: task.environment_reward=trajectory")
     check_reward_inputs(cfg.reward, task.train_split(1)[0])   # a required parameter nothing fills: before any load
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
@@ -233,7 +238,8 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
         # (rejection-sampling SFT samples from the model it then trains).
         engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
         # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
-        engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task) or engine
+        engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
+                             cfg.task.environment_reward) or engine
         hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
         rl = _train(cfg, hooks, engine, spec, saved, run_dir)
         summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)

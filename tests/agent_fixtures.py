@@ -44,3 +44,17 @@ class Guess:
 
     def step(self, text: str) -> tuple[list[dict], float, bool]:
         return [], float(str(self.target) in text), True
+
+
+class PerTurn:
+    """Three turns, each scored by its length (longer: better)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        return [{"role": "user", "content": str(row["prompt"])}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        self.turns += 1
+        return [{"role": "user", "content": "Next."}], min(1.0, len(text) / 20), self.turns == 3

@@ -4,6 +4,7 @@ the built-in tool task in every recipe and in async mode."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,17 @@ def test_the_documented_example_environment_trains_from_its_command(tmp_path: Pa
     rl = _lines(out, "rl")
     assert [r["step"] for r in rl] == [1, 2] and all(r["env/error_rate"] == 0.0 for r in rl)
     assert all(r["env/turns_mean"] > 1 for r in rl)     # a turn without a number gets a reply and goes on
+
+
+def test_turn_rewards_train_a_critic_recipe_and_are_refused_for_group_advantages(chatty_llama: Path,
+                                                                                   tmp_path: Path) -> None:
+    data = _rows(tmp_path)
+    out = tmp_path / "run"
+    result = _env_run(chatty_llama, data, out, "agent_fixtures:PerTurn", "recipe=ppo", "train.steps=2",
+                      "task.environment_reward=turn", "rollout.max_new_tokens=24")
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all(r["env/turns_mean"] > 1 and math.isfinite(r["critic/value_loss"]) for r in rl)
+    refused = _env_run(chatty_llama, data, tmp_path / "grpo", "agent_fixtures:PerTurn", "task.environment_reward=turn")
+    assert refused.exit_code == 2 and "task.environment_reward=turn needs a critic" in refused.output

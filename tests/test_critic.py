@@ -96,6 +96,25 @@ def test_ppo_credit_is_gae_of_the_outcome_and_the_k1_penalty_by_hand(policy, mon
     assert kl_metrics == pytest.approx({"kl_in_reward": 0.3, "kl_coef": 0.05})     # sum_t k1 of the valid row
 
 
+def test_turn_rewards_on_their_tokens_are_credited_by_gae_by_hand(policy, monkeypatch) -> None:
+    """An environment crediting turn by turn (task.environment_reward=turn): 0.5 on the first turn's last
+    token, 1.0 on the second's, instead of the 1.5 sum on the last token."""
+    credit = CriticCredit(resolve_spec("ppo"), Critic(policy.model, lr=1e-3), ForwardPlan(micro_batch_size=8),
+                          epochs=1, mini_batches=1, grad_clip=1.0)
+    _, seq = _sequences(2, 1)
+    seq.completion_mask[0] = torch.tensor([1.0, 1.0, 1.0])
+    monkeypatch.setattr(credit.critic, "values", lambda batch, plan: torch.tensor([[0.5, 0.25, 0.0], [0.3] * 3]))
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -1.0]])
+    ref = old - torch.tensor([[0.1, 0.0, 0.2], [0.0, 0.0, 0.0]])          # k1 = 0.1, 0, 0.2 (beta 0.05)
+    placed = torch.tensor([[0.5, 0.0, 1.0], [float("nan")] * 3])        # the second row's episode failed
+    out = credit.assign(seq, torch.tensor([1.5, float("nan")]), torch.tensor([True, False]), torch.tensor([0, 0]),
+                        old, ref, torch.Generator(), token_rewards=placed)
+    # r = [0.5 - 0.005, 0, 1 - 0.01]; delta_2 = 0.99, delta_1 = -0.25, delta_0 = 0.495 + 0.25 - 0.5 = 0.245;
+    # A_1 = -0.25 + 0.95 * 0.99 = 0.6905, A_0 = 0.245 + 0.95 * 0.6905 = 0.900975.
+    torch.testing.assert_close(out.advantages[0], torch.tensor([0.900975, 0.6905, 0.99]))
+    assert out.keep.tolist() == [True, False]
+
+
 def test_adaptive_kl_coefficient_by_hand(policy) -> None:
     from reinforge.objectives.kl import adaptive_kl_coef
 

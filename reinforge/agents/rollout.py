@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from reinforge.agents.episode import EpisodeLimits, EpisodeResult, EpisodeStats, GeneratedTurn, Play
+from reinforge.agents.episode import EpisodeLimits, EpisodeResult, EpisodeStats, GeneratedTurn, Play, RewardMode
 from reinforge.agents.render import Renderer
 from reinforge.agents.tool_env import ToolEnvironment
 from reinforge.agents.tools import ToolBox, ToolStats
@@ -63,7 +63,7 @@ class AgentEngine:
 
     def __init__(self, engine: Any, renderer: Renderer, rows: Callable[[str], Mapping[str, Any]],
                  environment: type | None = None, tools: ToolBox | None = None, limits: EpisodeLimits | None = None,
-                 max_tool_calls: int = 4, continuation: bool = True):
+                 max_tool_calls: int = 4, continuation: bool = True, reward_mode: RewardMode = "trajectory"):
         if (environment is None) == (tools is None):
             raise ValueError("an agent rollout plays either an environment class or a tool box")
         self.engine, self.renderer, self.rows = engine, renderer, rows
@@ -71,13 +71,14 @@ class AgentEngine:
         self.limits = limits or EpisodeLimits()
         self.max_tool_calls = max_tool_calls
         self.continuation = continuation
+        self.reward_mode = reward_mode
         self.policy = engine.policy
         self.chat_template = engine.chat_template
 
     def over(self, engine: Any) -> AgentEngine:
         """This agent rollout over another engine (an asynchronous worker's, on its own copy of the weights)."""
         return AgentEngine(engine, self.renderer, self.rows, self.environment, self.tools, self.limits,
-                           self.max_tool_calls, self.continuation)
+                           self.max_tool_calls, self.continuation, self.reward_mode)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
@@ -91,7 +92,7 @@ class AgentEngine:
         for g, prompt in enumerate(prompts):
             row = self.rows(prompt)
             for _ in range(group_size):
-                play = Play(group=g, limits=self.limits)
+                play = Play(group=g, limits=self.limits, reward_mode=self.reward_mode)
                 environment = self.environment or ToolEnvironment(self.tools, self.max_tool_calls)
                 opening = play.open(environment, row)
                 if opening is not None:

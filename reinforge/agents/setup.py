@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from reinforge.agents.environment import load_environment
-from reinforge.agents.episode import EpisodeLimits
+from reinforge.agents.episode import EpisodeLimits, RewardMode
 from reinforge.agents.render import Renderer
 from reinforge.agents.rollout import AgentEngine
 from reinforge.agents.tools import ToolBox, parser_for
@@ -41,7 +41,7 @@ def check_agent(rollout: RolloutConfig, environment: str | None, task: Task) -> 
 
 
 def build_agent(rollout: RolloutConfig, environment: str | None, chat_template: str, engine: Any,
-                task: Task) -> AgentEngine | None:
+                task: Task, environment_reward: RewardMode = "trajectory") -> AgentEngine | None:
     """The agent rollout over `engine` when the run is multi-turn, else None."""
     environment_class = check_agent(rollout, environment, task)
     tools = run_tools(rollout, environment, task)
@@ -63,7 +63,8 @@ def build_agent(rollout: RolloutConfig, environment: str | None, chat_template: 
     limits = EpisodeLimits(max_turns=rollout.max_turns, max_model_tokens=rollout.max_model_tokens,
                            max_environment_tokens=rollout.max_environment_tokens)
     return AgentEngine(engine, renderer, ExampleRows(task), environment=environment_class, tools=box, limits=limits,
-                       max_tool_calls=rollout.max_tool_calls, continuation=rollout.continuation)
+                       max_tool_calls=rollout.max_tool_calls, continuation=rollout.continuation,
+                       reward_mode=environment_reward)
 
 
 class ExampleRows:

@@ -33,7 +33,7 @@ from reinforge.learner.forward import ForwardPlan
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
 from reinforge.objectives.kl import adaptive_kl_coef, reward_kl_terms
-from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards
+from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards, placed_token_rewards
 
 
 class RewardKL:
@@ -74,8 +74,10 @@ class GroupCredit:
         self.metrics: dict[str, float] = {}        # of the last `assign`
 
     def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
-               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-               generator: torch.Generator) -> AdvantageResult:
+               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, generator: torch.Generator,
+               token_rewards: torch.Tensor | None = None) -> AdvantageResult:
+        """`token_rewards` (turn-credited episodes) are not read: a group advantage compares whole
+        trajectories, by `rewards`, their sums (the config refuses that combination)."""
         spec = dataclasses.replace(self.spec, kl_coef=self.reward_kl.coef)
         shaped = shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, sequences.completion_mask)
         self.metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, sequences.completion_mask, valid)
@@ -108,12 +110,18 @@ class CriticCredit:
         self._pending: tuple[SequenceBatch, torch.Tensor, torch.Tensor, dict[str, float]] | None = None
 
     def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
-               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-               generator: torch.Generator) -> AdvantageResult:
+               old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, generator: torch.Generator,
+               token_rewards: torch.Tensor | None = None) -> AdvantageResult:
+        """`token_rewards` [N, T]: rewards already on their tokens (an environment crediting turn by turn:
+        each turn's reward on its last token); None: each row's reward on its last token."""
         mask = sequences.completion_mask
         v = self.spec.value
         kl = self.reward_kl.terms(old_logprobs, ref_logprobs, mask) if self.reward_kl.active else None   # [N, T]
-        token_rewards = outcome_token_rewards(torch.where(valid, rewards, 0.0), mask, kl, self.reward_kl.coef)
+        if token_rewards is None:
+            token_rewards = outcome_token_rewards(torch.where(valid, rewards, 0.0), mask, kl, self.reward_kl.coef)
+        else:
+            token_rewards = placed_token_rewards(torch.where(valid[:, None], token_rewards, 0.0)[:, : mask.shape[1]],
+                                                 mask, kl, self.reward_kl.coef)
         kl_metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, mask, valid)
         values = self.critic.values(sequences, self.plan)      # [N, T] V of the critic that sees this rollout
         out = decoupled_gae(token_rewards, values, mask, gamma=v.gamma, lam_actor=v.lam_actor, lam_critic=v.lam_critic,

@@ -34,7 +34,7 @@ from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
-from reinforge.rollout.base import environment_returns
+from reinforge.rollout.base import environment_returns, environment_token_rewards
 from reinforge.settings import CriticConfig, TrainConfig
 from reinforge.tasks import Example
 from reinforge.telemetry.samples import StepSamples
@@ -230,7 +230,7 @@ class Learner:
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
         #    critic's GAE (loops/credit.py); transforms may drop samples
         credit = state.credit.assign(sequences, scores.rewards, scores.valid, rollout.group_ids, old_logprobs,
-                                     ref_logprobs, state.generator)
+                                     ref_logprobs, state.generator, environment_token_rewards(rollout))
         keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
         self.samples = StepSamples(curated.examples, rollout, scores.rewards, scores.parts, credit.advantages, keep)
         batch = dp.share(LearnerBatch(

@@ -126,10 +126,21 @@ def outcome_token_rewards(
     positions = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)   # [N, T]
     last = torch.where(valid, positions, -1).amax(dim=1, keepdim=True)               # [N, 1]
     rewards = rewards.to(torch.get_default_dtype()) if not rewards.is_floating_point() else rewards
-    token_rewards = torch.where(positions == last, rewards.detach().unsqueeze(1), 0.0)
+    return placed_token_rewards(torch.where(positions == last, rewards.detach().unsqueeze(1), 0.0), mask, kl, kl_coef)
+
+
+def placed_token_rewards(
+    token_rewards: Tensor,        # [N, T] rewards on their tokens (a multi-turn episode: each turn's on its last)
+    mask: Tensor,                 # [N, T]
+    kl: Tensor | None = None,     # [N, T]
+    kl_coef: float = 0.0,
+) -> Tensor:
+    """Per-token rewards [N, T] for GAE, minus the KL penalty, 0 off the mask:
+    r_t = token_rewards_t - kl_coef sg(kl_t)."""
+    token_rewards = token_rewards.detach()
     if kl is not None and kl_coef != 0.0:
         token_rewards = token_rewards - kl_coef * kl.detach()
-    return masked(token_rewards, valid)
+    return masked(token_rewards, mask.bool())
 
 
 @dataclass

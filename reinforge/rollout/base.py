@@ -83,6 +83,18 @@ def environment_returns(rollout: Rollout) -> torch.Tensor | None:
     return torch.tensor([e.reward for e in rollout.episodes], dtype=torch.float)
 
 
+def environment_token_rewards(rollout: Rollout) -> torch.Tensor | None:
+    """[N, T] float: each turn's reward on that turn's last model token, for episodes whose environment
+    credits turn by turn (task.environment_reward=turn); None otherwise (one reward per row)."""
+    if rollout.episodes is None or any(e.reward is None or e.result.reward_mode != "turn" for e in rollout.episodes):
+        return None
+    out = torch.zeros(rollout.completion_ids.shape)
+    for r, episode in enumerate(rollout.episodes):
+        placed = episode.result.token_rewards()
+        out[r, : len(placed)] = placed
+    return out
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
                  generator: torch.Generator | None = None) -> Rollout:
