@@ -154,3 +154,13 @@ def test_turn_rewards_train_a_critic_recipe_and_are_refused_for_group_advantages
     assert all(r["env/turns_mean"] > 1 and math.isfinite(r["critic/value_loss"]) for r in rl)
     refused = _env_run(chatty_llama, data, tmp_path / "grpo", "agent_fixtures:PerTurn", "task.environment_reward=turn")
     assert refused.exit_code == 2 and "task.environment_reward=turn needs a critic" in refused.output
+
+
+def test_dpo_pairs_episodes_of_the_tool_task_on_the_models_tokens(tmp_path: Path, micro_overrides) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, *TOOL_RUN, "recipe=dpo", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    assert all(r["env/turns_mean"] > 1.0 and "dpo/pairs" in r for r in rl)
+    assert all(r["response_length_mean"] == r["env/model_tokens_mean"] for r in rl)

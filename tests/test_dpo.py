@@ -148,6 +148,10 @@ def test_verifier_pairs_by_hand() -> None:
     # prompt 3: right 12, wrong 13, 14, 15 -> k < min(3, 3): (12, 13), (12, 14), (12, 15).
     assert verifier_pairs(correct, 3) == [(0, 1), (2, 3), (12, 13), (12, 14), (12, 15)]
     assert verifier_pairs(correct, 1) == [(0, 1), (12, 13)]
+    valid = torch.ones_like(correct)
+    valid[0, 1] = valid[3, 0] = False      # their episodes' environments failed: in no pair
+    # prompt 0: right 0, 2, wrong 3 alone -> (0, 3), (2, 3); prompt 3: its one right sample failed -> none.
+    assert verifier_pairs(correct, 3, valid) == [(0, 3), (2, 3)]
     assert verifier_pairs(correct[1:3], 4) == []
 
 

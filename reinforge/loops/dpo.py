@@ -49,6 +49,7 @@ from reinforge.models import Policy
 from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.rollout.base import environment_returns
 from reinforge.settings import TrainConfig
 from reinforge.tasks import SFTExample, Task
 
@@ -83,19 +84,22 @@ def preference_pairs(path: str, fields: dict[str, str] | None = None) -> list[Pr
     return pairs
 
 
-def verifier_pairs(correct: torch.Tensor, pairs_per_prompt: int) -> list[tuple[int, int]]:
+def verifier_pairs(correct: torch.Tensor, pairs_per_prompt: int,
+                   valid: torch.Tensor | None = None) -> list[tuple[int, int]]:
     """(chosen row, rejected row) pairs of a rollout whose row r is sample r % G of prompt r // G.
 
-    correct [P, G] bool. Per prompt with c > 0 correct and i > 0 incorrect samples (in sample
+    correct [P, G] bool; valid [P, G] bool (default all): a sample that is not valid (its environment
+    failed) is in no pair. Per prompt with c > 0 correct and i > 0 incorrect samples (in sample
     order), pair k = 0 .. min(pairs_per_prompt, max(c, i)) - 1 takes correct sample k mod c and
     incorrect sample k mod i: distinct pairs, each sample of the larger side used once before any
     repeats. Samples of a group are exchangeable draws, so sample order is as good as a shuffle.
     """
     group = correct.shape[1]
+    usable = torch.ones_like(correct) if valid is None else valid
     pairs = []
-    for p, row in enumerate(correct.tolist()):
-        right = [p * group + g for g, ok in enumerate(row) if ok]
-        wrong = [p * group + g for g, ok in enumerate(row) if not ok]
+    for p, (row, keep) in enumerate(zip(correct.tolist(), usable.tolist(), strict=True)):
+        right = [p * group + g for g, (ok, k) in enumerate(zip(row, keep, strict=True)) if ok and k]
+        wrong = [p * group + g for g, (ok, k) in enumerate(zip(row, keep, strict=True)) if not ok and k]
         if right and wrong:
             pairs += [
                 (right[k % len(right)], wrong[k % len(wrong)])
@@ -105,13 +109,16 @@ def verifier_pairs(correct: torch.Tensor, pairs_per_prompt: int) -> list[tuple[i
 
 
 def pair_sequences(
-    prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int
+    prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_id: int,
+    loss_mask: torch.Tensor | None = None,
 ) -> SequenceBatch:
     """Rows 0..P-1 chosen, rows P..2P-1 rejected (row P + p is pair p's); group id p for both rows of
-    pair p, so that they share a micro-batch (and, with a shared prefix, the prompt pass)."""
+    pair p, so that they share a micro-batch (and, with a shared prefix, the prompt pass). `loss_mask`:
+    the model's tokens of multi-turn rows (a tool's results are context, not part of a response's
+    log-probability); None: every completion token."""
     num_pairs = len(prompt_ids) // 2
     return build_sequences(prompt_ids, completion_ids, completion_mask, pad_id,
-                           group_ids=torch.arange(2 * num_pairs) % num_pairs)
+                           group_ids=torch.arange(2 * num_pairs) % num_pairs, loss_mask=loss_mask)
 
 
 def tokenized_pairs(policy: Policy, pairs: list[PreferencePair], chat_template: str) -> SequenceBatch:
@@ -172,16 +179,18 @@ class OnPolicyPairs(PairSource):
     def draw(self, version: int) -> Pairs:
         examples = self.pool.next(self.prompts)
         rollout = self.engine.generate([e.prompt for e in examples], self.group, self.sampling, policy_version=version)
-        rewards = torch.tensor(
+        returns = environment_returns(rollout)         # episodes of an environment: scored by it
+        rewards = returns if returns is not None else torch.tensor(
             [self.task.reward(examples[r // self.group], text) for r, text in enumerate(rollout.texts)]
         )
         shape = (len(examples), self.group)
-        correct = (rewards >= 1.0).view(shape)        # the verifier's "correct", as in evaluation
-        groups = Groups(rewards=rewards.view(shape), valid=torch.ones(shape, dtype=torch.bool), correct=correct,
+        # the verifier's "correct", as in evaluation (an environment's: a positive return)
+        correct = (rewards > 0 if returns is not None else rewards >= 1.0).view(shape)
+        groups = Groups(rewards=rewards.view(shape), valid=~rewards.isnan().view(shape), correct=correct,
                         truncated=rollout.truncated.view(shape))
-        pairs = verifier_pairs(correct, self.per_prompt)
+        pairs = verifier_pairs(correct, self.per_prompt, groups.valid)
         metrics = {**rollout_metrics(rollout, groups), "dpo/pairs": float(len(pairs))}
-        tokens = int(rollout.completion_mask.sum())
+        tokens = int(rollout.lengths.sum())
         if not pairs:
             return Pairs(None, metrics, tokens)
         rows = [c for c, _ in pairs] + [r for _, r in pairs]
@@ -191,6 +200,7 @@ class OnPolicyPairs(PairSource):
             rollout.completion_ids[index],
             rollout.completion_mask[index],
             self.pad_id,
+            None if rollout.loss_mask is None else rollout.loss_mask[index],
         )
         return Pairs(seq, metrics, tokens)
 
