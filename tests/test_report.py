@@ -204,3 +204,13 @@ def test_cli_report_defaults_and_errors(tmp_path: Path, monkeypatch) -> None:
         result = runner.invoke(app, ["report", str(a), str(bad), "--out", str(tmp_path / "x")])
         assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
         assert not (tmp_path / "x").exists()
+
+
+def test_a_multi_turn_sample_shows_its_conversation_with_roles() -> None:
+    from reinforge.telemetry.report import _completion
+
+    sample = {"completion": "42", "trajectory": [
+        {"role": "user", "content": "6*7="}, {"role": "assistant", "content": "<tool_call>...</tool_call>"},
+        {"role": "tool", "content": "42"}, {"role": "assistant", "content": "42"}]}
+    assert _completion(sample) == "[assistant] <tool_call>...</tool_call> [tool] 42 [assistant] 42"
+    assert _completion({"completion": "39"}) == "39"

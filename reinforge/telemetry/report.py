@@ -64,6 +64,16 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
 # HTML
 
 
+def _completion(sample: dict) -> str:
+    """A sample's completion; for a multi-turn episode its conversation after the opening, each turn with
+    its role ("[assistant] ... [tool] ... [assistant] ...")."""
+    trajectory = sample.get("trajectory")
+    if not trajectory:
+        return str(sample.get("completion", ""))
+    opening = next((i for i, m in enumerate(trajectory) if m.get("role") == "assistant"), len(trajectory))
+    return " ".join(f"[{m.get('role')}] {m.get('content')}" for m in trajectory[opening:])
+
+
 def fmt(value: object) -> str:
     """A number as the report and the sweep table print it."""
     return f"{value:.3f}" if _finite(value) else "n/a"
@@ -167,7 +177,7 @@ def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: lis
         if r.samples:
             parts.append(f"<p>RL step {r.samples[0].get('step')}</p>" + _table(
                 ["prompt", "completion", "rewards", "reward", "advantage"],
-                [[str(x.get("prompt", "")), str(x.get("completion", "")),
+                [[str(x.get("prompt", "")), _completion(x),
                   ", ".join(f"{k}: {fmt(v)}" for k, v in (x.get("rewards") or {}).items()),
                   fmt(x.get("reward")), fmt(x.get("advantage"))] for x in r.samples], numeric_from=3))
         else:
