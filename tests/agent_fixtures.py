@@ -46,15 +46,9 @@ class Guess:
         return [], float(str(self.target) in text), True
 
 
-class PerTurn:
-    """Three turns, each scored by its length (longer: better)."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    def reset(self, row: dict) -> list[dict]:
-        return [{"role": "user", "content": str(row["prompt"])}]
+class PerTurn(CountDown):
+    """CountDown's three turns, each scored by its length (longer: better)."""
 
     def step(self, text: str) -> tuple[list[dict], float, bool]:
-        self.turns += 1
-        return [{"role": "user", "content": "Next."}], min(1.0, len(text) / 20), self.turns == 3
+        reply, _, done = super().step(text)
+        return reply, min(1.0, len(text) / 20), done
