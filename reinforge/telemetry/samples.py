@@ -7,7 +7,8 @@ writes one JSON line per row:
     step              the RL step
     prompt            the example's prompt (before the chat template)
     answer            the example's gold answer
-    completion        the decoded completion, special tokens removed
+    completion        the decoded completion, special tokens removed (a multi-turn row: its last turn,
+                      what the reward functions scored)
     completion_tokens the completion's token ids (eos included, no padding; a multi-turn row's
                       environment tokens too)
     rewards           each reward function's raw value by name (null: it raised or declined)
@@ -15,7 +16,11 @@ writes one JSON line per row:
     advantage         the sample's advantage (critic recipes: the mean of its per-token advantages
                       over the model's tokens)
     trained           whether the loss saw the row (curation and advantage transforms may drop it)
-    truncated         max_new_tokens cut it
+    truncated         max_new_tokens cut it (a multi-turn row: a turn, or a trajectory limit)
+
+A multi-turn row (tools, an environment: docs/agents.md) adds `trajectory` (its whole conversation as
+{role, content} messages, the opening included), `turns`, `stop_reason` and `error` (why its
+environment failed, else null).
 
 The rows are spread over the batch (row i * N // k), so with k <= prompts they
 come from k different prompts; nothing random is drawn, so logging samples
