@@ -52,3 +52,25 @@ class PerTurn(CountDown):
     def step(self, text: str) -> tuple[list[dict], float, bool]:
         reply, _, done = super().step(text)
         return reply, min(1.0, len(text) / 20), done
+
+
+class NoStart:
+    """Raises in reset for rows whose prompt mentions 1 (about a quarter of the test rows), plays one turn otherwise."""
+
+    def reset(self, row: dict) -> list[dict]:
+        if "1" in str(row["prompt"]):
+            raise ValueError("no such level")
+        return [{"role": "user", "content": str(row["prompt"])}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        return [], float(len(text) > 3), True
+
+
+class NeverStarts:
+    """Every reset raises: no episode gets a model turn."""
+
+    def reset(self, row: dict) -> list[dict]:
+        raise RuntimeError("the simulator is down")
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        return [], 0.0, True

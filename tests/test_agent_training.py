@@ -164,3 +164,24 @@ def test_dpo_pairs_episodes_of_the_tool_task_on_the_models_tokens(tmp_path: Path
     assert [r["step"] for r in rl] == [1, 2, 3]
     assert all(r["env/turns_mean"] > 1.0 and "dpo/pairs" in r for r in rl)
     assert all(r["response_length_mean"] == r["env/model_tokens_mean"] for r in rl)
+
+
+def test_episodes_whose_reset_raises_have_no_tokens_and_no_gradient(chatty_llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = _env_run(chatty_llama, _rows(tmp_path), out, "agent_fixtures:NoStart", "train.steps=4",
+                      "train.prompts_per_step=4", "rollout.max_new_tokens=12")
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2, 3, 4]
+    assert any(r["env/error_rate"] > 0 for r in rl) and all(r["env/error_rate"] < 1 for r in rl)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_whose_every_reset_raises_finishes_without_an_update(tmp_path: Path, micro_overrides, mode) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, "task.environment=agent_fixtures:NeverStarts",
+                                 f"train.mode={mode}", "train.steps=2", f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    rl = _lines(out, "rl")
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all(r["env/error_rate"] == 1.0 and "policy_loss" not in r and r["policy_version"] == 0 for r in rl)

@@ -206,7 +206,9 @@ class Learner:
     def step(self, state: RLState, curated: CuratedBatch) -> dict[str, float]:
         """Update on `curated`; the step's metrics (without timings). No update when curation left nothing."""
         self.samples = None
-        if curated.rollout is None:    # every group was filtered out: nothing to learn from this step
+        # Nothing to learn from this step: every group was filtered out, or no row has a token to train on
+        # (every episode's environment failed before the model's first turn).
+        if curated.rollout is None or not bool(curated.rollout.trained_mask.any()):
             return {**curated.metrics, "policy_version": state.version}
         rollout, scores, dp, temperature, forward = (
             curated.rollout,
