@@ -113,6 +113,11 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         if cfg.sft.corrupt_fraction > 0:
             task.corrupt_completion(first[0], rng)
     check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
+    if (task.use_tools or cfg.task.environment) and cfg.sft.enabled and cfg.sft.steps > 0 \
+            and cfg.sft.source == "rejection":
+        raise ConfigError("sft.source=rejection keeps single completions, and this run's samples are multi-turn "
+                          "episodes (tools or task.environment): rejection sampling of episodes is not built; use "
+                          "sft.source=teacher or file, or sft.enabled=false")
     if cfg.task.environment_reward == "turn" and not (cfg.task.environment and spec.needs_critic):
         need = "a critic to credit turn by turn (recipe=ppo or vapo, or objective.advantage=gae)" \
             if cfg.task.environment else "task.environment (tools' episodes are scored once, on the answer)"

@@ -185,3 +185,11 @@ def test_a_run_whose_every_reset_raises_finishes_without_an_update(tmp_path: Pat
     rl = _lines(out, "rl")
     assert [r["step"] for r in rl] == [1, 2]
     assert all(r["env/error_rate"] == 1.0 and "policy_loss" not in r and r["policy_version"] == 0 for r in rl)
+
+
+def test_rejection_sampling_sft_of_episodes_is_refused_before_anything_runs(tmp_path: Path, micro_overrides) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *micro_overrides, "task.name=multiply_tool", "sft.source=rejection",
+                                 f"output_dir={out}"])
+    assert result.exit_code == 2 and "rejection sampling of episodes is not built" in result.output
+    assert not out.exists()
