@@ -49,6 +49,7 @@ from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
+from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.rollout import RolloutEngine, SamplingParams
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.tasks import Task
@@ -79,9 +80,7 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if tc.mode == "async":
         return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    engine, score = dp.rollout_parts(
-        engine, composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size)
-    )
+    engine, score = dp.rollout_parts(engine, composed_scores(reward_composer(cfg, task, policy), tc.group_size))
     source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
@@ -117,7 +116,7 @@ def _run_async(
                 cfg.curation,
                 state.pool,
                 source,
-                composed_scores(RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens), tc.group_size),
+                composed_scores(reward_composer(cfg, task, policy), tc.group_size),
                 tc.prompts_per_step,
                 tc.group_size,
             )
@@ -147,6 +146,13 @@ def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec
     return train_rl(
         tc.steps, state, source, PreferenceLearner(policy, spec, forward, tc.grad_clip, tc.max_nonfinite_steps), on_step
     )
+
+
+def reward_composer(cfg: Config, task: Task, policy: Policy) -> RewardComposer:
+    """The run's reward: its functions and its reward sources (reward models, judges, teachers), built now."""
+    context = SourceContext(task=task, device=cfg.model.device, chat_template=cfg.prompt.chat_template,
+                            policy=policy, temperature=cfg.rollout.temperature)
+    return RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, build_sources(cfg.reward, context))
 
 
 def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers:

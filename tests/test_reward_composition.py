@@ -273,7 +273,7 @@ def test_config_overrides_and_yaml_round_trip(tmp_path):
     ("reward.functions=[{name: reward_fixtures:scaled_length, params: {completion: x}}]", "passes itself"),
     ("reward.functions=[{name: reward_fixtures:nope}]", "cannot import"),
     ("reward.overlong={cache: 8, max_length: 4}", "must be <= max_length"),
-    ("reward.functions=[]", "at least 1"),
+    ("reward.functions=[]", "no reward source is set"),
 ])
 def test_config_errors_say_what_to_fix(override, message):
     with pytest.raises(ConfigError, match=message):

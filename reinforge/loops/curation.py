@@ -117,6 +117,29 @@ class Scores:
     metrics: dict[str, float] = field(default_factory=dict)  # the reward step's own figures
     # reward function name -> [N] raw values (samples.jsonl)
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    # [N, T] per-token terms of reward sources (distillation, process rewards), added to the advantage
+    token_advantages: torch.Tensor | None = None
+
+    def rows(self, rows: torch.Tensor) -> Scores:
+        """These rows' scores (the metrics are the whole batch's, and stay with it)."""
+        return Scores(self.rewards[rows], self.valid[rows], self.correct[rows],
+                      parts={k: v[rows] for k, v in self.parts.items()},
+                      token_advantages=self.token_advantages[rows] if self.token_advantages is not None else None)
+
+    @staticmethod
+    def concat(parts: list[Scores]) -> Scores:
+        """Rows of several batches' scores in order; token terms right-padded with 0 to the widest."""
+        tokens = [s.token_advantages for s in parts]
+        if all(t is None for t in tokens):
+            token_advantages = None
+        else:
+            width = max(t.shape[1] for t in tokens if t is not None)
+            token_advantages = torch.cat([
+                torch.zeros(len(s.rewards), width) if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                for s, t in zip(parts, tokens, strict=True)])
+        return Scores(*(torch.cat([getattr(s, name) for s in parts]) for name in ("rewards", "valid", "correct")),
+                      parts={k: torch.cat([s.parts[k] for s in parts]) for k in parts[0].parts},
+                      token_advantages=token_advantages)
 
 
 @dataclass(frozen=True)
@@ -268,21 +291,12 @@ class BatchCollector:
                 self.source.release(len(examples) - len(take))
             if len(take):
                 rows = (take[:, None] * g + torch.arange(g)).flatten()
-                kept.append(([examples[p] for p in take.tolist()], select_rows(rollout, rows),
-                             Scores(scores.rewards[rows], scores.valid[rows], scores.correct[rows],
-                                    parts={k: v[rows] for k, v in scores.parts.items()})))
+                kept.append(([examples[p] for p in take.tolist()], select_rows(rollout, rows), scores.rows(rows)))
                 counts["kept"] += len(take)
             if counts["kept"] >= target or self.cfg.refill == "none" or rounds >= self.cfg.max_rounds:
                 break
         rollout = concat_rollouts([r for _, r, _ in kept]) if kept else None
-        scores = (
-            Scores(
-                *(torch.cat([getattr(s, name) for _, _, s in kept]) for name in ("rewards", "valid", "correct")),
-                parts={k: torch.cat([s.parts[k] for _, _, s in kept]) for k in kept[0][2].parts},
-            )
-            if kept
-            else None
-        )
+        scores = Scores.concat([s for _, _, s in kept]) if kept else None
         row_keep = None
         if kept:
             row_keep = scores.valid & ~rollout.truncated if self.cfg.overlong_filter else scores.valid

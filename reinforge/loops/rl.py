@@ -104,10 +104,22 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
         correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
         return Scores(
-            rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts
+            rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts,
+            token_advantages=scored.token_advantages,
         )
 
     return score
+
+
+def with_token_terms(advantages: torch.Tensor, token_terms: torch.Tensor | None,
+                     mask: torch.Tensor) -> torch.Tensor:
+    """The estimator's advantages ([N], or [N, T] from GAE) plus reward sources' per-token terms [N, T]
+    (on-policy distillation's -reverse KL, a PRM's step credit) on the trained tokens `mask` [N, T]:
+    [N, T] when there are terms, the advantages unchanged when there are none."""
+    if token_terms is None:
+        return advantages
+    per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
+    return (per_token + token_terms.to(per_token)[:, : mask.shape[1]]) * mask
 
 
 def build_credit(
@@ -234,9 +246,10 @@ class Learner:
         credit = state.credit.assign(sequences, scores.rewards, scores.valid, rollout.group_ids, old_logprobs,
                                      ref_logprobs, state.generator, environment_token_rewards(rollout))
         keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
-        self.samples = StepSamples(curated.examples, rollout, scores.rewards, scores.parts, credit.advantages, keep)
+        advantages = with_token_terms(credit.advantages, scores.token_advantages, sequences.completion_mask)
+        self.samples = StepSamples(curated.examples, rollout, scores.rewards, scores.parts, advantages, keep)
         batch = dp.share(LearnerBatch(
-            sequences=sequences, advantages=credit.advantages, old_logprobs=old_logprobs,
+            sequences=sequences, advantages=advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
             correct=scores.correct), keep)
         # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py);

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ from reinforge.rewards.functions import (
     think_answer,
     verifier,
 )
+from reinforge.rewards.sources import RewardSource, check_values
 from reinforge.rollout.base import Rollout
 from reinforge.settings import RewardConfig
 from reinforge.tasks.base import Example, Task
@@ -151,6 +152,10 @@ class RewardBatch:
     skipped: Tensor              # [N] bool, some function returned None for this row
     errors: dict[str, int]       # function key -> rows on which it raised (every function listed, 0 included)
     first_traceback: str | None  # the first exception of the batch, with the function and row it came from
+    # [N, T] per-token terms of the reward sources (times their weights), added to the advantage of
+    # every model token by the learner; None when no source gives any
+    token_advantages: Tensor | None = None
+    source_metrics: dict[str, float] | None = None   # reward/<source>/<name> figures of the reward sources
 
     def metrics(self) -> dict[str, float]:
         """reward/<key>_mean over the rows the function scored (NaN if none), reward/<key>_errors,
@@ -161,6 +166,7 @@ class RewardBatch:
         out["reward/skip_frac"] = _mean(self.skipped)
         out["reward/error_frac"] = _mean(self.raised)
         out["reward/valid_frac"] = _mean(self.valid)
+        out.update(self.source_metrics or {})
         return out
 
 
@@ -192,10 +198,14 @@ class _Failure:
 
 
 class RewardComposer:
-    """The configured reward functions of a run, called on each batch, summed with their weights."""
+    """The configured reward functions of a run, called on each batch, summed with their weights,
+    then the reward sources (reinforge.rewards.sources: reward models, judges, teachers), each a
+    batched call whose sequence values add to the sum and whose token terms add to the advantage."""
 
-    def __init__(self, cfg: RewardConfig, task: Task, max_new_tokens: int) -> None:
+    def __init__(self, cfg: RewardConfig, task: Task, max_new_tokens: int,
+                 sources: Sequence[RewardSource] = ()) -> None:
         self.task = task
+        self.sources = list(sources)
         self.max_error_rate = cfg.max_error_rate
         self.terms: list[_Term] = []
         taken = {"overlong"} if cfg.overlong is not None else set()
@@ -210,8 +220,13 @@ class RewardComposer:
             form = reward_form(fn, f.name)
             label = f.name if f.name.rpartition(":")[0].endswith(".py") else f.name.replace(":", ".")
             self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn)))
-        if not self.terms:
-            raise ValueError("reward.functions is empty: give at least one reward function, e.g. [{name: verifier}]")
+        for source in self.sources:
+            if source.key in taken:
+                raise ValueError(f"reward source {source.key!r} has the name of a reward function: rename the function")
+            taken.add(source.key)
+        if not self.terms and not self.sources:
+            raise ValueError("reward.functions is empty and no reward source is set: give at least one reward "
+                             "function, e.g. [{name: verifier}], or a reward model (reward.model.path)")
         self.overlong = cfg.overlong
         self.overlong_max_length = (cfg.overlong.max_length or max_new_tokens) if cfg.overlong is not None else None
         # DAPO's window is a fifth of the limit (4096 of 20480 tokens): the default when none is given.
@@ -251,12 +266,14 @@ class RewardComposer:
                     skipped[r] |= t.form != "trl"   # TRL's None is "not applicable": left out of the sum
                 else:
                     parts[t.key][r] = value
-        skipped |= declined == len(self.terms)          # no function scored the row: nothing to train on
+        if self.terms:
+            skipped |= declined == len(self.terms)      # no function scored the row: nothing to train on
         if _mean(raised) > self.max_error_rate:
             raise self._error(failures, rows, rollout, raised, errors)
         total = torch.zeros(n)
         for t in self.terms:
             total += torch.nan_to_num(t.weight * parts[t.key], nan=0.0)
+        token_advantages, source_metrics = self._sources(rows, rollout, parts, total, skipped)
         if self.overlong is not None:
             parts["overlong"] = overlong_shaping(lengths, self.overlong_max_length, self.overlong_cache)
             total += self.overlong.coef * parts["overlong"]
@@ -264,7 +281,30 @@ class RewardComposer:
         total = torch.where(valid, total, torch.full_like(total, math.nan))
         first = failures[0] if failures else None
         return RewardBatch(total=total, parts=parts, valid=valid, raised=raised, skipped=skipped, errors=errors,
-                           first_traceback=self._traceback(first) if first else None)
+                           first_traceback=self._traceback(first) if first else None,
+                           token_advantages=token_advantages, source_metrics=source_metrics)
+
+    def _sources(self, rows: list[Example], rollout: Rollout, parts: dict[str, Tensor], total: Tensor,
+                 skipped: Tensor) -> tuple[Tensor | None, dict[str, float]]:
+        """Each reward source on the batch: its values into `parts` and `total` (in place; a row it could
+        not score is `skipped`), its token terms summed with their weights; and its metrics."""
+        n, width = rollout.completion_ids.shape
+        token_advantages: Tensor | None = None
+        metrics: dict[str, float] = {}
+        for source in self.sources:
+            out = source.score(rows, rollout)
+            check_values(source, out, n, width)
+            if out.values is not None:
+                values = out.values.detach().float().cpu()
+                parts[source.key] = values
+                skipped |= values.isnan()
+                total += torch.nan_to_num(source.weight * values, nan=0.0)
+            if out.token_values is not None:
+                terms = source.weight * out.token_values.detach().float().cpu() * rollout.trained_mask
+                token_advantages = terms if token_advantages is None else token_advantages + terms
+            metrics.update({f"reward/{source.key}/{k}": float(v) for k, v in out.metrics.items()})
+            metrics[f"reward/{source.key}/unscored"] = float(out.unscored)
+        return token_advantages, metrics
 
     # ------------------------------------------------------------- calling
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,6 +91,9 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
     if name in VERIFIERS and name not in REWARD_FUNCTIONS:    # "math" is a verifier; people reach for it as a reward
         raise ValueError(f"'{name}' is a verifier, not a reward function: the reward function 'verifier' scores with "
                          f"the task's verifier, set with task.options.verifier={name} (task.name=dataset)")
+    if Path(name).is_dir() and (Path(name) / "config.json").exists():   # TRL's reward_funcs takes a model folder
+        raise ValueError(f"'{name}' is a model folder, not a reward function: a reward model is a reward source, "
+                         f"reward.model.path={name} (with reward.functions=[] to make it the whole reward)")
     fn = import_user_function(name) or resolve(REWARD_FUNCTIONS, name, "reward function")
     kind = f"reward function {name!r}"
     form = reward_form(fn, kind)

@@ -1,8 +1,8 @@
 """A learned reward: a Bradley-Terry reward model trained on preference pairs, from Python.
 
 Owns the reward model's loss, its construction from a causal LM, its training and held-out
-pair accuracy, and saving it as a plain Hugging Face folder. It is not a reward source of the
-RL loop, the config or the CLI (docs/reward-models.md says what is and is not built).
+pair accuracy, saving it as a plain Hugging Face folder, and its use as a reward source of a run
+(`reward.model.path`, `RewardModelSource`).
 
 The model (InstructGPT, arXiv 2203.02155, section 3.5 and eq. 1) maps a prompt x and a
 completion y to a scalar r(x, y) and is trained so that, for a human (or verifier) preference
@@ -34,7 +34,10 @@ from reinforge.models import Policy, model_device
 from reinforge.models.lora import merged
 from reinforge.models.tokenizer import load_tokenizer
 from reinforge.objectives.preference import sigmoid as dpo_sigmoid_loss
+from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches, register_source
+from reinforge.rollout.base import Rollout
 from reinforge.rollout.prompts import encode_prompts
+from reinforge.tasks.base import Example
 
 # ------------------------------------------------------------------ loss
 
@@ -228,3 +231,72 @@ def save_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def reward_statistics(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[PreferencePair],
+                      batch_size: int = 64, chat_template: str = "auto") -> tuple[float, float]:
+    """(mean, std) of the rewards of both sides of `pairs`: what `normalize` subtracts and divides by
+    (OpenRLHF normalises its reward model's output by such statistics of its training data)."""
+    values: list[Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(pairs), batch_size):
+            chosen, rejected = pair_scores(model, tokenizer, pairs[start: start + batch_size], chat_template)
+            values += [chosen, rejected]
+    every = torch.cat(values)
+    return float(every.mean()), float(every.std(unbiased=False).clamp_min(1e-6))
+
+
+# ------------------------------------------------------------------ as a reward source
+
+
+class RewardModelSource:
+    """A saved reward model scoring rollouts: batched, in micro-batches, on its own device.
+
+    Reads prompt + completion text (re-encoded with the reward model's own tokenizer, so it need not
+    share the policy's), and gives r(x, y), or (r - mean) / std with `normalize` (the statistics its
+    folder's config.json holds), clipped to [-clip, clip] when `clip` is set.
+    """
+
+    key = "reward_model"
+
+    def __init__(self, path: str | Path, *, weight: float = 1.0, device: str = "cpu", micro_batch_size: int = 32,
+                 normalize: bool = False, clip: float | None = None, chat_template: str = "auto"):
+        from reinforge.errors import ConfigError
+        from reinforge.models.factory import resolve_device
+
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise ConfigError(f"reward.model.path '{path}' is not a model folder (no config.json): train one with "
+                              "`reinforge reward-model`, or give a sequence-classification folder")
+        self.model = AutoModelForSequenceClassification.from_pretrained(str(path)).to(resolve_device(device)).eval()
+        if self.model.config.num_labels != 1:
+            raise ConfigError(f"reward.model.path '{path}' has num_labels={self.model.config.num_labels}: a reward "
+                              "model gives one score (num_labels=1)")
+        self.tokenizer = load_tokenizer(path)
+        self.weight, self.micro_batch_size, self.clip, self.chat_template = weight, micro_batch_size, clip, chat_template
+        self.shift, self.scale = 0.0, 1.0
+        if normalize:
+            mean, std = getattr(self.model.config, "reward_mean", None), getattr(self.model.config, "reward_std", None)
+            if mean is None or std is None:
+                raise ConfigError(f"reward.model.normalize=true needs reward_mean and reward_std in '{path}/config.json' "
+                                  "(written by `reinforge reward-model`): add them, or set reward.model.normalize=false")
+            self.shift, self.scale = float(mean), float(std)
+
+    @torch.no_grad()
+    def score(self, rows: list[Example], rollout: Rollout) -> SourceScores:
+        prompts = [e.prompt for e in rows]
+        raw = torch.cat([score(self.model, self.tokenizer, [prompts[i] for i in part],
+                               [rollout.texts[i] for i in part], self.chat_template).cpu()
+                         for part in micro_batches(len(rows), self.micro_batch_size)])
+        values = (raw - self.shift) / self.scale
+        if self.clip is not None:
+            values = values.clamp(-self.clip, self.clip)
+        return SourceScores(values=values, metrics={"raw_mean": float(raw.mean()), "raw_std": float(raw.std())
+                                                    if len(raw) > 1 else 0.0})
+
+
+@register_source("model")
+def _build_source(section, context: SourceContext) -> RewardModelSource:
+    return RewardModelSource(section.path, weight=section.weight, device=section.device or context.device,
+                             micro_batch_size=section.micro_batch_size, normalize=section.normalize,
+                             clip=section.clip, chat_template=context.chat_template)

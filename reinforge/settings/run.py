@@ -152,12 +152,31 @@ class OverlongConfig(Section):
         return self
 
 
+class RewardModelConfig(Section):
+    """A learned reward model as a reward source (InstructGPT's fourth model): a Hugging Face
+    sequence-classification folder with one label, as `reinforge reward-model` writes it."""
+
+    path: str = Field(description="The reward model's folder (AutoModelForSequenceClassification, num_labels=1).")
+    weight: float = Field(1.0, description="Weight of its score in the summed reward.")
+    device: str | None = Field(None, description="Where it runs; None: model.device.")
+    micro_batch_size: int = Field(32, gt=0, description="Rows per forward of the reward model.")
+    normalize: bool = Field(
+        False,
+        description="Subtract the mean and divide by the std of its scores on its training pairs (saved in its "
+                    "config.json as reward_mean / reward_std by `reinforge reward-model`).",
+    )
+    clip: float | None = Field(None, gt=0, description="Clip the (normalized) score to [-clip, clip]; None: off.")
+
+
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="verifier")],
-        min_length=1,
         description="Reward functions, summed with their weights; a sample on which any raises or returns None gets no "
-                    "gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format].",
+                    "gradient. A bare name is {name: NAME} with weight 1: [file.py:f, format]. Empty ([]) only "
+                    "with a reward source (reward.model, ...), which is then the whole reward.",
+    )
+    model: RewardModelConfig | None = Field(
+        None, description="A learned reward model whose score is added to the reward; None: none."
     )
     overlong: OverlongConfig | None = Field(
         None,
@@ -196,6 +215,15 @@ class RewardConfig(Section):
             return self    # `reinforge export` of a run whose reward was a notebook function: no reward is computed
         for f in self.functions:
             resolve_reward_function(f.name, f.params)   # raises with a suggestion for an unknown name or parameter
+        return self
+
+    @model_validator(mode="after")
+    def _something_scores(self) -> RewardConfig:
+        from reinforge.rewards.sources import configured_sources
+
+        if not self.functions and not configured_sources(self):
+            raise ConfigError("reward.functions is empty and no reward source is set: give a reward function "
+                              "(reward.functions=[verifier]) or a reward model (reward.model.path=DIR)")
         return self
 
 
