@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from reinforge.objectives.common import check_params, resolve

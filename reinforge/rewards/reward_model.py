@@ -273,13 +273,15 @@ class RewardModelSource:
             raise ConfigError(f"reward.model.path '{path}' has num_labels={self.model.config.num_labels}: a reward "
                               "model gives one score (num_labels=1)")
         self.tokenizer = load_tokenizer(path)
-        self.weight, self.micro_batch_size, self.clip, self.chat_template = weight, micro_batch_size, clip, chat_template
+        self.weight, self.micro_batch_size, self.clip = weight, micro_batch_size, clip
+        self.chat_template = chat_template
         self.shift, self.scale = 0.0, 1.0
         if normalize:
             mean, std = getattr(self.model.config, "reward_mean", None), getattr(self.model.config, "reward_std", None)
             if mean is None or std is None:
-                raise ConfigError(f"reward.model.normalize=true needs reward_mean and reward_std in '{path}/config.json' "
-                                  "(written by `reinforge reward-model`): add them, or set reward.model.normalize=false")
+                raise ConfigError(f"reward.model.normalize=true needs reward_mean and reward_std in "
+                                  f"'{path}/config.json' (written by `reinforge reward-model`): add them, or set "
+                                  "reward.model.normalize=false")
             self.shift, self.scale = float(mean), float(std)
 
     @torch.no_grad()
