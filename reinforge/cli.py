@@ -144,6 +144,29 @@ def pipeline(
     console.print(f"pipeline directory: {escape(result.output_dir)} (pipeline.json)")
 
 
+@app.command(name="reward-model", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def reward_model(
+    out: Annotated[str, typer.Argument(help="Folder to write the reward model to (a Hugging Face folder)")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value overrides: rm.* (pairs, steps, ...), model, task, sft, rollout, seed"),
+    ] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
+) -> None:
+    """Train a Bradley-Terry reward model on preference pairs (on-policy from the verifier, or rm.pairs_path)
+    and save it as an AutoModelForSequenceClassification folder; use it with reward.model.path=OUT."""
+    import dataclasses
+    import json
+
+    from reinforge.rm_job import run_reward_model_job
+
+    with user_errors(ConfigError, FileExistsError):
+        result = run_reward_model_job(build_config(overrides or [], config), out)
+    console.print(f"reward model: {escape(result.path)} ({result.train_pairs} training pairs, {result.heldout_pairs} "
+                  f"held out: pair accuracy {result.heldout_accuracy:.3f})", highlight=False)
+    console.print(json.dumps(dataclasses.asdict(result)), highlight=False, soft_wrap=True)
+
+
 @app.command(name="filter", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def filter_prompts(
     out: Annotated[

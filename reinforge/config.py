@@ -45,6 +45,7 @@ from reinforge.settings import (
     PromptConfig,
     RayConfig,
     RewardConfig,
+    RewardModelTrainingConfig,
     RolloutConfig,
     Section,
     SFTConfig,
@@ -134,6 +135,7 @@ class Config(Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     curation: CurationConfig = Field(default_factory=CurationConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
+    rm: RewardModelTrainingConfig = Field(default_factory=RewardModelTrainingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -3,18 +3,23 @@ verifier-labelled arithmetic pairs, and the saved folder as a plain Hugging Face
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
 from reinforge.config import build_config
+from reinforge.errors import ConfigError
 from reinforge.loops.dpo import PreferencePair
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import load_tokenizer
+from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.reward_model import (
+    RewardModelSource,
     bradley_terry_loss,
     build_reward_model,
     pair_accuracy,
@@ -22,6 +27,11 @@ from reinforge.rewards.reward_model import (
     score,
     train_reward_model,
 )
+from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rm_job import run_reward_model_job
+from reinforge.rollout import Rollout
+from reinforge.settings import RewardConfig
+from reinforge.tasks import Example
 from reinforge.tasks.arithmetic import ArithmeticTask
 
 SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
@@ -132,3 +142,109 @@ def test_saved_reward_model_loads_with_transformers_and_gives_the_same_scores(tm
         reloaded = score(loaded, tokenizer, prompts, completions)
     assert original.abs().max() > 0                           # trained: the head is no longer zero
     assert torch.allclose(reloaded, original, atol=1e-5)
+
+
+# ------------------------------------------------------------------ as a reward source
+
+
+def _rollout(texts: list[str], group_size: int = 2) -> Rollout:
+    n = len(texts)
+    return Rollout(prompt_ids=[[0]] * n, completion_ids=torch.zeros(n, 3, dtype=torch.long), pad_id=0,
+                   completion_mask=torch.ones(n, 3), sampler_logprobs=torch.zeros(n, 3),
+                   truncated=torch.zeros(n, dtype=torch.bool), group_ids=torch.arange(n) // group_size,
+                   policy_version=0, texts=texts)
+
+
+@pytest.fixture(scope="module")
+def saved_rm(tmp_path_factory) -> Path:
+    """A reward model with a random head (nonzero scores) and reward statistics in its config."""
+    rm = tiny_reward_model()
+    torch.manual_seed(3)
+    torch.nn.init.normal_(rm.model.score.weight)
+    rm.model.config.reward_mean, rm.model.config.reward_std = 0.25, 2.0
+    return save_reward_model(rm.model, rm.tokenizer, tmp_path_factory.mktemp("rm") / "rm")
+
+
+EXAMPLES = [Example("1+2=", "3", {}), Example("5+5=", "10", {})]
+TEXTS = ["03", "04", "10", "11"]
+
+
+def _direct(path: Path) -> torch.Tensor:
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    with torch.no_grad():
+        return score(model, load_tokenizer(path), ["1+2=", "1+2=", "5+5=", "5+5="], TEXTS)
+
+
+def test_reward_model_source_scores_in_micro_batches_as_one_forward(saved_rm):
+    rows = [EXAMPLES[0], EXAMPLES[0], EXAMPLES[1], EXAMPLES[1]]
+    expected = _direct(saved_rm)
+    assert expected.std() > 0.01                              # distinct scores, so the order is checked
+    source = RewardModelSource(saved_rm, micro_batch_size=3)  # micro-batches of 3 and 1 rows
+    out = source.score(rows, _rollout(TEXTS))
+    torch.testing.assert_close(out.values, expected, atol=1e-5, rtol=0)
+    assert out.token_values is None and out.metrics["raw_mean"] == pytest.approx(float(expected.mean()), abs=1e-5)
+
+
+def test_normalize_and_clip_by_hand(saved_rm):
+    rows = [EXAMPLES[0], EXAMPLES[0], EXAMPLES[1], EXAMPLES[1]]
+    raw = _direct(saved_rm)
+    normalized = RewardModelSource(saved_rm, normalize=True).score(rows, _rollout(TEXTS)).values
+    torch.testing.assert_close(normalized, (raw - 0.25) / 2.0, atol=1e-5, rtol=0)      # the saved mean and std
+    clip = float(normalized.abs().max()) / 2                      # half the largest: some rows are clipped
+    clipped = RewardModelSource(saved_rm, normalize=True, clip=clip).score(rows, _rollout(TEXTS)).values
+    torch.testing.assert_close(clipped, normalized.clamp(-clip, clip), atol=1e-5, rtol=0)
+    assert int((clipped.abs() == clip).sum()) >= 1
+
+
+def test_a_reward_model_is_the_whole_reward_or_adds_to_the_verifier(saved_rm):
+    raw = _direct(saved_rm)
+    alone = RewardConfig(functions=[], model={"path": str(saved_rm)})
+    context = SourceContext(task=ArithmeticTask(), device="cpu", chat_template="auto")
+    composer = RewardComposer(alone, ArithmeticTask(), 8, build_sources(alone, context))
+    out = composer.score(EXAMPLES, _rollout(TEXTS), group_size=2)
+    torch.testing.assert_close(out.total, raw, atol=1e-5, rtol=0)
+    assert list(out.parts) == ["reward_model"] and out.valid.all()
+    assert out.metrics()["reward/reward_model/unscored"] == 0.0
+
+    both = RewardConfig(functions=[{"name": "verifier", "weight": 2.0}], model={"path": str(saved_rm), "weight": 0.5})
+    composer = RewardComposer(both, ArithmeticTask(), 8, build_sources(both, context))
+    out = composer.score(EXAMPLES, _rollout(TEXTS), group_size=2)
+    # verifier: "03" right for 1+2, "04" wrong, "10" right for 5+5, "11" wrong
+    torch.testing.assert_close(out.total, 2.0 * torch.tensor([1.0, 0.0, 1.0, 0.0]) + 0.5 * raw, atol=1e-5, rtol=0)
+
+
+def test_reward_model_config_errors_name_the_key(saved_rm, tmp_path):
+    with pytest.raises(ConfigError, match=r"no reward source is set"):
+        build_config(["reward.functions=[]"])
+    with pytest.raises(ConfigError, match=r"reward.model.path="):         # TRL's reward_funcs=[model folder]
+        build_config([f"reward.functions=[{saved_rm}]"])
+    with pytest.raises(ConfigError, match=r"not a model folder"):
+        RewardModelSource(tmp_path)
+    rm = tiny_reward_model()
+    plain = save_reward_model(rm.model, rm.tokenizer, tmp_path / "plain")     # no reward statistics
+    with pytest.raises(ConfigError, match=r"reward.model.normalize=false"):
+        RewardModelSource(plain, normalize=True)
+
+
+# ------------------------------------------------------------------ the reward-model job
+
+
+def test_reward_model_job_from_a_pairs_file(tmp_path):
+    task = ArithmeticTask(seed=0, digits=1)
+    problems = task.train_split(80) + task.eval_split(20)
+    rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
+            for p in arithmetic_pairs(task, problems, reps=4, seed=0)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = build_config(SMALL + ["model.num_layers=2", "rm.pairs=dataset", f"rm.pairs_path={data}", "rm.steps=600",
+                                "rm.heldout_fraction=0.25", "threads=1"])
+    result = run_reward_model_job(cfg, tmp_path / "rm")
+    assert (result.train_pairs, result.heldout_pairs) == (300, 100)
+    assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
+    assert result.heldout_accuracy >= 0.8                     # measured 0.93 (held-out pairs of seen problems)
+    summary = json.loads((tmp_path / "rm" / "rm_summary.json").read_text())
+    assert summary["heldout_accuracy"] == result.heldout_accuracy
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
+    assert loaded.config.reward_std == pytest.approx(result.reward_std) and result.reward_std > 0
+    with pytest.raises(FileExistsError):
+        run_reward_model_job(cfg, tmp_path / "rm")

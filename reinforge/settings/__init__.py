@@ -18,6 +18,7 @@ from reinforge.settings.run import (
     RayConfig,
     RewardConfig,
     RewardFunctionConfig,
+    RewardModelConfig,
 )
 from reinforge.settings.training import (
     LORA_TARGETS,
@@ -27,6 +28,7 @@ from reinforge.settings.training import (
     LoraConfig,
     ModelConfig,
     PromptConfig,
+    RewardModelTrainingConfig,
     RolloutConfig,
     SFTConfig,
     TrainConfig,
@@ -48,6 +50,8 @@ __all__ = [
     "RayConfig",
     "RewardConfig",
     "RewardFunctionConfig",
+    "RewardModelConfig",
+    "RewardModelTrainingConfig",
     "RolloutConfig",
     "SFTConfig",
     "Section",

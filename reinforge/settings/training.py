@@ -433,3 +433,36 @@ class DPOConfig(Section):
         if self.pairs == "on_policy" and (self.pairs_path or self.pairs_fields):
             raise ConfigError("dpo.pairs_path and dpo.pairs_fields are read only with dpo.pairs=dataset")
         return self
+
+
+class RewardModelTrainingConfig(Section):
+    """`reinforge reward-model`: the preference pairs and the training of a Bradley-Terry reward model
+    (reinforge.rm_job). It starts from model.path after the sft section's cold start, as a run does."""
+
+    pairs: Literal["on_policy", "dataset"] = Field(
+        "on_policy",
+        description="on_policy: sample the policy on rm.num_prompts train prompts and pair a verified-correct "
+                    "completion (chosen) with an incorrect one (rejected); dataset: read rm.pairs_path.",
+    )
+    pairs_path: str | None = Field(
+        None, description="pairs=dataset: a JSONL / Parquet / datasets folder with prompt, chosen and rejected fields."
+    )
+    pairs_fields: dict[str, str] = Field(
+        default_factory=dict, description="pairs=dataset: our field name -> the file's column, e.g. {chosen: good}."
+    )
+    num_prompts: int = Field(512, gt=0, description="pairs=on_policy: train prompts sampled.")
+    samples_per_prompt: int = Field(8, gt=1, description="pairs=on_policy: completions sampled per prompt.")
+    pairs_per_prompt: int = Field(4, gt=0, description="pairs=on_policy: pairs formed per prompt at most.")
+    unseen_prompts: int = Field(
+        128, ge=0, description="pairs=on_policy: held-out (eval split) prompts whose pairs are also measured; 0: none."
+    )
+    heldout_fraction: float = Field(0.2, ge=0, lt=1, description="Pairs held out of training for the accuracy.")
+    steps: int = Field(1500, gt=0, description="AdamW steps on the Bradley-Terry loss.")
+    batch_size: int = Field(32, gt=0, description="Pairs per step.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate.")
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> RewardModelTrainingConfig:
+        if self.pairs == "dataset" and not self.pairs_path:
+            raise ConfigError("rm.pairs=dataset needs rm.pairs_path: a file of prompt / chosen / rejected pairs")
+        return self
