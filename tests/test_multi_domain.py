@@ -155,6 +155,20 @@ def test_sft_traces_follow_the_weights_even_past_a_small_split() -> None:
     assert all(task.reward(e, t.completion) == float(t.correct) for t in traces for task, e in [drawn[t.prompt]])
 
 
+def test_system_message_and_tool_traces_reach_every_domain() -> None:
+    from reinforge.data.chat import with_system
+
+    domains = [{"name": "multiply_tool", "options": {"digits": 1}}, "arithmetic"]
+    mix, plain = build_task("mix", domains=domains), build_task("mix", domains=domains)
+    assert mix.tools == ("reinforge.tasks.multiply_tool:calculator",)
+    mix.system, mix.use_tools = "Be brief.", True       # as the pipeline sets them (prompt.system, rollout.tools)
+    assert [e.prompt for e in mix.train_split(2)] == [with_system(e.prompt, "Be brief.") for e in plain.train_split(2)]
+    traces = mix.sft_examples(4, 0.0, seed=0)
+    # multiply_tool's traces are conversations with the calculator; arithmetic has none: single completions
+    assert [len(t.turns) for t in traces] == [3, 0, 3, 0]
+    assert all(t.prompt == with_system(t.prompt.messages[-1]["content"], "Be brief.") for t in traces)
+
+
 # ------------------------------------------------------------------ rewards restricted to domains
 
 FORMAT = {"name": "format", "weight": 0.5, "params": {"pattern": "[0-9+*/()-]+", "mode": "fullmatch"}}

@@ -1,6 +1,6 @@
 """Several tasks in one run (`task.name=mix`): each a domain with its own verifier.
 
-Olmo 3's RL stage (arXiv 2512.13961, sec. 4.4) trains one policy on math, code,
+Olmo 3's RL stage (arXiv 2512.13961) trains one policy on math, code,
 instruction following and chat at once, each prompt scored by its own domain's
 verifier. This module owns how a mix is declared (`DomainSpec`, `parse_domains`),
 how its splits interleave the domains' splits (`domain_schedule`) and how a
