@@ -18,7 +18,7 @@ Arguments TRL users know:
                   `datasets.Dataset` or a pandas DataFrame: task.name=dataset with task.options.path;
                   None: the config's task
     reward_funcs  callables, 'module:function' paths or built-in names (verifier, format, ...), or
-                  dicts {name, weight, params} whose name is one of those; callables without an
+                  dicts {name, weight, params, domains} whose name is one of those; callables without an
                   import path (a notebook's) are registered in-process (reinforge/user_rewards.py)
     recipe        a named method (grpo, dapo, ...)
     config        settings as a dict, nested ({"train": {"steps": 2}}) or dotted ({"train.steps": 2})
@@ -127,7 +127,7 @@ def _yaml(value: Any) -> str:
 
 
 def reward_entry(fn: Callable | str | Mapping[str, Any]) -> dict[str, Any]:
-    """One entry of reward.functions: {name, weight, params}."""
+    """One entry of reward.functions: {name, weight, params, domains}."""
     if isinstance(fn, Mapping):
         entry = dict(fn)
         if "name" not in entry:

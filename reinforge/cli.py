@@ -400,6 +400,9 @@ def _print_summary(output_dir: str, summary: dict) -> None:
         ("greedy accuracy", start["greedy_accuracy"], final["greedy_accuracy"]),
     ]
     rows += [(f"pass@{k}", start["pass@k"][k], final["pass@k"][k]) for k in start["pass@k"] if k != "1"]
+    # a mix: each domain's pass@1 over its share of the held-out prompts
+    rows += [(f"pass@1 {d} ({n['num_prompts']})", n["pass@1"], final["domains"][d]["pass@1"])
+             for d, n in start.get("domains", {}).items()]
     for name, a, b in rows:
         table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
     console.print(table)

@@ -61,7 +61,8 @@ class TaskConfig(Section):
         description=(
             "Task: arithmetic, countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
             "dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see "
-            "reinforge.tasks.dataset)."
+            "reinforge.tasks.dataset), or mix (several of them as domains of one run, option domains; see "
+            "reinforge.tasks.mix)."
         ),
     )
     options: dict[str, Any] = Field(
@@ -95,29 +96,36 @@ class TaskConfig(Section):
 
         if self.name not in TASKS:
             build_task(self.name)  # raises with a suggestion for an unknown name
-        signature = inspect.signature(TASKS[self.name].__init__)
-        params = [p for p in signature.parameters if p != "self"]
-        for key in self.options:
-            if key not in params:
-                others = [
-                    n
-                    for n, cls in TASKS.items()
-                    if n != self.name and key in inspect.signature(cls.__init__).parameters
-                ]
-                if others:    # task.options.path without task.name=dataset: the option is right, the task is not
-                    raise ConfigError(
-                        f"task.options.{key} is an option of task.name={' or '.join(others)}, not of the "
-                        f"task '{self.name}'{' (the default)' if 'name' not in self.model_fields_set else ''}"
-                        f": set task.name={others[0]}"
-                    )
-                raise ConfigError(_unknown_key_message(f"task.options.{key}", key, params))
-        # Options without a default (the dataset task's path) must be given.
-        missing = [
-            p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in self.options
-        ]
-        if missing:
-            raise ConfigError(f"task '{self.name}' needs task.options.{missing[0]}")
+        _check_task_options(self.name, self.options, "task", default_name="name" not in self.model_fields_set)
+        try:
+            domains = TASKS[self.name].domain_specs(self.options)
+        except ValueError as err:       # the shape of a mix's domains
+            raise ConfigError(str(err)) from None
+        for spec in domains:            # each domain's options, as its own task's would be checked
+            _check_task_options(spec.task, spec.options, spec.where, default_name=False)
         return self
+
+
+def _check_task_options(name: str, options: dict[str, Any], where: str, *, default_name: bool) -> None:
+    """ConfigError for an option the task `name` does not take, or a required one not given; `where` is
+    the section's key ("task", or a mix's "task.options.domains[1]"), `default_name`: the name was not set."""
+    from reinforge.tasks import TASKS
+
+    signature = inspect.signature(TASKS[name].__init__)
+    params = [p for p in signature.parameters if p != "self"]
+    for key in options:
+        if key not in params:
+            others = [n for n, cls in TASKS.items() if n != name and key in inspect.signature(cls.__init__).parameters]
+            if others:    # task.options.path without task.name=dataset: the option is right, the task is not
+                raise ConfigError(
+                    f"{where}.options.{key} is an option of task.name={' or '.join(others)}, not of the "
+                    f"task '{name}'{' (the default)' if default_name else ''}: set {where}.name={others[0]}"
+                )
+            raise ConfigError(_unknown_key_message(f"{where}.options.{key}", key, params))
+    # Options without a default (the dataset task's path) must be given.
+    missing = [p for p in params if signature.parameters[p].default is inspect.Parameter.empty and p not in options]
+    if missing:
+        raise ConfigError(f"task '{name}' needs {where}.options.{missing[0]}")
 
 
 class Config(Section):
@@ -160,6 +168,18 @@ class Config(Section):
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             data = {**data, "model": {"path": data["model"]}}
         return data
+
+    @model_validator(mode="after")
+    def _check_reward_domains(self) -> Config:
+        # Across two sections: reward.functions[].domains names the task's domains (a mix's).
+        from reinforge.rewards.functions import check_reward_domains
+        from reinforge.rewards.sources import configured_sources
+        from reinforge.tasks import TASKS
+
+        specs = TASKS[self.task.name].domain_specs(self.task.options)
+        domains = [s.domain for s in specs] or [self.task.name]
+        check_reward_domains(self.reward.functions, domains, has_source=bool(configured_sources(self.reward)))
+        return self
 
     @model_validator(mode="after")
     def _check_recipe(self) -> Config:

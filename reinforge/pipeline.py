@@ -106,12 +106,15 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
         preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields)   # DatasetError (a ConfigError) names a bad row
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
         raise ConfigError(f"sft.data_path '{cfg.sft.data_path}' does not exist")
+    # The first train example of each domain (one, unless the task is a mix): what the checks below judge.
+    firsts = {task.domain_of(e): e for e in reversed(task.train_split(max(cfg.train.num_prompts, 1)))}
     if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher":
         # A task without traces (a dataset with no completions) says so here, before the run directory exists.
-        first, rng = task.train_split(1), random.Random(cfg.seed)
-        task.teacher_completion(first[0], rng)
-        if cfg.sft.corrupt_fraction > 0:
-            task.corrupt_completion(first[0], rng)
+        rng = random.Random(cfg.seed)
+        for first in firsts.values():
+            task.teacher_completion(first, rng)
+            if cfg.sft.corrupt_fraction > 0:
+                task.corrupt_completion(first, rng)
     check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
     if (task.use_tools or cfg.task.environment) and cfg.sft.enabled and cfg.sft.steps > 0 \
             and cfg.sft.source == "rejection":
@@ -123,7 +126,8 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
             if cfg.task.environment else "task.environment (tools' episodes are scored once, on the answer)"
         raise ConfigError(f"task.environment_reward=turn needs {need}; a group advantage ({cfg.recipe}) reads one "
                           "reward per trajectory: task.environment_reward=trajectory")
-    check_reward_inputs(cfg.reward, task.train_split(1)[0])   # a required parameter nothing fills: before any load
+    for domain, first in firsts.items():      # a required parameter nothing fills: before any load
+        check_reward_inputs(cfg.reward, first, domain)
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
         if cfg.rollout.engine == "native":

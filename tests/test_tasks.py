@@ -248,10 +248,11 @@ def test_sft_cycles_small_train_split_evenly() -> None:
 
 def test_registry() -> None:
     from reinforge.tasks.dataset import DatasetTask
+    from reinforge.tasks.mix import MixTask
     from reinforge.tasks.multiply_tool import MultiplyToolTask
 
     assert TASKS == {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "dataset": DatasetTask,
-                     "multiply_tool": MultiplyToolTask}
+                     "multiply_tool": MultiplyToolTask, "mix": MixTask}
     task = build_task("arithmetic", digits=3, operators="-")
     assert isinstance(task, ArithmeticTask)
     assert task.train_split(1)[0].meta["op"] == "-"
@@ -261,9 +262,10 @@ def test_unknown_task_message() -> None:
     with pytest.raises(ValueError) as info:
         build_task("arithmetc")
     assert str(info.value) == (
-        "unknown task 'arithmetc'; did you mean 'arithmetic'? valid: arithmetic, countdown, dataset, multiply_tool"
+        "unknown task 'arithmetc'; did you mean 'arithmetic'? valid: arithmetic, countdown, dataset, mix, multiply_tool"
     )
-    with pytest.raises(ValueError, match="unknown task 'zzz'; valid: arithmetic, countdown, dataset, multiply_tool"):
+    with pytest.raises(ValueError,
+                       match="unknown task 'zzz'; valid: arithmetic, countdown, dataset, mix, multiply_tool"):
         build_task("zzz")
 
 

@@ -1,9 +1,9 @@
-"""Held-out evaluation: sampled pass@1, greedy accuracy, unbiased pass@k."""
+"""Held-out evaluation: sampled pass@1, greedy accuracy, unbiased pass@k; per domain for a mix."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -21,11 +21,16 @@ class EvalResult:
     mean_length: float             # mean sampled completion length in tokens
     num_prompts: int
     num_samples: int
+    # a task of several domains (a mix): domain -> {"pass@1", "greedy_accuracy", "num_prompts"} over its
+    # prompts; {} for a task of one domain
+    domains: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_summary(self) -> dict:
         out = asdict(self)
         out["pass@1"] = out.pop("pass_at_1")
         out["pass@k"] = out.pop("pass_at_k")
+        if not out["domains"]:
+            del out["domains"]
         return out
 
     @classmethod
@@ -58,7 +63,7 @@ def evaluate(
     """Evaluate under a fixed sampling seed, leaving the caller's RNG state untouched.
     `on_batch(n)`: after each batch of prompts, with the n prompts it held (a progress bar)."""
     correct_counts: list[int] = []
-    greedy_correct = 0
+    greedy_right: list[bool] = []
     total_len = 0.0
     greedy = SamplingParams(max_new_tokens=sampling.max_new_tokens, greedy=True)
     with torch.random.fork_rng():
@@ -70,15 +75,32 @@ def evaluate(
             total_len += float(sampled.lengths.sum())
             right = _correct(task, [e for e in chunk for _ in range(num_samples)], sampled)
             correct_counts += [sum(right[i * num_samples : (i + 1) * num_samples]) for i in range(len(chunk))]
-            greedy_correct += sum(_correct(task, chunk, engine.generate(prompts, 1, greedy)))
+            greedy_right += _correct(task, chunk, engine.generate(prompts, 1, greedy))
             if on_batch is not None:
                 on_batch(len(chunk))
     n = len(examples)
     return EvalResult(
         pass_at_1=sum(c / num_samples for c in correct_counts) / n,
-        greedy_accuracy=greedy_correct / n,
+        greedy_accuracy=sum(greedy_right) / n,
         pass_at_k=pass_at_k_curve(correct_counts, num_samples),
         mean_length=total_len / (n * num_samples),
         num_prompts=n,
         num_samples=num_samples,
+        domains=_by_domain(task, examples, correct_counts, greedy_right, num_samples),
     )
+
+
+def _by_domain(task: Task, examples: list[Example], correct_counts: list[int], greedy_right: list[bool],
+               num_samples: int) -> dict[str, dict[str, float]]:
+    """pass@1, greedy accuracy and prompt count over each domain's prompts, in the task's order of
+    domains (those with held-out prompts); {} for a task of one domain."""
+    if len(task.domains) < 2:
+        return {}
+    out = {}
+    for domain in task.domains:
+        rows = [i for i, e in enumerate(examples) if task.domain_of(e) == domain]
+        if rows:
+            out[domain] = {"pass@1": sum(correct_counts[i] for i in rows) / (num_samples * len(rows)),
+                           "greedy_accuracy": sum(greedy_right[i] for i in rows) / len(rows),
+                           "num_prompts": len(rows)}
+    return out

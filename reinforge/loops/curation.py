@@ -119,6 +119,9 @@ class Scores:
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     # [N, T] per-token terms of reward sources (distillation, process rewards), added to the advantage
     token_advantages: torch.Tensor | None = None
+    # figures of a part of the rows (one per domain of a mix, `domain_metrics`), each with its number of
+    # rows: averaged over a step's rounds weighted by it (the whole batch's, as `metrics`)
+    weighted_metrics: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     def rows(self, rows: torch.Tensor) -> Scores:
         """These rows' scores (the metrics are the whole batch's, and stay with it)."""
@@ -196,6 +199,27 @@ def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
         # Groups whose rewards are all equal have zero advantage: no gradient ("why is my loss 0").
         "zero_variance_groups": float((~zero_variance(groups)).float().mean()),
     }
+
+
+def domain_metrics(domains: list[str], scores: Scores) -> list[tuple[int, dict[str, float]]]:
+    """Per domain of a mix, in order of first appearance: (its rows, figures over them), keys
+    reward/domain/<d>/...: total_mean (over valid rows, NaN if none), pass_rate (the verifier accepted,
+    over all its rows) and <part>_mean for each reward part that scored some of its rows (a function
+    restricted to other domains has none: no key)."""
+    out = []
+    for d in dict.fromkeys(domains):
+        rows = torch.tensor([x == d for x in domains])
+        total = scores.rewards[rows & scores.valid]
+        figures = {
+            "total_mean": float(total.mean()) if total.numel() else float("nan"),
+            "pass_rate": float(scores.correct[rows].float().mean()),
+        }
+        for key, values in scores.parts.items():
+            scored = values[rows][~values[rows].isnan()]
+            if scored.numel():
+                figures[f"{key}_mean"] = float(scored.mean())
+        out.append((int(rows.sum()), {f"reward/domain/{d}/{k}": v for k, v in figures.items()}))
+    return out
 
 
 def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
@@ -276,6 +300,7 @@ class BatchCollector:
             groups = Groups(scores.rewards.view(-1, g), scores.valid.view(-1, g), scores.correct.view(-1, g),
                             rollout.truncated.view(-1, g))
             reward_metrics.append((rollout.num_rows, {**scores.metrics, **rollout_metrics(rollout, groups)}))
+            reward_metrics += scores.weighted_metrics
             keep = torch.ones(len(examples), dtype=torch.bool)
             for name, check in self.filters:
                 passed = check(groups)

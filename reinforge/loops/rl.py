@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,7 +28,7 @@ from reinforge.learner import (
 )
 from reinforge.learner.critic import Critic
 from reinforge.loops.credit import CriticCredit, GroupCredit
-from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, Scores
+from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, Scores, domain_metrics
 from reinforge.loops.loop import LoopState, StepRecord, Timed
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
@@ -88,9 +88,20 @@ class RLState(LoopState):
 
 def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list[Example], Rollout], Scores]:
     """The configured reward functions (cfg.reward) as the reward; row r belongs to examples[r // group_size].
-    The episodes of an environment (task.environment) are scored by the environment: their returns."""
+    The episodes of an environment (task.environment) are scored by the environment: their returns.
+    A task of several domains (a mix) adds each domain's figures (`domain_metrics`)."""
+    task = composer.task
 
     def score(examples: list[Example], rollout: Rollout) -> Scores:
+        scores = _score(examples, rollout)
+        if len(task.domains) < 2:
+            return scores
+        domains = [task.domain_of(e) for e in examples for _ in range(group_size)]
+        # each domain's share of the sampled rows (a whole-batch figure); its own figures weigh by its rows
+        shares = {f"reward/domain/{d}/frac": domains.count(d) / len(domains) for d in task.domains}
+        return replace(scores, metrics={**scores.metrics, **shares}, weighted_metrics=domain_metrics(domains, scores))
+
+    def _score(examples: list[Example], rollout: Rollout) -> Scores:
         returns = environment_returns(rollout)
         if returns is not None:      # episodes of an environment: their return is the reward (NaN: it failed)
             valid = ~returns.isnan()
@@ -101,8 +112,11 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
             return Scores(rewards=returns, valid=valid, correct=returns > 0, metrics=metrics,
                           parts={"environment": returns})
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
-        # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
-        correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
+        # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False); on a row of a domain
+        # the verifier is not applied to (reward.functions[].domains), a positive reward.
+        verifier = scored.parts.get("verifier")
+        correct = scored.total > 0 if verifier is None else torch.where(
+            verifier.isnan() & scored.valid, scored.total > 0, verifier > 0)
         return Scores(
             rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts,
             token_advantages=scored.token_advantages,

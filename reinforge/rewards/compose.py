@@ -21,6 +21,10 @@ keywords it declares (all of them if it takes **kwargs):
     <meta fields>                each key of example.meta not named above, e.g. target, numbers
     <params>                     the function's `params` from the config (they win over meta)
 
+A function may be restricted to some domains of a mix (`reward.functions[].domains`,
+reinforge.tasks.mix): it is then called only on those rows, and on the others it is
+not applicable (left out of the sum; the row is not skipped for it).
+
 Built-ins are in `REWARD_FUNCTIONS` (reinforge.rewards.functions, with the check of a
 configured name and its params); anything else is given as 'module:function'
 (a module importable, or in the working directory) or 'path/to/file.py:function'.
@@ -60,6 +64,7 @@ from reinforge.rewards.functions import (
     FORM_INPUTS,
     REWARD_FUNCTIONS,
     REWARD_INPUTS,
+    check_reward_domains,
     format_match,
     length_penalty,
     resolve_reward_function,
@@ -72,11 +77,14 @@ from reinforge.settings import RewardConfig
 from reinforge.tasks.base import Example, Task
 
 
-def check_reward_inputs(reward: RewardConfig, example: Example) -> None:
+def check_reward_inputs(reward: RewardConfig, example: Example, domain: str | None = None) -> None:
     """ConfigError for a reward function with a required parameter nothing fills (a TRL function's
-    `trainer_state`, a column the data lacks), judged on `example`, a row of the data: caught before
-    anything is written, rather than as a TypeError on every call after the model has loaded."""
+    `trainer_state`, a column the data lacks), judged on `example`, a row of the data (of `domain`: only
+    the functions that score that domain are judged): caught before anything is written, rather than
+    as a TypeError on every call after the model has loaded."""
     for f in reward.functions:
+        if domain is not None and f.domains is not None and domain not in f.domains:
+            continue
         fn = resolve_reward_function(f.name, f.params)
         form = reward_form(fn, f.name)
         columns = {*example.meta, "prompt", "answer"} if form != "verl" else set()
@@ -188,6 +196,7 @@ class _Term:
     weight: float
     params: dict[str, Any]
     accepts: set[str] | None     # keywords the function declares; None if it takes **kwargs
+    domains: frozenset[str] | None = None   # the domains it scores (reward.functions[].domains); None: all
 
 
 @dataclass
@@ -219,7 +228,9 @@ class RewardComposer:
             taken.add(key)
             form = reward_form(fn, f.name)
             label = f.name if f.name.rpartition(":")[0].endswith(".py") else f.name.replace(":", ".")
-            self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn)))
+            self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn),
+                                    frozenset(f.domains) if f.domains is not None else None))
+        check_reward_domains(cfg.functions, task.domains, has_source=bool(self.sources))
         for source in self.sources:
             if source.key in taken:
                 raise ValueError(f"reward source {source.key!r} has the name of a reward function: rename the function")
@@ -251,14 +262,20 @@ class RewardComposer:
         raised = torch.zeros(n, dtype=torch.bool)
         skipped = torch.zeros(n, dtype=torch.bool)
         declined = torch.zeros(n, dtype=torch.long)     # functions that returned None, per row
+        applicable = torch.zeros(n, dtype=torch.long)   # functions that score the row's domain, per row
+        domains = [self.task.domain_of(e) for e in rows]
         failures: list[_Failure] = []
         for t in self.terms:
-            values, failed = self._call(t, rows, rollout)
+            # A function restricted to domains is not called on other rows: not applicable, left out of
+            # the sum (NaN in its part), which is not a skip.
+            index = [r for r in range(n) if t.domains is None or domains[r] in t.domains]
+            applicable[index] += 1
+            values, failed = self._call(t, rows, rollout, index)
             for r, err in failed.items():
                 failures.append(_Failure(t, r, err))
                 errors[t.key] += 1
                 raised[r] = True
-            for r, value in enumerate(values):
+            for r, value in zip(index, values, strict=True):
                 if r in failed:
                     continue
                 if value is None:
@@ -266,8 +283,8 @@ class RewardComposer:
                     skipped[r] |= t.form != "trl"   # TRL's None is "not applicable": left out of the sum
                 else:
                     parts[t.key][r] = value
-        if self.terms:
-            skipped |= declined == len(self.terms)      # no function scored the row: nothing to train on
+        # no function that applies to the row scored it: nothing to train on
+        skipped |= (applicable > 0) & (declined == applicable)
         if _mean(raised) > self.max_error_rate:
             raise self._error(failures, rows, rollout, raised, errors)
         total = torch.zeros(n)
@@ -309,24 +326,26 @@ class RewardComposer:
     # ------------------------------------------------------------- calling
 
     def _call(
-        self, t: _Term, rows: list[Example], rollout: Rollout
+        self, t: _Term, rows: list[Example], rollout: Rollout, index: list[int]
     ) -> tuple[list[float | None], dict[int, BaseException]]:
-        """Term `t` on every row: values (None: declined) and the rows it raised on."""
-        n = len(rows)
+        """Term `t` on the rows `index`: their values in that order (None: declined) and the rows it raised on."""
+        if not index:
+            return [], {}
         if t.form == "trl":
             try:
-                return trl_values(run_trl(t.fn, keywords(t.accepts, self._trl_inputs(t, rows, rollout))), n), {}
+                inputs = self._trl_inputs(t, rows, rollout, index)
+                return trl_values(run_trl(t.fn, keywords(t.accepts, inputs)), len(index)), {}
             except Exception as err:     # the batch call failed as a whole: every row is lost
-                return [None] * n, dict.fromkeys(range(n), err)
+                return [None] * len(index), dict.fromkeys(index, err)
         inputs = [
             self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
-            for r in range(n)
+            for r in index
         ]
         results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
         convert = sample_value if t.form == "sample" else verl_value
         values: list[float | None] = []
         failed: dict[int, BaseException] = {}
-        for r, result in enumerate(results):
+        for r, result in zip(index, results, strict=True):
             if isinstance(result, BaseException):      # raised inside the function: its own traceback
                 failed[r] = result
                 values.append(None)
@@ -355,17 +374,19 @@ class RewardComposer:
                 "ground_truth": ground_truth, "extra_info": example.meta.get("extra_info")}
 
     @staticmethod
-    def _trl_inputs(t: _Term, rows: list[Example], rollout: Rollout) -> dict[str, Any]:
+    def _trl_inputs(t: _Term, rows: list[Example], rollout: Rollout, index: list[int]) -> dict[str, Any]:
+        """TRL's batched inputs of the rows `index` (all rows, unless the function is restricted to domains)."""
         mask = rollout.completion_mask > 0      # every token of the completion, as in its text
-        columns = dict.fromkeys(k for e in rows for k in e.meta)      # every column of the batch, in first-seen order
-        chat = [isinstance(e.prompt, Conversation) for e in rows]
+        batch = [rows[r] for r in index]
+        columns = dict.fromkeys(k for e in batch for k in e.meta)      # every column of the batch, in first-seen order
+        chat = [isinstance(e.prompt, Conversation) for e in batch]
         return {
-            **{k: [e.meta.get(k) for e in rows] for k in columns},
-            "answer": [e.answer for e in rows],
-            "prompts": [e.prompt.as_list() if c else str(e.prompt) for e, c in zip(rows, chat, strict=True)],
-            "completions": [[{"role": "assistant", "content": text}] if c else text
-                            for text, c in zip(rollout.texts, chat, strict=True)],
-            "completion_ids": [rollout.completion_ids[r][mask[r]].tolist() for r in range(len(rows))],
+            **{k: [e.meta.get(k) for e in batch] for k in columns},
+            "answer": [e.answer for e in batch],
+            "prompts": [e.prompt.as_list() if c else str(e.prompt) for e, c in zip(batch, chat, strict=True)],
+            "completions": [[{"role": "assistant", "content": rollout.texts[r]}] if c else rollout.texts[r]
+                            for r, c in zip(index, chat, strict=True)],
+            "completion_ids": [rollout.completion_ids[r][mask[r]].tolist() for r in index],
             **t.params,
         }
 

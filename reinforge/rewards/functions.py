@@ -5,12 +5,14 @@ built): what `reward.functions` may hold. Composing them on a batch is reinforge
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reinforge.errors import ConfigError
 from reinforge.objectives.common import check_params, resolve
 from reinforge.rewards.conventions import (
     SAMPLE_INPUTS,
@@ -107,3 +109,27 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
             if p.default is inspect.Parameter.empty and p.name not in REWARD_INPUTS and p.name not in params:
                 raise ValueError(f"{kind} needs parameter {p.name!r}, e.g. params: {{{p.name}: ...}}")
     return fn
+
+
+def check_reward_domains(functions: Sequence[Any], domains: Sequence[str], has_source: bool) -> None:
+    """ConfigError for a function restricted to a domain the run does not have (`domains`: the task's,
+    a mix's names), and for a domain no function scores (unless a reward source scores every row):
+    its rows would have no reward at all. `functions`: reward.functions (RewardFunctionConfig)."""
+    for i, f in enumerate(functions):
+        if f.domains is None:
+            continue
+        key = f"reward.functions[{i}].domains"
+        if not f.domains:
+            raise ConfigError(f"{key} is empty: list the domains '{f.name}' scores, or drop the key to score every row")
+        for d in f.domains:
+            if d not in domains:
+                close = difflib.get_close_matches(d, domains, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ConfigError(f"{key}: '{d}' is not a domain of this run; {hint}its domains: {', '.join(domains)} "
+                                  "(a mix's are named in task.options.domains)")
+    if has_source or not functions:
+        return
+    for d in domains:
+        if not any(f.domains is None or d in f.domains for f in functions):
+            raise ConfigError(f"domain '{d}' has no reward function (each of reward.functions lists other domains): "
+                              f"add it to one's domains, or add a function without domains, e.g. {{name: verifier}}")

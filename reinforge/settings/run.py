@@ -131,6 +131,11 @@ class RewardFunctionConfig(Section):
         default_factory=dict,
         description="Keyword parameters of the function, e.g. {pattern: 'answer: \\d+', mode: search} for format.",
     )
+    domains: list[str] | None = Field(
+        None,
+        description="The domains of a mix (task.name=mix) it scores, e.g. [countdown]; on rows of other domains it "
+                    "is not applicable: not called, left out of the sum (the row is not skipped). None: every row.",
+    )
 
 
 class OverlongConfig(Section):

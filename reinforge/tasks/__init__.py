@@ -8,6 +8,7 @@ from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.base import Example, SFTExample, Task
 from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.dataset import DatasetTask
+from reinforge.tasks.mix import MixTask
 from reinforge.tasks.multiply_tool import MultiplyToolTask
 
 TASKS: dict[str, type[Task]] = {
@@ -15,6 +16,7 @@ TASKS: dict[str, type[Task]] = {
     CountdownTask.name: CountdownTask,
     DatasetTask.name: DatasetTask,
     MultiplyToolTask.name: MultiplyToolTask,
+    MixTask.name: MixTask,
 }
 
 

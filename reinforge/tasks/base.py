@@ -100,6 +100,26 @@ class Task(ABC):
     def corrupt_completion(self, example: Example, rng: random.Random) -> str:
         """A plausible but wrong completion (reward 0.0 guaranteed)."""
 
+    # ---------------------------------------------------------------- domains
+
+    # A task is one domain, named after it; a mix (tasks/mix.py) has several, and each of its examples
+    # says which it belongs to. Reward functions restricted to domains and per-domain figures read these.
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The names of this task's domains."""
+        return (self.name,)
+
+    def domain_of(self, example: Example) -> str:
+        """The domain `example` belongs to."""
+        return self.name
+
+    @classmethod
+    def domain_specs(cls, options: dict[str, Any]) -> list[Any]:
+        """The domains these constructor options declare (tasks/mix.py's `DomainSpec`), read before
+        the task is built (config checks); [] for a task that is one domain."""
+        return []
+
     def teacher_turns(self, example: Example, rng: random.Random) -> list[dict[str, str]] | None:
         """A correct multi-turn trace with the task's tools (see SFTExample.turns); None: the task has none."""
         return None

@@ -39,12 +39,15 @@ TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
 
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:
-    """A held-out evaluation as flat metrics (eval/pass@1, eval/greedy_accuracy, eval/pass@K, ...)."""
+    """A held-out evaluation as flat metrics (eval/pass@1, eval/greedy_accuracy, eval/pass@K, ...; for
+    a mix, eval/<domain>/pass@1 and eval/<domain>/greedy_accuracy)."""
     return {
         "eval/pass@1": result.pass_at_1,
         "eval/greedy_accuracy": result.greedy_accuracy,
         "eval/mean_length": result.mean_length,
         **{f"eval/pass@{k}": v for k, v in result.pass_at_k.items() if k != "1"},
+        **{f"eval/{d}/{name}": figures[name] for d, figures in result.domains.items()
+           for name in ("pass@1", "greedy_accuracy")},
     }
 
 
