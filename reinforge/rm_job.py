@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from reinforge.config import Config
 from reinforge.errors import ConfigError
@@ -128,8 +129,11 @@ def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
                               "solves some prompts (sft) or raise rm.samples_per_prompt")
     train, held = split_pairs(pairs, rm_cfg.heldout_fraction, cfg.seed)
     rm = build_reward_model(policy, seed=cfg.seed)
-    fit = train_reward_model(rm.model, rm.tokenizer, train, steps=rm_cfg.steps, batch_size=rm_cfg.batch_size,
-                             lr=rm_cfg.lr, seed=cfg.seed, chat_template=cfg.prompt.chat_template)
+    with tqdm(total=rm_cfg.steps, desc="reward model", disable=not cfg.log.progress, leave=False,
+              dynamic_ncols=True) as bar:
+        fit = train_reward_model(rm.model, rm.tokenizer, train, steps=rm_cfg.steps, batch_size=rm_cfg.batch_size,
+                                 lr=rm_cfg.lr, seed=cfg.seed, chat_template=cfg.prompt.chat_template,
+                                 on_step=lambda step, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")))
     mean, std = reward_statistics(rm.model, rm.tokenizer, train, chat_template=cfg.prompt.chat_template)
     rm.model.config.reward_mean, rm.model.config.reward_std = mean, std
     path = save_reward_model(rm.model, rm.tokenizer, out)

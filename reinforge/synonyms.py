@@ -162,7 +162,10 @@ TRL_NAMES: dict[str, Synonym] = {
     ),
     "model_name_or_path": Synonym("model.path", TRL, "a local folder; nothing is downloaded"),
     # What a TRL user passes next to GRPOConfig: the trainer's arguments and ModelConfig's LoRA fields.
-    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE),
+    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE + "; a reward model folder is "
+                            "reward.model.path"),
+    "reward_pretrain": Synonym("reward.model.path", "OpenRLHF's name", "a sequence-classification folder"),
+    "normalize_reward": Synonym("reward.model.normalize", "OpenRLHF's name"),
     "dataset_name": Synonym(
         "task.options.path",
         TRL_SCRIPT,
@@ -194,6 +197,10 @@ VERL_NAMES: dict[str, Synonym] = {
     "data.val_files": Synonym("task.options.eval_path", VERL, "with task.name=dataset"),
     "data.prompt_key": Synonym("task.options.fields", VERL, "task.options.fields.prompt=COLUMN"),
     "custom_reward_function.path": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "reward_model.enable": Synonym("reward.model.path", VERL, "setting reward.model.path turns the reward model on"),
+    "reward_model.model.path": Synonym("reward.model.path", VERL, "a sequence-classification folder"),
+    "reward_model.micro_batch_size_per_gpu": Synonym("reward.model.micro_batch_size", VERL),
+    "reward_model.micro_batch_size": Synonym("reward.model.micro_batch_size", VERL),
     "custom_reward_function.name": Synonym("reward.functions", VERL, _REWARD_FILE),
     "actor_rollout_ref.model.path": Synonym("model.path", VERL),
     "actor_rollout_ref.model.lora_rank": Synonym("model.lora.r", VERL),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import MIN_PASS_RATE, constant_answer_task, held_out_pass_rates, train_rewards
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
 from reinforge.config import build_config
@@ -17,6 +18,7 @@ from reinforge.errors import ConfigError
 from reinforge.loops.dpo import PreferencePair
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import load_tokenizer
+from reinforge.pipeline import run
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.reward_model import (
     RewardModelSource,
@@ -248,3 +250,38 @@ def test_reward_model_job_from_a_pairs_file(tmp_path):
     assert loaded.config.reward_std == pytest.approx(result.reward_std) and result.reward_std > 0
     with pytest.raises(FileExistsError):
         run_reward_model_job(cfg, tmp_path / "rm")
+
+
+# ------------------------------------------------------------------ RL whose only reward is a reward model
+
+
+@pytest.fixture(scope="module")
+def sevens_rm(tmp_path_factory) -> Path:
+    """A reward model that learned, from pairs, that "7" is the better answer to the sevens task's prompts."""
+    rng = random.Random(0)
+    letters, others = "abcdefgh", [c for c in "0123456789abcdefgh+-=" if c != "7"]
+    pairs = [PreferencePair("".join(rng.choice(letters) for _ in range(4)) + "=", "7", rng.choice(others))
+             for _ in range(200)]
+    rm = tiny_reward_model()
+    train_reward_model(rm.model, rm.tokenizer, pairs, steps=150, batch_size=32, lr=3e-3, seed=0)
+    return save_reward_model(rm.model, rm.tokenizer, tmp_path_factory.mktemp("sevens") / "rm")
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
+def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_rm, recipe):
+    # The verifier never scores a training sample: the reward is the reward model's score alone
+    # (ppo: InstructGPT's actor, critic, reference and reward model). Held-out pass@1 is the verifier's.
+    out = tmp_path / "run"
+    extra = ["train.steps=30", "critic.lr=3e-2"] if recipe == "ppo" else []
+    run(build_config([*constant_answer_task(tmp_path), f"recipe={recipe}", "reward.functions=[]",
+                      f"reward.model.path={sevens_rm}", f"output_dir={out}", *extra]))
+    start, final = held_out_pass_rates(out)
+    assert start <= 0.05
+    assert final >= start + MIN_PASS_RATE           # measured 0.97 (grpo), 0.85 (ppo)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x.get("stage") == "rl"]
+    assert "reward/verifier_mean" not in steps[0]
+    # weight 1, no normalisation: the train reward is the reward model's raw score
+    assert steps[-1]["reward/reward_model/raw_mean"] == pytest.approx(steps[-1]["reward/total_mean"], abs=1e-5)
+    rewards = train_rewards(out)
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 1.0       # the reward model's score rose

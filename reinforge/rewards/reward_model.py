@@ -17,6 +17,7 @@ backbone plus a linear `score` head read at the last real token of `prompt + com
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,10 +171,12 @@ class RewardModelResult:
 
 def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[PreferencePair],
                        steps: int, batch_size: int, lr: float, seed: int = 0,
-                       chat_template: str = "auto") -> RewardModelResult:
+                       chat_template: str = "auto",
+                       on_step: Callable[[int, float], None] | None = None) -> RewardModelResult:
     """`steps` AdamW steps on the Bradley-Terry loss, each over `batch_size` pairs drawn without replacement
     in a `seed`ed order reshuffled every epoch. Both completions of a pair sit in the same batch, as
-    InstructGPT trains all comparisons of a prompt together (arXiv 2203.02155, section 3.5)."""
+    InstructGPT trains all comparisons of a prompt together (arXiv 2203.02155, section 3.5).
+    `on_step(step, loss)` is called after each step."""
     if not pairs:
         raise ValueError("train_reward_model needs at least one preference pair")
     if steps < 1 or batch_size < 1:
@@ -196,6 +199,8 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         out.loss.backward()
         optimizer.step()
         losses.append(out.loss.item())
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     model.eval()
     return RewardModelResult(first_loss=losses[0], final_loss=losses[-1],
                              train_accuracy=pair_accuracy(model, tokenizer, pairs, chat_template=chat_template),
