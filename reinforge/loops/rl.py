@@ -36,7 +36,7 @@ from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
 from reinforge.rollout.base import environment_returns, environment_token_rewards
 from reinforge.settings import CriticConfig, TrainConfig
-from reinforge.tasks import Example
+from reinforge.tasks import Example, Task
 from reinforge.telemetry.samples import StepSamples
 
 
@@ -101,14 +101,28 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
             return Scores(rewards=returns, valid=valid, correct=returns > 0, metrics=metrics,
                           parts={"environment": returns})
         scored = composer.score(examples, rollout, group_size)       # RewardError past reward.max_error_rate
+        metrics = scored.metrics()
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False).
-        correct = scored.parts["verifier"] > 0 if "verifier" in scored.parts else scored.total > 0
+        if "verifier" in scored.parts:
+            correct = scored.parts["verifier"] > 0
+        elif composer.terms:
+            correct = scored.total > 0
+        else:
+            # No reward function (a teacher or a reward model alone): the total says nothing of it, the task's
+            # verifier does, as in evaluation.
+            correct = verified(composer.task, examples, rollout, group_size)
+            metrics["reward/verifier_mean"] = float(correct.float().mean())
         return Scores(
-            rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts,
+            rewards=scored.total, valid=scored.valid, correct=correct, metrics=metrics, parts=scored.parts,
             token_advantages=scored.token_advantages,
         )
 
     return score
+
+
+def verified(task: Task, examples: list[Example], rollout: Rollout, group_size: int) -> torch.Tensor:
+    """[N] bool: the task's verifier accepts row r's completion (row r answers examples[r // group_size])."""
+    return torch.tensor([task.reward(examples[r // group_size], text) >= 1.0 for r, text in enumerate(rollout.texts)])
 
 
 def with_token_terms(advantages: torch.Tensor, token_terms: torch.Tensor | None,
