@@ -262,3 +262,25 @@ def test_offline_distillation_fine_tunes_on_the_teachers_verified_samples(tmp_pa
     assert teacher_pass >= 0.9                                      # measured 0.996
     assert summary["sft"]["rejection/acceptance_rate"] >= 0.9 and summary["sft"]["rejection/kept"] == 64
     assert summary["eval"]["final"]["pass@1"] >= 0.9                # measured 0.996
+
+
+def test_distill_benchmark_runs_in_a_small_configuration(tmp_path, micro_overrides):
+    # benchmarks/learned_rewards_distill.py on the micro model (its figures are the docs'; here: that it runs
+    # against the current code, and that its gains and step counts are read off its own curves).
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from learned_rewards_distill import distill_gain
+
+    micro = [o for o in micro_overrides if not o.startswith(("train.steps=", "threads="))]
+    out = distill_gain(0, steps=4, eval_every=2, threads=1, overrides=micro, workdir=tmp_path)
+    start = out["student_start_pass@1"]
+    assert out["distill_gain"] == pytest.approx(out["distill_pass@1"] - start)
+    assert out["grpo_gain"] == pytest.approx(out["grpo_pass@1"] - start)
+    assert [step for step, _ in out["distill_curve"]] == [step for step, _ in out["grpo_curve"]] == [0, 2, 4]
+    assert out["distill_curve"][0][1] == out["grpo_curve"][0][1] == start
+    assert len(out["distill_reverse_kl"]) == 4 and all(k == k for k in out["distill_reverse_kl"])
+    for method in ("distill", "grpo"):
+        reached = out[f"{method}_steps_to_gain"]
+        assert reached is None or dict(out[f"{method}_curve"])[reached] - start >= out["gain_counted"] - 1e-9
+    assert 0 < out["seconds"] and (tmp_path / "teacher" / "model" / "config.json").is_file()
