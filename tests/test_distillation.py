@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from learning import constant_answer_task, held_out_pass_rates
 
 from reinforge.config import build_config
@@ -19,7 +20,7 @@ from reinforge.loops.curation import Groups, zero_variance
 from reinforge.loops.rl import composed_scores, with_token_terms
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.factory import save_policy
-from reinforge.multistage import PipelineSpec, stage_configs
+from reinforge.multistage import PipelineSpec, run_pipeline, stage_configs
 from reinforge.objectives.policy import ppo_clip
 from reinforge.pipeline import run
 from reinforge.rewards.compose import RewardComposer
@@ -284,3 +285,22 @@ def test_distill_benchmark_runs_in_a_small_configuration(tmp_path, micro_overrid
         reached = out[f"{method}_steps_to_gain"]
         assert reached is None or dict(out[f"{method}_curve"])[reached] - start >= out["gain_counted"] - 1e-9
     assert 0 < out["seconds"] and (tmp_path / "teacher" / "model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_r1_distill_runs_its_four_stages_end_to_end(tmp_path, micro_overrides):
+    # One-digit sums and a longer cold start give the micro teacher correct samples to hand over.
+    micro = [o for o in micro_overrides if not o.startswith(("train.steps=", "sft.steps="))]
+    args = [*micro, "train.steps=2", "task.options.digits=1", "train.num_prompts=40", "sft.steps=150",
+            "sft.batch_size=32", "sft.num_examples=4800", "distill:sft.steps=5", "distill:sft.rejection_prompts=16"]
+    stages = run_pipeline("r1_distill", args, tmp_path / "out").stages
+    assert [(s.name, s.rl_steps) for s in stages] == [
+        ("teacher_cold_start", 0), ("teacher_rl", 2), ("student_cold_start", 0), ("distill", 0)]
+    sft = json.loads((tmp_path / "out" / "4-distill" / "summary.json").read_text())["sft"]
+    assert sft["source"] == "rejection" and sft["rejection/kept"] >= 1 and sft["steps"] == 5
+    # the distill stage fine-tunes the student (its own cold start) on the RL teacher's samples
+    cfg = yaml.safe_load((tmp_path / "out" / "4-distill" / "config.yaml").read_text())
+    assert cfg["model"]["path"] == str(tmp_path / "out" / "3-student_cold_start" / "model")
+    assert cfg["sft"]["teacher_path"] == str(tmp_path / "out" / "2-teacher_rl" / "model")
+    student = yaml.safe_load((tmp_path / "out" / "3-student_cold_start" / "config.yaml").read_text())
+    assert student["model"]["path"] == "builtin" and student["seed"] == 1
