@@ -66,28 +66,28 @@ def check_same_vocabulary(teacher: PreTrainedTokenizerBase, student: PreTrainedT
     )
 
 
-def load_teacher(path: str | Path, student: PreTrainedTokenizerBase, device: str,
-                 where: str = "reward.teacher.path") -> PreTrainedModel:
-    """The teacher's causal LM from its folder, in eval mode on `device`, after checking its tokenizer
-    against the student's (`check_same_vocabulary`)."""
+def teacher_folder(path: str | Path, student: PreTrainedTokenizerBase, where: str = "reward.teacher.path") -> Path:
+    """`path` as a model folder (config, weights, tokenizer files) whose tokenizer is `student`'s; a
+    ConfigError naming `where` otherwise."""
     try:
         folder = check_model_path(str(path))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     check_same_vocabulary(load_tokenizer(folder), student, f"{where} '{path}'")
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="auto")   # as saved: a bf16 teacher stays bf16
+    return folder
+
+
+def load_teacher(path: str | Path, student: PreTrainedTokenizerBase, device: str) -> PreTrainedModel:
+    """The teacher's causal LM from its checked folder (`teacher_folder`), in eval mode on `device`."""
+    model = AutoModelForCausalLM.from_pretrained(str(teacher_folder(path, student)), dtype="auto")  # bf16 stays bf16
     return model.to(resolve_device(device)).eval()
 
 
-def check_teacher(path: str, student_model_path: str, where: str = "reward.teacher.path") -> None:
-    """Before anything loads or is written: `path` is a model folder whose tokenizer is the student's
-    (`student_model_path`: model.path, 'builtin' for the built-in model's character tokenizer)."""
-    try:
-        folder = check_model_path(path)
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
+def check_teacher(path: str, student_model_path: str) -> None:
+    """Before anything loads or is written: `teacher_folder` against the tokenizer of model.path
+    (`student_model_path`; 'builtin': the built-in model's character tokenizer)."""
     student = build_char_tokenizer() if student_model_path == "builtin" else load_tokenizer(student_model_path)
-    check_same_vocabulary(load_tokenizer(folder), student, f"{where} '{path}'")
+    teacher_folder(path, student)
 
 
 class TeacherSource:
@@ -134,4 +134,5 @@ def _build_source(section, context: SourceContext) -> TeacherSource:
                          micro_batch_size=section.micro_batch_size)
 
 
-__all__ = ["TeacherSource", "check_same_vocabulary", "check_teacher", "load_teacher", "reverse_kl_terms"]
+__all__ = ["TeacherSource", "check_same_vocabulary", "check_teacher", "load_teacher", "reverse_kl_terms",
+           "teacher_folder"]
