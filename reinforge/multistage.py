@@ -12,11 +12,16 @@ A pipeline is a YAML file (shipped ones: `reinforge/pipelines/*.yaml`):
       - name: reasoning_rl
         settings: {recipe: grpo, sft.enabled: false}
 
+A stage may instead start from the pipeline's own model (`start: initial`: a fresh student
+beside a teacher the earlier stages trained), and a string setting may name an earlier stage's
+run directory as `{stage_name}`, e.g. `sft.teacher_path: "{teacher_rl}/model"` (r1_distill).
+
 Precedence for a stage (later wins): the pipeline's `settings` < the user's
 overrides for every stage (`seed=1`) < the stage's own `settings` < the
 user's overrides for that stage only (`reasoning_rl:train.steps=50`) < the
 model the previous stage ended with. The user cannot override which model a
-later stage starts from, since that is what chains the stages.
+later stage starts from, since that is what chains the stages (a `start: initial`
+stage takes model.path as the first stage does).
 
 Stage k writes its own run directory OUT/<k>-<name>; a stage starts from
 OUT/<k-1>-<name>/model. The pipeline writes OUT/pipeline.json with every
@@ -27,6 +32,7 @@ stages and resumes an interrupted one from its checkpoint.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,10 +46,14 @@ from reinforge.errors import ConfigError
 PIPELINES_DIR = Path(__file__).parent / "pipelines"
 
 
+STARTS = ("previous", "initial")      # a stage's model: the previous stage's, or the pipeline's own (model.path)
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
-    settings: dict[str, Any]       # dotted keys -> values
+    settings: dict[str, Any]       # dotted keys -> values; "{name}" in a string: that earlier stage's run directory
+    start: str = "previous"        # one of STARTS
 
 
 @dataclass(frozen=True)
@@ -73,9 +83,13 @@ class PipelineSpec:
             raise ConfigError(f"{path}: a pipeline needs a non-empty list of stages")
         parsed = []
         for i, stage in enumerate(stages):
-            if not isinstance(stage, dict) or "name" not in stage or set(stage) - {"name", "settings"}:
-                raise ConfigError(f"{path}: stage {i + 1} must be a mapping with 'name' and optional 'settings'")
-            parsed.append(Stage(str(stage["name"]), dict(stage.get("settings") or {})))
+            if not isinstance(stage, dict) or "name" not in stage or set(stage) - {"name", "settings", "start"}:
+                raise ConfigError(f"{path}: stage {i + 1} must be a mapping with 'name' and optional 'settings' "
+                                  "and 'start'")
+            start = str(stage.get("start", "previous"))
+            if start not in STARTS:
+                raise ConfigError(f"{path}: stage {i + 1} has start '{start}'; valid: {', '.join(STARTS)}")
+            parsed.append(Stage(str(stage["name"]), dict(stage.get("settings") or {}), start))
         names = [s.name for s in parsed]
         if len(set(names)) != len(names):
             raise ConfigError(f"{path}: stage names must be distinct, got {names}")
@@ -117,19 +131,38 @@ def stage_configs(spec: PipelineSpec, overrides: list[str], out_dir: Path) -> li
             raise ConfigError(f"override '{item}' names stage '{stage}', which pipeline {spec.name} does not have "
                               f"(stages: {', '.join(s.name for s in spec.stages)})")
         per_stage[stage].append(rest)
-    configs, previous = [], None
+    configs, previous, earlier = [], None, {}
     for k, stage in enumerate(spec.stages):
-        chain = [] if previous is None else [f"model.path={previous / 'model'}"]
+        chain = [] if previous is None or stage.start == "initial" else [f"model.path={previous / 'model'}"]
         try:
+            settings = {key: _stage_dirs(value, earlier, names) for key, value in stage.settings.items()}
             # A later stage's model is the first stage's architecture, trained: it decides the engine.
-            cfg = build_config([*_as_overrides(spec.settings), *common, *_as_overrides(stage.settings),
+            cfg = build_config([*_as_overrides(spec.settings), *common, *_as_overrides(settings),
                                 *per_stage[stage.name], *chain, f"output_dir={out_dir / f'{k + 1}-{stage.name}'}"],
                                architecture_of=configs[0].model.path if configs else None)
         except ConfigError as err:
             raise ConfigError(f"stage '{stage.name}': {err}") from None
         configs.append(cfg)
-        previous = Path(cfg.output_dir)
+        previous = earlier[stage.name] = Path(cfg.output_dir)
     return configs
+
+
+def _stage_dirs(value: Any, earlier: dict[str, Path], names: set[str]) -> Any:
+    """`value` with each "{name}" of an earlier stage replaced by its run directory (strings only); a later
+    stage's name is an error (its directory holds nothing yet), other braces are left as they are."""
+    if not isinstance(value, str):
+        return value
+
+    def directory(match: re.Match) -> str:
+        name = match.group(1)
+        if name in earlier:
+            return str(earlier[name])
+        if name in names:
+            raise ConfigError(f"'{value}' names stage '{name}', which has not run yet at this stage: name an "
+                              "earlier one")
+        return match.group(0)
+
+    return re.sub(r"\{([^{}]+)\}", directory, value)
 
 
 def _as_overrides(settings: dict[str, Any]) -> list[str]:

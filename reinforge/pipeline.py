@@ -128,6 +128,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
                           "reward per trajectory: task.environment_reward=trajectory")
     for domain, first in firsts.items():      # a required parameter nothing fills: before any load
         check_reward_inputs(cfg.reward, first, domain)
+    check_teachers(cfg)
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
         if cfg.rollout.engine == "native":
@@ -149,6 +150,21 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     if note is not None and torchrun_world_size() == 1:    # what runs the model, and why: once, last
         Console(stderr=True).print(escape(note), soft_wrap=True, highlight=False)
     return task, spec
+
+
+def check_teachers(cfg: Config) -> None:
+    """The teachers of distillation exist; on-policy distillation's shares the policy's tokenizer."""
+    if cfg.reward.teacher is not None:
+        from reinforge.rewards.teacher import check_teacher
+
+        check_teacher(cfg.reward.teacher.path, cfg.model.path)
+    if cfg.sft.teacher_path is not None and cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "rejection":
+        try:
+            path = check_model_dir(cfg.sft.teacher_path)
+            if cfg.rollout.engine == "native":
+                check_native_model_type(path)
+        except ConfigError as err:
+            raise ConfigError(f"sft.teacher_path: {err}") from None
 
 
 def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:

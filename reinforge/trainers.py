@@ -43,14 +43,14 @@ from reinforge.loops.rl import (
     pretrain_critic,
 )
 from reinforge.loops.sft import run_sft
-from reinforge.models import Policy
+from reinforge.models import Policy, load_policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.sources import SourceContext, build_sources
-from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
@@ -254,12 +254,16 @@ def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
         return examples, {"examples": len(examples)}
     from reinforge.loops.rejection import rejection_sample
 
+    if cfg.sft.teacher_path is not None:      # offline distillation: the teacher's samples, not the model's own
+        teacher = load_policy(cfg.model.model_copy(update={"path": cfg.sft.teacher_path, "lora": None}), cfg.seed)
+        engine = build_engine(cfg.rollout, teacher, chat_template=cfg.prompt.chat_template)
     kept = rejection_sample(engine, task, task.train_split(cfg.sft.rejection_prompts), cfg.sft.rejection_samples,
                             SamplingParams.from_config(cfg.rollout), cfg.sft.rejection_max_per_prompt, seed=cfg.seed)
     if not kept.examples:
+        who = "the teacher (sft.teacher_path)" if cfg.sft.teacher_path is not None else "the model"
         raise RunStopped(f"rejection sampling kept no sample: none of {cfg.sft.rejection_prompts} prompts x "
-                         f"{cfg.sft.rejection_samples} samples was verified correct; start from a stronger model "
-                         "or raise sft.rejection_samples")
+                         f"{cfg.sft.rejection_samples} samples of {who} was verified correct; start from a stronger "
+                         "model or raise sft.rejection_samples")
     return kept.examples, kept.metrics()
 
 

@@ -70,7 +70,7 @@ def test_bad_pipeline_files_are_config_errors(tmp_path: Path, data: dict, messag
 
 
 def test_unknown_pipeline_names_the_shipped_ones_and_unknown_stages_are_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="shipped: r1, r1_zero"):
+    with pytest.raises(ConfigError, match="shipped: r1, r1_distill, r1_zero"):
         PipelineSpec.load("r2")
     with pytest.raises(
         ConfigError, match="does not have .stages: cold_start, reasoning_rl, rejection_sft, all_scenario_rl"

@@ -259,11 +259,13 @@ def test_reward_model_job_from_a_pairs_file(tmp_path):
 def sevens_rm(tmp_path_factory) -> Path:
     """A reward model that learned, from pairs, that "7" is the better answer to the sevens task's prompts."""
     rng = random.Random(0)
-    letters, others = "abcdefgh", [c for c in "0123456789abcdefgh+-=" if c != "7"]
-    pairs = [PreferencePair("".join(rng.choice(letters) for _ in range(4)) + "=", "7", rng.choice(others))
-             for _ in range(200)]
     rm = tiny_reward_model()
-    train_reward_model(rm.model, rm.tokenizer, pairs, steps=150, batch_size=32, lr=3e-3, seed=0)
+    # Rejected: every other character the policy can write. Trained only on digits, the reward model scored
+    # unseen letters as high as "7", and RL found them: reward hacking in miniature.
+    others = [t for t in rm.tokenizer.get_vocab() if t != "7" and t not in rm.tokenizer.all_special_tokens]
+    pairs = [PreferencePair("".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "7", rng.choice(others))
+             for _ in range(400)]
+    train_reward_model(rm.model, rm.tokenizer, pairs, steps=200, batch_size=32, lr=3e-3, seed=0)
     return save_reward_model(rm.model, rm.tokenizer, tmp_path_factory.mktemp("sevens") / "rm")
 
 
@@ -280,7 +282,8 @@ def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_r
     assert final >= start + MIN_PASS_RATE           # measured 0.97 (grpo), 0.85 (ppo)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x.get("stage") == "rl"]
-    assert "reward/verifier_mean" not in steps[0]
+    assert "reward/verifier_mean" not in steps[0] and list(json.loads(
+        (out / "samples.jsonl").read_text().splitlines()[0])["rewards"]) == ["reward_model"]
     # weight 1, no normalisation: the train reward is the reward model's raw score
     assert steps[-1]["reward/reward_model/raw_mean"] == pytest.approx(steps[-1]["reward/total_mean"], abs=1e-5)
     rewards = train_rewards(out)

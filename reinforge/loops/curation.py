@@ -153,13 +153,18 @@ class Groups:
     valid: torch.Tensor
     correct: torch.Tensor
     truncated: torch.Tensor
+    # [P] bool: some row of the group has a non-zero per-token term from a reward source (a teacher's
+    # reverse KL), an advantage of its own whatever the group's rewards; None: no source gives any
+    token_signal: torch.Tensor | None = None
 
 
 def zero_variance(groups: Groups) -> torch.Tensor:
-    """[P] keep: the group's valid rewards are not all equal (fewer than two valid ones: equal)."""
+    """[P] keep: the group's valid rewards are not all equal (fewer than two valid ones: equal), or a
+    reward source placed terms on its tokens (on-policy distillation: equal rewards, still a gradient)."""
     high = groups.rewards.masked_fill(~groups.valid, float("-inf")).max(dim=1).values
     low = groups.rewards.masked_fill(~groups.valid, float("inf")).min(dim=1).values
-    return (groups.valid.sum(dim=1) >= 2) & (high > low)
+    keep = (groups.valid.sum(dim=1) >= 2) & (high > low)
+    return keep if groups.token_signal is None else keep | groups.token_signal
 
 
 GROUP_FILTERS: dict[str, Callable[[Groups], torch.Tensor]] = {
@@ -189,6 +194,8 @@ def rollout_metrics(rollout: Rollout, groups: Groups) -> dict[str, float]:
         **episodes,
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        # the verifier accepted (a reward model's or a teacher's run too: the verifier is then not its reward)
+        "pass_rate": float(correct.float().mean()),
         "response_length_mean": float(lengths.mean()),
         "response_length_max": float(lengths.max()),
         # Length bias hides in the incorrect samples (Dr.GRPO, arXiv 2503.20783, sec. 3.1): watch both.
@@ -297,8 +304,10 @@ class BatchCollector:
             scores = self.score(examples, rollout)
             rounds += 1
             counts["sampled"] += len(examples)
+            tokens = scores.token_advantages
             groups = Groups(scores.rewards.view(-1, g), scores.valid.view(-1, g), scores.correct.view(-1, g),
-                            rollout.truncated.view(-1, g))
+                            rollout.truncated.view(-1, g),
+                            None if tokens is None else (tokens != 0).any(dim=1).view(-1, g).any(dim=1))
             reward_metrics.append((rollout.num_rows, {**scores.metrics, **rollout_metrics(rollout, groups)}))
             reward_metrics += scores.weighted_metrics
             keep = torch.ones(len(examples), dtype=torch.bool)

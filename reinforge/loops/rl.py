@@ -36,7 +36,7 @@ from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
 from reinforge.rollout.base import environment_returns, environment_token_rewards
 from reinforge.settings import CriticConfig, TrainConfig
-from reinforge.tasks import Example
+from reinforge.tasks import Example, Task
 from reinforge.telemetry.samples import StepSamples
 
 
@@ -115,14 +115,26 @@ def composed_scores(composer: RewardComposer, group_size: int) -> Callable[[list
         # Pass rates and the NLL term need "the verifier accepted it" (NaN > 0 is False); on a row of a domain
         # the verifier is not applied to (reward.functions[].domains), a positive reward.
         verifier = scored.parts.get("verifier")
-        correct = scored.total > 0 if verifier is None else torch.where(
-            verifier.isnan() & scored.valid, scored.total > 0, verifier > 0)
+        if verifier is not None:
+            correct = torch.where(verifier.isnan() & scored.valid, scored.total > 0, verifier > 0)
+        elif composer.terms:
+            correct = scored.total > 0
+        else:
+            # No reward function (a teacher or a reward model alone): the total says nothing of it, the task's
+            # verifier does, as in evaluation (the pass rates; it is not part of the reward).
+            correct = verified(composer.task, examples, rollout, group_size)
+        metrics = scored.metrics()
         return Scores(
-            rewards=scored.total, valid=scored.valid, correct=correct, metrics=scored.metrics(), parts=scored.parts,
+            rewards=scored.total, valid=scored.valid, correct=correct, metrics=metrics, parts=scored.parts,
             token_advantages=scored.token_advantages,
         )
 
     return score
+
+
+def verified(task: Task, examples: list[Example], rollout: Rollout, group_size: int) -> torch.Tensor:
+    """[N] bool: the task's verifier accepts row r's completion (row r answers examples[r // group_size])."""
+    return torch.tensor([task.reward(examples[r // group_size], text) >= 1.0 for r, text in enumerate(rollout.texts)])
 
 
 def with_token_terms(advantages: torch.Tensor, token_terms: torch.Tensor | None,

@@ -173,6 +173,20 @@ class RewardModelConfig(Section):
     clip: float | None = Field(None, gt=0, description="Clip the (normalized) score to [-clip, clip]; None: off.")
 
 
+class TeacherConfig(Section):
+    """On-policy distillation (Thinking Machines 2025; Qwen3, arXiv 2505.09388; GKD, arXiv 2306.13649): a
+    teacher scores every token the policy sampled, and each token's advantage gains -weight * k_t with
+    k_t = log pi_student(y_t) - log pi_teacher(y_t) (reinforge/rewards/teacher.py)."""
+
+    path: str = Field(description="The teacher: a local causal-LM folder with the policy's tokenizer (one vocabulary).")
+    weight: float = Field(1.0, description="The coefficient of the per-token reverse KL in the advantage.")
+    device: str | None = Field(None, description="Where the teacher runs; None: model.device.")
+    micro_batch_size: int = Field(64, gt=0, description="Rows per forward of the teacher.")
+    temperature: float | None = Field(
+        None, gt=0, description="Temperature of the teacher's log-probs; None: rollout.temperature (the sampler's)."
+    )
+
+
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="verifier")],
@@ -182,6 +196,9 @@ class RewardConfig(Section):
     )
     model: RewardModelConfig | None = Field(
         None, description="A learned reward model whose score is added to the reward; None: none."
+    )
+    teacher: TeacherConfig | None = Field(
+        None, description="On-policy distillation: a teacher's per-token reverse KL in the advantage; None: none."
     )
     overlong: OverlongConfig | None = Field(
         None,

@@ -134,11 +134,23 @@ class SFTConfig(Section):
             "hard ones."
         ),
     )
+    teacher_path: str | None = Field(
+        None,
+        description=(
+            "source=rejection: sample from this causal-LM folder (a teacher) instead of the model being trained: "
+            "offline distillation, SFT on a teacher's verified samples (DeepSeek-R1-Distill, arXiv 2501.12948 sec. "
+            "2.4). Its text is re-encoded by the student's tokenizer, so the two need not share one. None: the model "
+            "itself."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_source(self) -> SFTConfig:
         if self.source == "file" and not self.data_path:
             raise ConfigError("sft.source=file needs sft.data_path (a JSONL / Parquet file of prompt and completion)")
+        if self.teacher_path is not None and self.source != "rejection":
+            raise ConfigError(f"sft.teacher_path is read by sft.source=rejection (the teacher's verified samples), "
+                              f"and sft.source is {self.source}: set sft.source=rejection, or drop sft.teacher_path")
         return self
 
 
