@@ -8,9 +8,9 @@ r"""Learned rewards on the built-in task (3-digit addition, the built-in model),
    never trained on), and `rm_unseen_prompt_accuracy` on pairs of held-out prompts;
 3. RL whose only reward is that reward model (reward.functions=[], reward.model.path): held-out
    pass@1 measured by the verifier before and after, `rl_with_rm_gain`;
-4. reward hacking: a reward model trained on pairs from a biased labeller (the larger number is
-   the better answer), then the same RL; the train reward (the reward model's score) rises while
-   the verifier's held-out pass@1 falls, and the `reward_hacking` alert must fire (its step);
+4. reward hacking: a reward model trained on few pairs (those of 64 prompts), then longer RL; the
+   train reward (that reward model's score) rises while the verifier's held-out pass@1 falls, and
+   the `reward_hacking` alert must fire (its step);
 5. on-policy distillation (benchmarks/learned_rewards_distill.py) and one self-rewarding iteration
    (benchmarks/learned_rewards_self.py), each reporting its own figures.
 
@@ -21,24 +21,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reinforge.config import build_config  # noqa: E402
-from reinforge.models import load_policy  # noqa: E402
 from reinforge.pipeline import run  # noqa: E402
 from reinforge.rm_job import run_reward_model_job  # noqa: E402
-from reinforge.rollout import SamplingParams, build_engine  # noqa: E402
-from reinforge.tasks import build_task  # noqa: E402
 
-QUIET = ["log.progress=false"]
-RL = ["sft.enabled=false", "train.steps=100", "eval.every=10", "eval.every_prompts=100"]
+QUIET = ["log.progress=false", "threads=1"]
+RL = ["sft.enabled=false", "eval.every=10", "eval.every_prompts=100"]
+# The reward model: pairs of every RL train prompt (train.num_prompts, 1000), a gentle lr for a pretrained backbone.
+RM = ["rm.num_prompts=1000", "rm.steps=4000", "rm.lr=1e-4"]
+RM_RL = ["train.steps=50"]
+# The hackable one: the pairs of 64 prompts only, and RL twice as long.
+FEW_PAIRS = ["rm.num_prompts=64", "rm.steps=1500", "rm.lr=3e-4"]
+HACKING_RL = ["train.steps=100"]
 
 
 def emit(part: str, figures: dict) -> None:
@@ -72,33 +74,49 @@ def rl(model: Path, out: Path, seed: int, reward: list[str]) -> dict:
     }
 
 
-def larger_is_better_pairs(model: Path, path: Path, seed: int, prompts: int = 256, samples: int = 8) -> int:
-    """A biased labeller's pairs, written to `path` as JSONL: two of the policy's completions of a prompt,
-    the one read as the larger integer chosen (whatever the right answer is). Returns the pair count."""
-    cfg = build_config([*QUIET, f"model={model}", f"seed={seed}"])
-    task = build_task(cfg.task.name, **cfg.task.options)
-    policy = load_policy(cfg.model, cfg.seed)
-    engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-    examples = task.train_split(prompts)
-    torch.manual_seed(seed)
-    rollout = engine.generate([e.prompt for e in examples], samples, SamplingParams.from_config(cfg.rollout))
-    rng = random.Random(seed)
-    rows = []
-    for p, example in enumerate(examples):
-        values = {}
-        for text in rollout.texts[p * samples: (p + 1) * samples]:
-            try:
-                values[text] = int(text.strip())
-            except ValueError:
-                continue
-        texts = list(values)
-        rng.shuffle(texts)
-        for a, b in zip(texts[0::2], texts[1::2], strict=False):
-            if values[a] != values[b]:
-                high, low = (a, b) if values[a] > values[b] else (b, a)
-                rows.append({"prompt": example.prompt, "chosen": high, "rejected": low})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return len(rows)
+def part_rm(out: Path, seed: int, sft: Path) -> dict:
+    rm = run_reward_model_job(build_config([*QUIET, f"seed={seed}", f"model={sft}", "sft.enabled=false", *RM]),
+                              out / "rm")
+    emit("reward_model", vars(rm))
+    with_rm = rl(sft, out / "rl_rm", seed, ["reward.functions=[]", f"reward.model.path={rm.path}", *RM_RL])
+    emit("rl_with_rm", with_rm)
+    return {"rm_pair_accuracy": rm.heldout_accuracy, "rm_heldout_pairs": rm.heldout_pairs,
+            "rm_unseen_prompt_accuracy": rm.unseen_prompt_accuracy, "rl_with_rm_start": with_rm["start_pass@1"],
+            "rl_with_rm_final": with_rm["final_pass@1"], "rl_with_rm_gain": with_rm["gain"],
+            "rl_with_rm_eval_curve": with_rm["eval_curve"]}
+
+
+def part_hacking(out: Path, seed: int, sft: Path) -> dict:
+    few = run_reward_model_job(build_config([*QUIET, f"seed={seed}", f"model={sft}", "sft.enabled=false",
+                                             *FEW_PAIRS]), out / "rm_few")
+    emit("few_pairs_reward_model", vars(few))
+    hacked = rl(sft, out / "rl_hacked", seed, ["reward.functions=[]", f"reward.model.path={few.path}", *HACKING_RL])
+    emit("reward_hacking", hacked)
+    return {"reward_hacking_rm_pair_accuracy": few.heldout_accuracy,
+            "reward_hacking_alert_fired": hacked["reward_hacking_fired"],
+            "reward_hacking_alert_step": hacked["reward_hacking_step"],
+            "reward_hacking_rm_reward": [hacked["train_reward_first"], hacked["train_reward_last"]],
+            "reward_hacking_eval_curve": hacked["eval_curve"]}
+
+
+def part_distill(out: Path, seed: int, sft: Path) -> dict:
+    from learned_rewards_distill import distill_gain
+
+    distilled = distill_gain(seed=seed, threads=1, workdir=out / "distill")
+    emit("distillation", distilled)
+    return {(k if k.startswith("distill_") else f"distill_{k}"): v for k, v in distilled.items()}
+
+
+def part_self(out: Path, seed: int, sft: Path) -> dict:
+    from learned_rewards_self import self_rewarding_gain
+
+    selfr = self_rewarding_gain(seed=seed)
+    emit("self_rewarding", selfr)
+    return {"self_rewarding_gain": selfr["self_rewarding_gain"],
+            **{f"self_rewarding_{k}": v for k, v in selfr.items() if k != "self_rewarding_gain"}}
+
+
+PARTS = {"rm": part_rm, "hacking": part_hacking, "distill": part_distill, "self": part_self}
 
 
 def main() -> dict:
@@ -106,54 +124,26 @@ def main() -> dict:
     parser.add_argument("--out", default=f"runs/learned_rewards-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: rm, hacking, distill, self")
+    parser.add_argument("--workers", type=int, default=2, help="parts run at once (one torch thread each)")
     args = parser.parse_args()
     out, seed, skip = Path(args.out), args.seed, set(filter(None, args.skip.split(",")))
     t0 = time.perf_counter()
-    summary: dict = {"seed": seed}
     sft = cold_start(out / "sft", seed)
-
-    if "rm" not in skip:
-        rm = run_reward_model_job(build_config([*QUIET, f"seed={seed}", f"model={sft}", "sft.enabled=false"]),
-                                  out / "rm")
-        emit("reward_model", vars(rm))
-        with_rm = rl(sft, out / "rl_rm", seed, ["reward.functions=[]", f"reward.model.path={rm.path}"])
-        emit("rl_with_rm", with_rm)
-        summary.update(rm_pair_accuracy=rm.heldout_accuracy, rm_unseen_prompt_accuracy=rm.unseen_prompt_accuracy,
-                       rl_with_rm_start=with_rm["start_pass@1"], rl_with_rm_final=with_rm["final_pass@1"],
-                       rl_with_rm_gain=with_rm["gain"])
-
-    if "hacking" not in skip:
-        pairs = larger_is_better_pairs(sft, out / "biased_pairs.jsonl", seed)
-        biased = run_reward_model_job(build_config([*QUIET, f"seed={seed}", f"model={sft}", "sft.enabled=false",
-                                                    "rm.pairs=dataset", f"rm.pairs_path={out / 'biased_pairs.jsonl'}"]),
-                                      out / "rm_biased")
-        emit("biased_reward_model", {"pairs": pairs, **vars(biased)})
-        hacked = rl(sft, out / "rl_hacked", seed, ["reward.functions=[]", f"reward.model.path={biased.path}"])
-        emit("reward_hacking", hacked)
-        summary.update(reward_hacking_alert_fired=hacked["reward_hacking_fired"],
-                       reward_hacking_alert_step=hacked["reward_hacking_step"],
-                       reward_hacking_rm_reward=[hacked["train_reward_first"], hacked["train_reward_last"]],
-                       reward_hacking_eval_curve=hacked["eval_curve"])
-
-    if "distill" not in skip:
-        from learned_rewards_distill import distill_gain
-
-        distilled = distill_gain(seed=seed)
-        emit("distillation", distilled)
-        summary.update(distill_gain=distilled["distill_gain"],
-                       **{f"distill_{k}": v for k, v in distilled.items() if k != "distill_gain"})
-
-    if "self" not in skip:
-        from learned_rewards_self import self_rewarding_gain
-
-        selfr = self_rewarding_gain(seed=seed)
-        emit("self_rewarding", selfr)
-        summary.update(self_rewarding_gain=selfr["self_rewarding_gain"],
-                       **{f"self_rewarding_{k}": v for k, v in selfr.items() if k != "self_rewarding_gain"})
-
+    summary: dict = {"seed": seed, "cpu": cpu_model()}
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(part, out, seed, sft) for name, part in PARTS.items() if name not in skip}
+        for future in futures.values():
+            summary.update(future.result())
     summary["seconds"] = time.perf_counter() - t0
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 if __name__ == "__main__":
