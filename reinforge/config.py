@@ -59,7 +59,8 @@ class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
         description=(
-            "Task: arithmetic, countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
+            "Task: arithmetic, chain_sum (a sum written as running partial sums, one per line: steps for process "
+            "rewards), countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
             "dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see "
             "reinforge.tasks.dataset), or mix (several of them as domains of one run, option domains; see "
             "reinforge.tasks.mix)."
