@@ -42,6 +42,7 @@ from reinforge.settings import (
     EvalConfig,
     LogConfig,
     ModelConfig,
+    ProcessRewardTrainingConfig,
     PromptConfig,
     RayConfig,
     RewardConfig,
@@ -145,6 +146,7 @@ class Config(Section):
     curation: CurationConfig = Field(default_factory=CurationConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     rm: RewardModelTrainingConfig = Field(default_factory=RewardModelTrainingConfig)
+    prm: ProcessRewardTrainingConfig = Field(default_factory=ProcessRewardTrainingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)

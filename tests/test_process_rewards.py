@@ -5,6 +5,7 @@ folder in transformers, and the PRM as a reward source in a composer (signal for
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -411,3 +412,24 @@ def test_shepherd_dataset_from_the_sft_policy(trained):
         assert lab.hard[-1] == lab.soft[-1]                               # the last step: the verifier itself
         example = next(e for e in examples if e.prompt == lab.prompt)
         assert lab.hard[-1] == task.reward(example, "".join(lab.steps))
+
+
+def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
+    from reinforge.models import save_policy
+    from reinforge.prm_job import run_process_reward_model_job
+
+    save_policy(trained["policy"], tmp_path / "policy")
+    cfg = build_config([f"model.path={tmp_path / 'policy'}", "task.name=chain_sum", "task.options.digits=1",
+                        "sft.enabled=false", "prm.num_prompts=16", "prm.samples_per_prompt=2", "prm.continuations=4",
+                        "prm.heldout_prompts=8", "prm.steps=20", "prm.batch_size=8", "threads=1"])
+    result = run_process_reward_model_job(cfg, tmp_path / "prm")
+    assert (result.train_solutions, result.heldout_solutions) == (32, 16)
+    assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
+    # Math-Shepherd's labels from the SFT policy against each step's true correctness (step_correct)
+    assert result.label_exact_agreement >= 0.8                          # measured 0.917 (88 of 96 steps)
+    lines = (tmp_path / "prm" / "step_labels.jsonl").read_text().splitlines()
+    assert len(lines) == 48 and json.loads(lines[-1])["split"] == "heldout"
+    assert json.loads((tmp_path / "prm" / "prm_summary.json").read_text())["train_steps"] == result.train_steps
+    assert AutoModelForTokenClassification.from_pretrained(tmp_path / "prm").config.step_marker == "\n"
+    with pytest.raises(FileExistsError):
+        run_process_reward_model_job(cfg, tmp_path / "prm")
