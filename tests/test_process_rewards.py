@@ -67,6 +67,33 @@ def rollout_of(tokenizer, prompts: list[str], texts: list[str], group_size: int)
                    group_ids=torch.arange(len(texts)) // group_size, policy_version=0, texts=list(texts))
 
 
+# ------------------------------------------------------------------ the chain_sum task
+
+
+def test_chain_sum_writes_steps_and_verifies_only_the_final_answer():
+    task = ChainSumTask(seed=0)                               # four 1-digit terms, partial sums 2 digits wide
+    example = Example("3+5+7+2=", "17", {"numbers": [3, 5, 7, 2]})
+    assert task.teacher_completion(example, random.Random(0)) == "3+5=08\n08+7=15\n15+2=17\n"
+    assert ChainSumTask(terms=3, digits=2).teacher_completion(
+        Example("12+34+07=", "53", {"numbers": [12, 34, 7]}), random.Random(0)) == "12+34=046\n046+07=053\n"
+    # the verifier reads the integer after the last "=": wrong steps before a right answer still pass
+    assert task.reward(example, "3+5=09\n09+7=15\n15+2=17\n") == 1.0
+    assert task.reward(example, "17") == 0.0 and task.reward(example, "3+5=08\n08+7=15\n15+2=18") == 0.0
+    # ground truth per step: a step is right when it and every step before it are
+    assert task.step_correct(example, ["3+5=08\n", "08+7=16\n", "16+2=18\n"]) == [True, False, False]
+    assert task.step_correct(example, ["3+5=09\n", "09+7=16\n", "16+2=18\n"]) == [False, False, False]
+    assert task.step_correct(example, ["3+5=08\n", "08+7=15\n", "15+2=17\n", "17+0=17\n"]) == [True] * 3 + [False]
+    # a corrupted solution: exactly one step miscalculated, the later steps carry its error to a wrong answer
+    rng = random.Random(0)
+    for e in task.train_split(200):
+        steps = split_steps(task.corrupt_completion(e, rng), "\n")
+        right = task.step_correct(e, steps)
+        first_wrong = right.index(False)
+        assert right == [True] * first_wrong + [False] * (len(steps) - first_wrong)
+        later = [int(m) for s in steps for m in s.strip().replace("=", "+").split("+")]
+        assert all(later[3 * k + 2] == later[3 * k] + later[3 * k + 1] for k in range(first_wrong + 1, len(steps)))
+
+
 # ------------------------------------------------------------------ segmentation
 
 
@@ -234,7 +261,7 @@ class ScriptedEngine:
 
 def test_shepherd_labels_on_a_scripted_engine():
     tok = build_char_tokenizer()
-    task = ChainSumTask(digits=1, zero_pad=False)
+    task = ChainSumTask(terms=3, zero_pad=False)
     example = Example("1+2+3=", "6", {"numbers": [1, 2, 3]})
     solutions = ["1+2=3\n3+3=6\n",      # right
                  "1+2=4\n4+3=7\n",      # wrong from step 1 on
@@ -285,7 +312,7 @@ def trained(tmp_path_factory):
     torch.set_num_threads(1)        # two threads on a busy two-core machine took ten times longer
     torch.manual_seed(0)
     cfg = build_config(WIDTH64)
-    task = ChainSumTask(digits=1, terms=3)
+    task = ChainSumTask(terms=3)
     policy = build_tiny_qwen2(cfg.model, seed=0)
     run_sft(policy, task.sft_examples(cfg.sft.steps * cfg.sft.batch_size, 0.0, seed=0), cfg.sft,
             chat_template="auto", seed=0)
@@ -419,7 +446,7 @@ def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
     from reinforge.prm_job import run_process_reward_model_job
 
     save_policy(trained["policy"], tmp_path / "policy")
-    cfg = build_config([f"model.path={tmp_path / 'policy'}", "task.name=chain_sum", "task.options.digits=1",
+    cfg = build_config([f"model.path={tmp_path / 'policy'}", "task.name=chain_sum", "task.options.terms=3",
                         "sft.enabled=false", "prm.num_prompts=16", "prm.samples_per_prompt=2", "prm.continuations=4",
                         "prm.heldout_prompts=8", "prm.steps=20", "prm.batch_size=8", "threads=1"])
     result = run_process_reward_model_job(cfg, tmp_path / "prm")

@@ -26,7 +26,7 @@ def _task_variants() -> list[Task]:
         CountdownTask(),
         CountdownTask(seed=5, num_numbers=4, max_number=20, max_target=200),
         ChainSumTask(),
-        ChainSumTask(seed=2, terms=4, digits=1, zero_pad=False),
+        ChainSumTask(seed=2, terms=3, digits=2, zero_pad=False),
     ]
 
 

@@ -1,4 +1,4 @@
-"""Chain sums: "12+34+07=" -> "12+34=046\\n046+07=053\\n", a multi-step task with a final-answer verifier.
+"""Chain sums: "3+5+7+2=" -> "3+5=08\\n08+7=15\\n15+2=17\\n", a multi-step task with a final-answer verifier.
 
 Owns the problem distribution, its prompt format, the teacher's step-by-step solutions (one running
 partial sum per line), the wrong solutions (one step miscalculated, the error carried to the end)
@@ -41,21 +41,23 @@ def verify_chain_sum(completion: str, gold: str) -> float:
 class ChainSumTask(Task):
     """The sum of `terms` numbers of `digits` digits, written as running partial sums, one per line.
 
-    Prompt: "12+34+07=" (operands zero-padded to `digits` with `zero_pad`). Teacher solution: one line
-    per addition, "12+34=046\\n046+07=053\\n": each line adds the next number to the previous line's
-    result; partial sums are zero-padded to the width of the largest possible total (3 digits for three
-    2-digit numbers), so that every digit sits at the same place in every solution, as the arithmetic
-    task pads for the built-in character model. The verifier checks the final answer only.
+    Prompt: "3+5+7+2=" (operands zero-padded to `digits` with `zero_pad`: "12+34+07=" for digits=2).
+    Teacher solution: one line per addition, "3+5=08\\n08+7=15\\n15+2=17\\n": each line adds the next
+    number to the previous line's result; partial sums are zero-padded to the width of the largest
+    possible total (2 digits for four 1-digit numbers), so that every digit sits at the same place in
+    every solution, as the arithmetic task pads for the built-in character model. The verifier checks
+    the final answer only. The defaults are those a PRM of the built-in model's size learns to judge
+    (docs/process-rewards.md: at digits=2 it did not).
     """
 
     name = "chain_sum"
-    # Three 2-digit terms: a 9-character prompt and a 20-character solution (+ eos), in the built-in
-    # model's 64 positions; 32 new tokens leave room for four terms (30 characters).
+    # Four 1-digit terms: an 8-character prompt and a 21-character solution (+ eos), in the built-in
+    # model's 64 positions; 32 new tokens also hold three 2-digit terms (20 characters) or four (30).
     preset: dict[str, Any] = {
         "rollout": {"max_new_tokens": 32},
     }
 
-    def __init__(self, seed: int = 0, terms: int = 3, digits: int = 2, eval_fraction: float = 0.2,
+    def __init__(self, seed: int = 0, terms: int = 4, digits: int = 1, eval_fraction: float = 0.2,
                  zero_pad: bool = True) -> None:
         if not isinstance(terms, int) or not 2 <= terms <= _MAX_TERMS:
             raise ValueError(f"terms must be an int in [2, {_MAX_TERMS}], got {terms!r}")
