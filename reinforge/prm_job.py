@@ -24,7 +24,6 @@ import torch
 
 from reinforge.config import Config
 from reinforge.errors import ConfigError
-from reinforge.models import load_policy
 from reinforge.rewards.process_model import (
     StepLabels,
     build_process_reward_model,
@@ -34,9 +33,9 @@ from reinforge.rewards.process_model import (
     train_process_reward_model,
 )
 from reinforge.rewards.shepherd import shepherd_dataset
-from reinforge.rm_job import cold_start
-from reinforge.rollout import SamplingParams, build_engine
-from reinforge.tasks import Task, build_task
+from reinforge.rm_job import cold_start, job_start
+from reinforge.rollout import SamplingParams
+from reinforge.tasks import Task
 
 
 @dataclass
@@ -72,15 +71,7 @@ def run_process_reward_model_job(cfg: Config, out: str | Path) -> PRMJobResult:
     """Policy -> Math-Shepherd labels -> PRM -> OUT (see the module docstring)."""
     t0 = time.perf_counter()
     settings = cfg.prm
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    task = build_task(cfg.task.name, **cfg.task.options)
-    task.system = cfg.prompt.system
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} already exists and is not empty: choose another output folder")
-    policy = load_policy(cfg.model, cfg.seed)
-    engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+    task, policy, engine = job_start(cfg, out)
     cold_start(cfg, policy, task, engine)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
 

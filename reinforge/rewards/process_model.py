@@ -17,7 +17,6 @@ against the step labels (Math-Shepherd's eq. 3):
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel, PreTr
 
 from reinforge.models import Policy, model_device
 from reinforge.models.tokenizer import load_tokenizer
-from reinforge.rewards.reward_model import with_scalar_head
+from reinforge.rewards.reward_model import shuffled_batches, with_scalar_head
 from reinforge.rollout.prompts import encode_prompts
 
 Target = Literal["hard", "soft"]
@@ -201,18 +200,12 @@ def train_process_reward_model(model: PreTrainedModel, tokenizer: PreTrainedToke
         raise ValueError("train_process_reward_model needs at least one labelled solution")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
-    rng = random.Random(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    order: list[int] = []
+    batches = shuffled_batches(len(data), batch_size, seed)
     losses: list[float] = []
     model.train()
     for _ in range(steps):
-        batch = []
-        while len(batch) < min(batch_size, len(data)):
-            if not order:
-                order = list(range(len(data)))
-                rng.shuffle(order)
-            batch.append(data[order.pop()])
+        batch = [data[i] for i in next(batches)]
         encoded = encode_steps(tokenizer, [d.prompt for d in batch], [d.steps for d in batch], chat_template)
         out = step_bce(step_logits(model, encoded), _labels(batch, target, encoded.step_mask.shape[1]).to(
             model_device(model)), encoded.step_mask.to(model_device(model)))

@@ -17,7 +17,7 @@ backbone plus a linear `score` head read at the last real token of `prompt + com
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,18 +198,12 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         raise ValueError("train_reward_model needs at least one preference pair")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
-    rng = random.Random(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    order: list[int] = []
+    batches = shuffled_batches(len(pairs), batch_size, seed)
     losses: list[float] = []
     model.train()
     for _ in range(steps):
-        batch = []
-        while len(batch) < min(batch_size, len(pairs)):
-            if not order:
-                order = list(range(len(pairs)))
-                rng.shuffle(order)
-            batch.append(pairs[order.pop()])
+        batch = [pairs[i] for i in next(batches)]
         chosen, rejected = pair_scores(model, tokenizer, batch, chat_template)
         out = bradley_terry_loss(chosen, rejected)
         optimizer.zero_grad(set_to_none=True)
@@ -222,6 +216,21 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     return RewardModelResult(first_loss=losses[0], final_loss=losses[-1],
                              train_accuracy=pair_accuracy(model, tokenizer, pairs, chat_template=chat_template),
                              steps=steps)
+
+
+def shuffled_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Endless batches of min(batch_size, n) indices of range(n), drawn without replacement in a `seed`ed
+    order that is reshuffled every epoch (a batch may span two epochs)."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        batch = []
+        while len(batch) < min(batch_size, n):
+            if not order:
+                order = list(range(n))
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield batch
 
 
 @torch.no_grad()
