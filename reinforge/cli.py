@@ -167,6 +167,31 @@ def reward_model(
     console.print(json.dumps(dataclasses.asdict(result)), highlight=False, soft_wrap=True)
 
 
+@app.command(name="process-reward-model", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def process_reward_model(
+    out: Annotated[str, typer.Argument(help="Folder to write the process reward model to (a Hugging Face folder)")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value overrides: prm.* (num_prompts, continuations, steps, ...), model, task, sft, "
+                            "rollout, seed"),
+    ] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file of settings")] = None,
+) -> None:
+    """Label the policy's step-by-step solutions with Math-Shepherd's continuations, train a process reward model
+    on them and save it as an AutoModelForTokenClassification folder; use it with reward.process.path=OUT."""
+    import dataclasses
+    import json
+
+    from reinforge.prm_job import run_process_reward_model_job
+
+    with user_errors(ConfigError, FileExistsError):
+        result = run_process_reward_model_job(build_config(overrides or [], config), out)
+    console.print(f"process reward model: {escape(result.path)} ({result.train_solutions} labelled solutions, "
+                  f"{result.heldout_steps} held-out steps: step accuracy {result.heldout_accuracy:.3f})",
+                  highlight=False)
+    console.print(json.dumps(dataclasses.asdict(result)), highlight=False, soft_wrap=True)
+
+
 @app.command(name="filter", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def filter_prompts(
     out: Annotated[

@@ -42,6 +42,7 @@ from reinforge.settings import (
     EvalConfig,
     LogConfig,
     ModelConfig,
+    ProcessRewardTrainingConfig,
     PromptConfig,
     RayConfig,
     RewardConfig,
@@ -59,7 +60,8 @@ class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
         description=(
-            "Task: arithmetic, countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
+            "Task: arithmetic, chain_sum (a sum written as running partial sums, one per line: steps for process "
+            "rewards), countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
             "dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see "
             "reinforge.tasks.dataset), or mix (several of them as domains of one run, option domains; see "
             "reinforge.tasks.mix)."
@@ -144,6 +146,7 @@ class Config(Section):
     curation: CurationConfig = Field(default_factory=CurationConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     rm: RewardModelTrainingConfig = Field(default_factory=RewardModelTrainingConfig)
+    prm: ProcessRewardTrainingConfig = Field(default_factory=ProcessRewardTrainingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -97,10 +97,10 @@ def cold_start(cfg: Config, policy: Policy, task: Task, engine: RolloutEngine) -
                 forward=ForwardPlan.from_config(cfg.train))
 
 
-def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
-    """Pairs -> reward model -> OUT (see the module docstring)."""
-    t0 = time.perf_counter()
-    rm_cfg = cfg.rm
+def job_start(cfg: Config, out: str | Path) -> tuple[Task, Policy, RolloutEngine]:
+    """(task, policy, engine) of a job that writes a model to `out` from a run's config (this one and
+    `reinforge process-reward-model`'s): seeded, `cfg.threads` threads, the policy of model.path before any
+    cold start. FileExistsError for an `out` that holds something."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     task = build_task(cfg.task.name, **cfg.task.options)
@@ -109,7 +109,15 @@ def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty: choose another output folder")
     policy = load_policy(cfg.model, cfg.seed)
-    engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+    return task, policy, build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+
+
+def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
+    """Pairs -> reward model -> OUT (see the module docstring)."""
+    t0 = time.perf_counter()
+    rm_cfg = cfg.rm
+    task, policy, engine = job_start(cfg, out)
+    out = Path(out)
     sampling = SamplingParams.from_config(cfg.rollout)
     unseen: list[PreferencePair] = []
     if rm_cfg.pairs == "dataset":

@@ -162,7 +162,8 @@ def test_verl_names_in_a_yaml_file(tmp_path: Path) -> None:
 def test_a_section_key_at_the_top_names_its_sections() -> None:
     with pytest.raises(ConfigError) as err:
         build_config(["lr=1e-4"])
-    assert str(err.value) == "unknown config key 'lr'; did you mean 'sft.lr' or 'train.lr' or 'critic.lr' or 'rm.lr'?"
+    assert str(err.value) == ("unknown config key 'lr'; did you mean 'sft.lr' or 'train.lr' or 'critic.lr' or 'rm.lr' "
+                              "or 'prm.lr'?")
 
 
 @pytest.mark.parametrize("order", ["path_first", "lora_first"])

@@ -13,6 +13,7 @@ from reinforge.models.charset import CHARSET
 from reinforge.rewards.countdown import evaluate_countdown
 from reinforge.tasks import TASKS, Example, Task, build_task
 from reinforge.tasks.arithmetic import ArithmeticTask
+from reinforge.tasks.chain_sum import ChainSumTask
 from reinforge.tasks.countdown import CountdownTask, solve
 
 _ARITH_PROMPT = re.compile(r"([0-9]+)([+\-*])([0-9]+)=")
@@ -24,6 +25,8 @@ def _task_variants() -> list[Task]:
         ArithmeticTask(seed=3, digits=3, operators="+-*"),
         CountdownTask(),
         CountdownTask(seed=5, num_numbers=4, max_number=20, max_target=200),
+        ChainSumTask(),
+        ChainSumTask(seed=2, terms=3, digits=2, zero_pad=False),
     ]
 
 
@@ -251,8 +254,8 @@ def test_registry() -> None:
     from reinforge.tasks.mix import MixTask
     from reinforge.tasks.multiply_tool import MultiplyToolTask
 
-    assert TASKS == {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "dataset": DatasetTask,
-                     "multiply_tool": MultiplyToolTask, "mix": MixTask}
+    assert TASKS == {"arithmetic": ArithmeticTask, "chain_sum": ChainSumTask, "countdown": CountdownTask,
+                     "dataset": DatasetTask, "multiply_tool": MultiplyToolTask, "mix": MixTask}
     task = build_task("arithmetic", digits=3, operators="-")
     assert isinstance(task, ArithmeticTask)
     assert task.train_split(1)[0].meta["op"] == "-"
@@ -261,11 +264,9 @@ def test_registry() -> None:
 def test_unknown_task_message() -> None:
     with pytest.raises(ValueError) as info:
         build_task("arithmetc")
-    assert str(info.value) == (
-        "unknown task 'arithmetc'; did you mean 'arithmetic'? valid: arithmetic, countdown, dataset, mix, multiply_tool"
-    )
-    with pytest.raises(ValueError,
-                       match="unknown task 'zzz'; valid: arithmetic, countdown, dataset, mix, multiply_tool"):
+    valid = "valid: arithmetic, chain_sum, countdown, dataset, mix, multiply_tool"
+    assert str(info.value) == f"unknown task 'arithmetc'; did you mean 'arithmetic'? {valid}"
+    with pytest.raises(ValueError, match=f"unknown task 'zzz'; {valid}"):
         build_task("zzz")
 
 

@@ -17,7 +17,7 @@ backbone plus a linear `score` head read at the last real token of `prompt + com
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,9 +90,25 @@ def build_reward_model(source: Policy | str | Path, seed: int = 0) -> RewardMode
 
     InstructGPT starts its reward model from the SFT policy with the unembedding replaced by a scalar
     head (arXiv 2203.02155, section 3.5). The head is built with `from_config` (for Qwen2:
-    `Qwen2ForSequenceClassification`) and the LM's base-model weights are loaded into it strictly:
-    a missing or unexpected key is an error, not a silently random layer. `seed` seeds the
-    construction (the head is zeroed after, so it only matters to architectures with other new parts).
+    `Qwen2ForSequenceClassification`); see `with_scalar_head`.
+    """
+    # The sequence-classification forward pools at the rightmost token that is not the pad id (transformers
+    # GenericForSequenceClassification); without a pad id it cannot batch at all.
+    model, tokenizer = with_scalar_head(source, AutoModelForSequenceClassification, seed, problem_type="regression")
+    return RewardModel(model=model, tokenizer=tokenizer)
+
+
+def with_scalar_head(source: Policy | str | Path, auto_class: type, seed: int = 0,
+                     **config_updates: object) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(`auto_class` model, tokenizer): the causal LM `source`'s architecture with a one-output head
+    (num_labels=1) in place of its unembedding, its backbone weights, and the head at zero.
+
+    Shared by the reward model (a sequence-classification head) and the process reward model (a
+    token-classification head, rewards/process_model.py). The head is built with `from_config` under a
+    `seed`ed RNG (zeroed after, so the seed only matters to architectures with other new parts); the
+    LM's base-model weights are loaded into it strictly: a missing or unexpected key is an error, not a
+    silently random layer. The config gets the tokenizer's pad id (padding is found by it) and
+    `config_updates`.
     """
     if isinstance(source, Policy):
         lm, tokenizer = merged(source.model), source.tokenizer
@@ -103,17 +119,18 @@ def build_reward_model(source: Policy | str | Path, seed: int = 0) -> RewardMode
         raise ValueError("the tokenizer has no pad token: the reward model finds the last real token by it")
     config = lm.config.__class__.from_dict(lm.config.to_dict())
     config.num_labels = 1
-    # The sequence-classification forward pools at the rightmost token that is not the pad id (transformers
-    # GenericForSequenceClassification); without a pad id it cannot batch at all.
     config.pad_token_id = tokenizer.pad_token_id
-    config.problem_type = "regression"
+    for key, value in config_updates.items():
+        setattr(config, key, value)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=lm.dtype)
+        model = auto_class.from_config(config, dtype=lm.dtype)
     model.base_model.load_state_dict(lm.base_model.state_dict(), strict=True)
     with torch.no_grad():
         model.score.weight.zero_()
-    return RewardModel(model=model.to(model_device(lm)), tokenizer=tokenizer)
+        if model.score.bias is not None:
+            model.score.bias.zero_()
+    return model.to(model_device(lm)), tokenizer
 
 
 def encode_pairs(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str],
@@ -181,18 +198,12 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         raise ValueError("train_reward_model needs at least one preference pair")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
-    rng = random.Random(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    order: list[int] = []
+    batches = shuffled_batches(len(pairs), batch_size, seed)
     losses: list[float] = []
     model.train()
     for _ in range(steps):
-        batch = []
-        while len(batch) < min(batch_size, len(pairs)):
-            if not order:
-                order = list(range(len(pairs)))
-                rng.shuffle(order)
-            batch.append(pairs[order.pop()])
+        batch = [pairs[i] for i in next(batches)]
         chosen, rejected = pair_scores(model, tokenizer, batch, chat_template)
         out = bradley_terry_loss(chosen, rejected)
         optimizer.zero_grad(set_to_none=True)
@@ -205,6 +216,21 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     return RewardModelResult(first_loss=losses[0], final_loss=losses[-1],
                              train_accuracy=pair_accuracy(model, tokenizer, pairs, chat_template=chat_template),
                              steps=steps)
+
+
+def shuffled_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Endless batches of min(batch_size, n) indices of range(n), drawn without replacement in a `seed`ed
+    order that is reshuffled every epoch (a batch may span two epochs)."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        batch = []
+        while len(batch) < min(batch_size, n):
+            if not order:
+                order = list(range(n))
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield batch
 
 
 @torch.no_grad()

@@ -89,9 +89,17 @@ class NativeEngine:
         """`group_size` samples of each prompt. Each prompt's samples draw from a stream keyed by one
         int64 (`group_keys` [P], default one draw per prompt from `generator`, else torch's global
         generator): a prompt's samples depend on its key alone, not on the other prompts of the call."""
+        prompt_ids = encode_prompts(self.policy.tokenizer, prompts, self.chat_template)
+        return self.generate_ids(prompt_ids, group_size, params, policy_version, generator, group_keys)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
+                     policy_version: int = 0, generator: torch.Generator | None = None,
+                     group_keys: torch.Tensor | None = None) -> Rollout:
+        """`generate` of prompts given as token ids (as HFEngine.generate_ids): a context that ends inside
+        an answer, e.g. a solution's first steps to be continued (rewards/shepherd.py)."""
         tokenizer = self.policy.tokenizer
-        prompt_ids = encode_prompts(tokenizer, prompts, self.chat_template)
-        n_rows = len(prompts) * group_size
+        n_rows = len(prompt_ids) * group_size
         session = self.session(params, slots=min(n_rows, self.max_batch_rows or n_rows), generator=generator,
                                version=policy_version)
         session.add(prompt_ids, group_size, tags=range(n_rows), group_keys=group_keys)

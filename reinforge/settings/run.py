@@ -187,6 +187,28 @@ class TeacherConfig(Section):
     )
 
 
+class ProcessRewardConfig(Section):
+    """A process reward model as a reward source: step scores of each completion, aggregated into a
+    sequence reward or placed on the step ends as token advantages (docs/process-rewards.md)."""
+
+    path: str = Field(description="The PRM's folder (AutoModelForTokenClassification, num_labels=1), as "
+                                  "reinforge.rewards.process_model.save_process_reward_model writes it.")
+    marker: str | None = Field(
+        None,
+        description="What splits a completion into steps: a whitespace marker ('\\n', '\\n\\n') ends a step, any "
+                    "other ('Step') starts one; None: the marker the PRM was trained with (its step_marker).",
+    )
+    aggregate: Literal["min", "mean", "last", "product", "token"] = Field(
+        "min",
+        description="min, mean, last or product: the step scores as one reward per completion; token: each step's "
+                    "score normalised within its group and summed onto the tokens up to its end (DeepSeekMath "
+                    "process supervision), added to the advantage.",
+    )
+    weight: float = Field(1.0, description="Weight of its reward (or token advantages) next to the reward functions'.")
+    device: str | None = Field(None, description="Where it runs; None: model.device.")
+    micro_batch_size: int = Field(32, gt=0, description="Rows per forward of the PRM.")
+
+
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="verifier")],
@@ -200,6 +222,7 @@ class RewardConfig(Section):
     teacher: TeacherConfig | None = Field(
         None, description="On-policy distillation: a teacher's per-token reverse KL in the advantage; None: none."
     )
+    process: ProcessRewardConfig | None = Field(None, description="A process reward model's step scores; None: none.")
     overlong: OverlongConfig | None = Field(
         None,
         description=(

@@ -478,3 +478,28 @@ class RewardModelTrainingConfig(Section):
         if self.pairs == "dataset" and not self.pairs_path:
             raise ConfigError("rm.pairs=dataset needs rm.pairs_path: a file of prompt / chosen / rejected pairs")
         return self
+
+
+class ProcessRewardTrainingConfig(Section):
+    """`reinforge process-reward-model`: Math-Shepherd step labels from the policy and the training of a
+    process reward model on them (reinforge.prm_job). It starts from model.path after the sft section's
+    cold start, as a run does."""
+
+    num_prompts: int = Field(512, gt=0, description="Train prompts whose sampled solutions are labelled.")
+    samples_per_prompt: int = Field(4, gt=0, description="Solutions sampled per prompt (Math-Shepherd: 15).")
+    continuations: int = Field(
+        8, gt=0, description="Continuations sampled from each step prefix (Math-Shepherd's N) to label the step."
+    )
+    marker: str = Field("\n", description="What splits a solution into steps (see reward.process.marker).")
+    heldout_prompts: int = Field(
+        128, ge=0, description="Held-out (eval split) prompts labelled the same way: the PRM's held-out step accuracy."
+    )
+    target: Literal["hard", "soft"] = Field(
+        "hard",
+        description="Labels trained on: hard, 1 if some continuation reached the answer; soft, the fraction that did.",
+    )
+    steps: int = Field(1200, gt=0, description="AdamW steps on the step-level binary cross-entropy.")
+    batch_size: int = Field(32, gt=0, description="Solutions per step.")
+    # On 4-term chain sums with the built-in model, 1e-3 left the held-out step accuracy at 0.84 (overfitting,
+    # train loss 0.24); 3e-4 reached 0.96.
+    lr: float = Field(3e-4, gt=0, description="Learning rate.")

@@ -6,6 +6,7 @@ import difflib
 
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.base import Example, SFTExample, Task
+from reinforge.tasks.chain_sum import ChainSumTask
 from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.dataset import DatasetTask
 from reinforge.tasks.mix import MixTask
@@ -13,6 +14,7 @@ from reinforge.tasks.multiply_tool import MultiplyToolTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
+    ChainSumTask.name: ChainSumTask,
     CountdownTask.name: CountdownTask,
     DatasetTask.name: DatasetTask,
     MultiplyToolTask.name: MultiplyToolTask,
