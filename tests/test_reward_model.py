@@ -262,24 +262,35 @@ def sevens_rm(tmp_path_factory) -> Path:
     rm = tiny_reward_model()
     # Rejected: every other character the policy can write. Trained only on digits, the reward model scored
     # unseen letters as high as "7", and RL found them: reward hacking in miniature.
-    others = [t for t in rm.tokenizer.get_vocab() if t != "7" and t not in rm.tokenizer.all_special_tokens]
-    pairs = [PreferencePair("".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "7", rng.choice(others))
-             for _ in range(400)]
-    train_reward_model(rm.model, rm.tokenizer, pairs, steps=200, batch_size=32, lr=3e-3, seed=0)
+    # The empty completion (eos at once) too: left out, the policy found it scored as high as "7".
+    others = [""] + [t for t in rm.tokenizer.get_vocab() if t != "7" and t not in rm.tokenizer.all_special_tokens]
+    # Each of them rejected 8 times: a token seldom shown kept a score near "7"'s in one run of four.
+    pairs = [PreferencePair("".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "7", other)
+             for other in others for _ in range(8)]
+    train_reward_model(rm.model, rm.tokenizer, pairs, steps=300, batch_size=32, lr=3e-3, seed=0)
+    texts = [rm.tokenizer.decode([i]) for i in range(len(rm.tokenizer))]
+    with torch.no_grad():
+        scores = score(rm.model, rm.tokenizer, ["abcd="] * len(texts), texts)
+    assert scores[rm.tokenizer.convert_tokens_to_ids("7")] == scores.max()
+    assert sorted(scores.tolist())[-2] < scores.max() - 3        # every other completion well below "7"
     return save_reward_model(rm.model, rm.tokenizer, tmp_path_factory.mktemp("sevens") / "rm")
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
+@pytest.mark.parametrize("recipe", ["dr_grpo", "ppo"])
 def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_rm, recipe):
     # The verifier never scores a training sample: the reward is the reward model's score alone
     # (ppo: InstructGPT's actor, critic, reference and reward model). Held-out pass@1 is the verifier's.
+    # Not grpo: the reward model scores every wrong answer about -3.5, give or take 0.01, and GRPO's division
+    # by the group's std turns those differences into full-size advantages; before the untrained policy
+    # (1 "7" in ~90 samples) finds "7", it can settle on whichever wrong token the noise favours (3 runs in 4
+    # under some thread counts). Dr. GRPO does not divide: the noise stays 0.01 and the one "7" counts.
     out = tmp_path / "run"
     extra = ["train.steps=30", "critic.lr=3e-2"] if recipe == "ppo" else []
     run(build_config([*constant_answer_task(tmp_path), f"recipe={recipe}", "reward.functions=[]",
                       f"reward.model.path={sevens_rm}", f"output_dir={out}", *extra]))
     start, final = held_out_pass_rates(out)
     assert start <= 0.05
-    assert final >= start + MIN_PASS_RATE           # measured 0.97 (grpo), 0.85 (ppo)
+    assert final >= start + MIN_PASS_RATE           # measured 0.97 (dr_grpo), 0.85 (ppo)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x.get("stage") == "rl"]
     assert "reward/verifier_mean" not in steps[0] and list(json.loads(
