@@ -36,7 +36,7 @@ from reinforge.rm_job import run_reward_model_job  # noqa: E402
 QUIET = ["log.progress=false", "threads=1"]
 RL = ["sft.enabled=false", "eval.every=10", "eval.every_prompts=100"]
 # The reward model: pairs of every RL train prompt (train.num_prompts, 1000), a gentle lr for a pretrained backbone.
-RM = ["rm.num_prompts=1000", "rm.steps=4000", "rm.lr=1e-4"]
+RM = ["rm.num_prompts=1000", "rm.samples_per_prompt=16", "rm.pairs_per_prompt=8", "rm.steps=4000", "rm.lr=1e-4"]
 RM_RL = ["train.steps=50"]
 # The hackable one: the pairs of 64 prompts only, and RL twice as long.
 FEW_PAIRS = ["rm.num_prompts=64", "rm.steps=1500", "rm.lr=3e-4"]
@@ -48,7 +48,9 @@ def emit(part: str, figures: dict) -> None:
 
 
 def cold_start(out: Path, seed: int) -> Path:
-    run(build_config([*QUIET, f"seed={seed}", "train.steps=0", f"output_dir={out}"]))
+    """The SFT model every part starts from; an earlier invocation's, when --out already holds it."""
+    if not (out / "summary.json").exists():
+        run(build_config([*QUIET, f"seed={seed}", "train.steps=0", f"output_dir={out}"]))
     return out / "model"
 
 
