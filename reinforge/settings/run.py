@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
+from reinforge.settings.judge import JudgeConfig
 
 
 class EvalConfig(Section):
@@ -177,6 +178,9 @@ class RewardConfig(Section):
     )
     model: RewardModelConfig | None = Field(
         None, description="A learned reward model whose score is added to the reward; None: none."
+    )
+    judge: JudgeConfig | None = Field(
+        None, description="A generative judge (an LM that grades each completion) whose score is added to the reward."
     )
     overlong: OverlongConfig | None = Field(
         None,
