@@ -13,7 +13,15 @@ from reinforge.errors import ConfigError
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy, save_policy
 from reinforge.rewards.compose import RewardComposer
-from reinforge.rewards.judge import Judge, JudgeSource, build_judge, judge_examples, judge_prompt, parse_score
+from reinforge.rewards.judge import (
+    Judge,
+    JudgeSource,
+    build_judge,
+    digit_diff,
+    judge_examples,
+    judge_prompt,
+    parse_score,
+)
 from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.settings import RewardConfig
 from reinforge.settings.judge import DEFAULT_PATTERN, DEFAULT_TEMPLATE, JudgeConfig
@@ -70,7 +78,7 @@ def test_judge_scores_counts_and_micro_batches() -> None:
     # 5 prompts, 2 per call; each the template filled, judged greedily within max_new_tokens
     assert [len(prompts) for prompts, _, _ in engine.calls] == [2, 2, 1]
     assert engine.calls[0][0] == ["judge: 1+1=a\n", "judge: 2+2=b\n"]
-    assert all(g == 1 and params.greedy and params.max_new_tokens == 16 for _, g, params in engine.calls)
+    assert all(g == 1 and params.greedy and params.max_new_tokens == 24 for _, g, params in engine.calls)
 
 
 def test_judge_source_in_the_reward_composer() -> None:
@@ -94,11 +102,14 @@ def trained_judge():
     """The micro built-in model taught to answer "judge: X+Y=c" with a fixed verdict for each c."""
     cfg = build_config([*MICRO_MODEL, "sft.steps=200", "sft.batch_size=16", "sft.lr=1e-2", "sft.warmup_steps=0"])
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)         # a model this small gains nothing from a second thread
     policy = load_policy(cfg.model, 0)
     verdicts = {"a": "score: 5", "b": "score: 2", "c": "score: 9", "d": "no idea"}
     data = [SFTExample(judge_prompt(DEFAULT_TEMPLATE, f"{x}+{y}=", c), v, True)
             for x in range(10) for y in range(10) for c, v in verdicts.items()]
     run_sft(policy, data, cfg.sft, chat_template="auto", seed=0)
+    torch.set_num_threads(threads)
     return policy
 
 
@@ -120,6 +131,16 @@ def test_a_model_judges_through_the_native_engine_with_exact_scores(trained_judg
     assert build_judge(JudgeConfig(), trained_judge, "cpu", "auto").engine.policy is trained_judge
 
 
+def test_digit_diff() -> None:
+    assert digit_diff("0579", "0579") == "0000"
+    assert digit_diff("0579", "0589") == "0010"          # 8 - 7
+    assert digit_diff("0579", "0578") == "0009"          # (8 - 9) mod 10
+    assert digit_diff("1031", "0931") == "9900"          # (0 - 1) mod 10, (9 - 0)
+    assert digit_diff("0579", "579") == "522x"           # no alignment: a shifted answer differs, and ends early
+    assert digit_diff("-12", "-13") == "001"             # equal non-digits agree
+    assert digit_diff("12", "1a") == "0x"
+
+
 def test_judge_examples_are_labelled_by_the_verifier() -> None:
     task = build_task("arithmetic")
     examples = judge_examples(task, 200, JudgeConfig(), seed=3)
@@ -128,8 +149,10 @@ def test_judge_examples_are_labelled_by_the_verifier() -> None:
     for ex in examples:
         head, _, completion = ex.prompt.removeprefix("judge: ").removesuffix("\n").partition("=")
         problem = gold[head + "="]
-        reference, _, score = ex.completion.partition(" score: ")
-        assert int(reference) == int(problem.answer)                     # the teacher's own answer first
+        reference, diff, score = ex.completion.replace(" score: ", " ").split(" ")
+        assert int(reference) == int(problem.answer)                     # the teacher's own answer first,
+        assert diff == digit_diff(reference, completion)                 # the graded one's difference from it,
+        assert (diff == "0000") == (score == "1")                        # zero exactly where it is right,
         assert score == str(int(task.reward(problem, completion)))       # then the verifier's verdict
         assert ex.correct == (score == "1") and parse_score(ex.completion, DEFAULT_PATTERN).raw == int(score)
         right += ex.correct

@@ -13,10 +13,14 @@ so reading it can fail: an output that does not match the pattern, or a score of
 scale, is no score at all (NaN). The row is then skipped (no gradient) and counted, never given a
 made-up 0.
 
-The default format suits the built-in tasks: the judge first writes its own answer, then a score
-("judge: 123+456=0579\\n" -> "0579 score: 1"), the reference-guided judge of arXiv 2306.05685
-(sec. 3.4), which solves the problem before comparing; a tiny model cannot compare a sum it has not
-worked out.
+The default format suits the built-in tasks: the judge first writes its own answer, then the graded
+answer's difference from it digit by digit (mod 10), then the score ("judge: 123+456=0589\\n" ->
+"0579 0010 score: 0"). It is the reference-guided judge of arXiv 2306.05685 (sec. 3.4), which solves
+the problem before comparing, with its comparison written out in steps the built-in model can learn.
+Taught "answer, then score", it wrote the right sum but scored near misses 1; taught one "same /
+different" mark per digit, it marked every digit "same" (at the built-in task's error rates a mark
+is "same" 85% of the time, and it never left that prior); a digit difference is a 10 x 10 table like
+the sums it already learned, and one all-zero check.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import torch
 from torch import Tensor
@@ -176,11 +181,24 @@ def check_label(cfg: JudgeConfig) -> None:
     """ValueError when `cfg.pattern` does not read 1 and 0 back from `cfg.label` (judge training data
     written in a format its own judge could not parse)."""
     for score in (1, 0):
-        text = _fill(cfg.label, {"reference": "0", "score": str(score)})
+        text = _fill(cfg.label, {"reference": "0", "diff": "0", "score": str(score)})
         verdict = parse_score(text, cfg.pattern)
         if verdict.raw != score:
             raise ValueError(f"reward.judge.pattern {cfg.pattern!r} reads {verdict.raw} from the judge training label "
                              f"{text!r}, not {score}: make reward.judge.label and reward.judge.pattern agree")
+
+
+def digit_diff(reference: str, completion: str) -> str:
+    """The completion minus the reference, position by position over the longer text: (c - r) mod 10 where
+    both are digits, '0' where other characters agree, 'x' where they differ or one text has ended
+    ("0579", "0589" -> "0010"; "0579", "0578" -> "0009"). All '0': the texts are the same."""
+    out = []
+    for r, c in zip_longest(reference, completion):
+        if r is not None and c is not None and r.isdigit() and c.isdigit():
+            out.append(str((int(c) - int(r)) % 10))
+        else:
+            out.append("0" if r == c else "x")
+    return "".join(out)
 
 
 def judge_examples(task: Task, n: int, cfg: JudgeConfig, seed: int) -> list[SFTExample]:
@@ -188,9 +206,9 @@ def judge_examples(task: Task, n: int, cfg: JudgeConfig, seed: int) -> list[SFTE
     (corrupted) completion, each with probability 1/2, and the correct judgement.
 
     The label is the verifier's (task.reward), not how the completion was made, and the judgement
-    is `cfg.label` with {reference} the teacher's own answer and {score} 1 or 0: the Self-Rewarding
-    paper's EFT data (arXiv 2401.10020, sec. 2.2: a judgement with its justification, then the
-    score), here labelled by the task's verifier instead of a human ranking. Problems are drawn as
+    is `cfg.label` with {reference} the teacher's own answer, {diff} the completion's `digit_diff` from it
+    and {score} 1 or 0: the Self-Rewarding paper's EFT data (arXiv 2401.10020, sec. 2.2:
+    a justification, then the score), labelled by the task's verifier instead of human rankings. Problems are drawn as
     `Task.sft_examples` draws them: the first n train problems (cycled when there are fewer), in a
     seeded order.
     """
@@ -210,10 +228,11 @@ def judge_examples(task: Task, n: int, cfg: JudgeConfig, seed: int) -> list[SFTE
         completion = (task.teacher_completion if rng.random() < 0.5 else task.corrupt_completion)(example, rng)
         right = task.reward(example, completion) >= 1.0
         reference = task.teacher_completion(example, rng).strip()
-        label = _fill(cfg.label, {"reference": reference, "score": str(int(right))})
+        label = _fill(cfg.label, {"reference": reference, "diff": digit_diff(reference, completion.strip()),
+                                  "score": str(int(right))})
         out.append(SFTExample(judge_prompt(cfg.template, example.prompt, completion), label, right))
     return out
 
 
-__all__ = ["Judge", "JudgeSource", "Judgements", "Verdict", "build_judge", "check_label", "judge_examples",
-           "judge_prompt", "parse_score"]
+__all__ = ["Judge", "JudgeSource", "Judgements", "Verdict", "build_judge", "check_label", "digit_diff",
+           "judge_examples", "judge_prompt", "parse_score"]

@@ -12,11 +12,12 @@ from pydantic import Field, model_validator
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
 
-# The built-in tasks' judge prompt and judgement. The judge solves the problem itself before it scores
-# (a reference-guided judge, arXiv 2306.05685 sec. 3.4): "judge: 123+456=0579\n" -> "0579 score: 1".
+# The built-in tasks' judge prompt and judgement. The judge solves the problem itself, writes the graded
+# answer's difference from its own digit by digit, then scores (a reference-guided judge, arXiv 2306.05685
+# sec. 3.4): "judge: 123+456=0589\n" -> "0579 0010 score: 0".
 DEFAULT_TEMPLATE = "judge: {prompt}{completion}\n"
 DEFAULT_PATTERN = r"score: ?(-?\d+(?:\.\d+)?)"
-DEFAULT_LABEL = "{reference} score: {score}"
+DEFAULT_LABEL = "{reference} {diff} score: {score}"
 
 
 class JudgeConfig(Section):
@@ -42,7 +43,7 @@ class JudgeConfig(Section):
                           "[min, max] counts as unscored. None: the parsed score as it is."
     )
     max: float | None = Field(None, description="The top of the judge's scale (with min).")
-    max_new_tokens: int = Field(16, gt=0, description="Length limit of the judge's output in tokens.")
+    max_new_tokens: int = Field(24, gt=0, description="Length limit of the judge's output in tokens.")
     greedy: bool = Field(True, description="Greedy judgements; false: sampled at judge.temperature.")
     temperature: float = Field(1.0, gt=0, description="greedy=false: the judge's sampling temperature.")
     engine: Literal["native", "hf"] = Field(
@@ -55,8 +56,9 @@ class JudgeConfig(Section):
     label: str = Field(
         DEFAULT_LABEL,
         description="sft.judge_fraction: how a judge training example's correct judgement is written ({reference}: "
-                    "the task's teacher answer, {score}: 1 when the verifier accepts the completion, else 0); "
-                    "`pattern` must read 1 and 0 back from it.",
+                    "the task's teacher answer; {diff}: the graded completion minus the reference, digit by digit "
+                    "mod 10 ('0' where they agree, 'x' where a non-digit differs or one text has ended); {score}: 1 "
+                    "when the verifier accepts the completion, else 0); `pattern` must read 1 and 0 back from it.",
     )
 
     @model_validator(mode="after")
