@@ -151,3 +151,23 @@ def test_shipped_pipelines_run_end_to_end(name, tmp_path, micro_overrides) -> No
         assert after.start == before.final       # each iteration starts from the model the previous one ended with
     sft = json.loads((tmp_path / "out" / f"1-{spec.stages[0].name}" / "summary.json").read_text())["sft"]
     assert sft.get("judge_examples") == (16 if name == "self_rewarding" else None)     # half of sft.num_examples=32
+
+
+def test_benchmark_script_runs_in_a_small_configuration() -> None:
+    """benchmarks/learned_rewards_self.py (the numbers of docs/self-play.md), with a micro model."""
+    import subprocess
+    import sys
+
+    small = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+             "model.intermediate_size=64", "sft.steps=3", "sft.batch_size=8", "sft.num_examples=64", "train.steps=2",
+             "eval.num_prompts=8", "eval.num_samples=2"]
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "learned_rewards_self.py"
+    for extra in ([], ["--spin"]):
+        done = subprocess.run([sys.executable, str(script), *extra, *small], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        gain = "spin_gain" if extra else "self_rewarding_gain"
+        assert out[gain] == pytest.approx(out["after_pass@1"] - out["start_pass@1"]) and out["seconds"] > 0
+        if not extra:
+            assert 0.0 <= out["judge_accuracy"] <= 1.0 and out["judge_unscored"] == 1.0   # the micro model never judges
