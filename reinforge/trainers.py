@@ -265,12 +265,11 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 
 
-def sft_data(cfg: Config, task: Task, num_examples: int | None = None) -> list:
-    """The SFT data that exists without sampling: the task's (noisy) teacher traces (`num_examples`,
-    default sft.num_examples) or the traces in sft.data_path."""
+def sft_data(cfg: Config, task: Task) -> list:
+    """The SFT data that exists without sampling: the task's (noisy) teacher traces or the traces in
+    sft.data_path."""
     if cfg.sft.source == "teacher":
-        return task.sft_examples(cfg.sft.num_examples if num_examples is None else num_examples,
-                                 cfg.sft.corrupt_fraction, seed=cfg.seed)
+        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
     if cfg.sft.source == "file":
         from reinforge.loops.rejection import distillation_examples
 
@@ -286,7 +285,8 @@ def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
     fraction = cfg.sft.judge_fraction
     if fraction == 0:
         return examples, figures
-    # Of sft.num_examples teacher traces, the fraction is judge data; other sources get it on top.
+    # Of sft.num_examples teacher traces, the fraction is judge data (in place of the last traces drawn);
+    # other sources get it on top.
     count = round(fraction * cfg.sft.num_examples) if cfg.sft.source == "teacher" else \
         round(fraction / (1 - fraction) * len(examples))
     judging = judge_examples(task, count, cfg.reward.judge or JudgeConfig(), seed=cfg.seed + 1)
