@@ -185,6 +185,22 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_self_play(self) -> Config:
+        # Judge training data must be written in the format its judge reads (sft.judge_fraction); SPIN needs SFT data.
+        if self.sft.judge_fraction > 0:
+            from reinforge.rewards.judge import check_label
+            from reinforge.settings.judge import JudgeConfig
+
+            try:
+                check_label(self.reward.judge or JudgeConfig())
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        if self.dpo.pairs == "spin" and self.sft.source == "rejection":
+            raise ConfigError("dpo.pairs=spin pairs the SFT data with the policy's samples, and sft.source=rejection "
+                              "has no SFT data before sampling: set sft.source=teacher or file")
+        return self
+
+    @model_validator(mode="after")
     def _check_recipe(self) -> Config:
         from reinforge.objectives import RECIPES
 

@@ -30,6 +30,7 @@ from reinforge.loops.dpo import (
     DatasetPairs,
     DPOState,
     OnPolicyPairs,
+    PairSource,
     PreferenceLearner,
     preference_pairs,
 )
@@ -42,6 +43,7 @@ from reinforge.loops.rl import (
     composed_scores,
     pretrain_critic,
 )
+from reinforge.loops.self_play import SelfJudgedPairs, SpinPairs
 from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, load_policy
 from reinforge.objectives import ObjectiveSpec
@@ -49,9 +51,11 @@ from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
+from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
+from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
 
@@ -192,10 +196,28 @@ def _dataset_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Tas
     return DatasetPairs(pool, policy, cfg.train.prompts_per_step, cfg.prompt.chat_template)
 
 
-# DPO's pairs (dpo.pairs): sampled from the policy and paired by the verifier, or read from a file.
-PAIR_SOURCES: dict[str, Callable[[Config, Policy, RolloutEngine, Task], OnPolicyPairs | DatasetPairs]] = {
+def _self_judged_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> SelfJudgedPairs:
+    tc = cfg.train
+    # The policy judges its own samples unless reward.judge names another judge.
+    judge = build_judge(cfg.reward.judge or JudgeConfig(), policy, cfg.model.device, cfg.prompt.chat_template)
+    return SelfJudgedPairs(PromptStream(task.train_split(tc.num_prompts), seed=cfg.rl_seed), engine, judge, task,
+                           SamplingParams.from_config(cfg.rollout), tc.prompts_per_step, tc.group_size,
+                           policy.tokenizer.pad_token_id)
+
+
+def _spin_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> SpinPairs:
+    pool = PromptStream(sft_data(cfg, task), seed=cfg.rl_seed)     # type: ignore[arg-type]
+    return SpinPairs(pool, policy, engine, SamplingParams.from_config(cfg.rollout), cfg.train.prompts_per_step,
+                     cfg.prompt.chat_template)
+
+
+# DPO's pairs (dpo.pairs): sampled from the policy and paired by the verifier or by the policy's own
+# judgements, read from a file, or the SFT data against the policy's samples.
+PAIR_SOURCES: dict[str, Callable[[Config, Policy, RolloutEngine, Task], PairSource]] = {
     "on_policy": _on_policy_pairs,
     "dataset": _dataset_pairs,
+    "self_judged": _self_judged_pairs,
+    "spin": _spin_pairs,
 }
 
 
@@ -243,14 +265,41 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 
 
-def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
-    """What SFT trains on (sft.source) and figures about it for the summary."""
+def sft_data(cfg: Config, task: Task) -> list:
+    """The SFT data that exists without sampling: the task's (noisy) teacher traces or the traces in
+    sft.data_path."""
     if cfg.sft.source == "teacher":
-        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed), {}
+        return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
     if cfg.sft.source == "file":
         from reinforge.loops.rejection import distillation_examples
 
-        examples = distillation_examples(cfg.sft.data_path)
+        return distillation_examples(cfg.sft.data_path)
+    raise ConfigError(f"sft.source={cfg.sft.source} has no SFT data before sampling (dpo.pairs=spin pairs the SFT "
+                      "data with the policy's samples): set sft.source=teacher or file")
+
+
+def sft_examples(cfg: Config, engine, task: Task) -> tuple[list, dict]:
+    """What SFT trains on (sft.source), with sft.judge_fraction of judge training data, and figures about
+    it for the summary."""
+    examples, figures = _sft_source(cfg, engine, task)
+    fraction = cfg.sft.judge_fraction
+    if fraction == 0:
+        return examples, figures
+    # Of sft.num_examples teacher traces, the fraction is judge data (in place of the last traces drawn);
+    # other sources get it on top.
+    count = round(fraction * cfg.sft.num_examples) if cfg.sft.source == "teacher" else \
+        round(fraction / (1 - fraction) * len(examples))
+    judging = judge_examples(task, count, cfg.reward.judge or JudgeConfig(), seed=cfg.seed + 1)
+    if cfg.sft.source == "teacher":
+        examples = examples[: cfg.sft.num_examples - count]
+    return examples + judging, {**figures, "judge_examples": len(judging)}
+
+
+def _sft_source(cfg: Config, engine, task: Task) -> tuple[list, dict]:
+    if cfg.sft.source == "teacher":
+        return sft_data(cfg, task), {}
+    if cfg.sft.source == "file":
+        examples = sft_data(cfg, task)
         return examples, {"examples": len(examples)}
     from reinforge.loops.rejection import rejection_sample
 

@@ -49,7 +49,7 @@ from reinforge.models import Policy
 from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import RolloutEngine, SamplingParams
-from reinforge.rollout.base import environment_returns
+from reinforge.rollout.base import Rollout, environment_returns
 from reinforge.settings import TrainConfig
 from reinforge.tasks import SFTExample, Task
 
@@ -119,6 +119,20 @@ def pair_sequences(
     num_pairs = len(prompt_ids) // 2
     return build_sequences(prompt_ids, completion_ids, completion_mask, pad_id,
                            group_ids=torch.arange(2 * num_pairs) % num_pairs, loss_mask=loss_mask)
+
+
+def rollout_pairs(rollout: Rollout, pairs: list[tuple[int, int]], pad_id: int) -> SequenceBatch:
+    """`pair_sequences` rows of (chosen row, rejected row) pairs of a rollout's samples, as sampled
+    (their tokens, not a re-tokenization of their text)."""
+    rows = [c for c, _ in pairs] + [r for _, r in pairs]
+    index = torch.tensor(rows)
+    return pair_sequences(
+        [rollout.prompt_ids[r] for r in rows],
+        rollout.completion_ids[index],
+        rollout.completion_mask[index],
+        pad_id,
+        None if rollout.loss_mask is None else rollout.loss_mask[index],
+    )
 
 
 def tokenized_pairs(policy: Policy, pairs: list[PreferencePair], chat_template: str) -> SequenceBatch:
@@ -191,18 +205,7 @@ class OnPolicyPairs(PairSource):
         pairs = verifier_pairs(correct, self.per_prompt, groups.valid)
         metrics = {**rollout_metrics(rollout, groups), "dpo/pairs": float(len(pairs))}
         tokens = int(rollout.lengths.sum())
-        if not pairs:
-            return Pairs(None, metrics, tokens)
-        rows = [c for c, _ in pairs] + [r for _, r in pairs]
-        index = torch.tensor(rows)
-        seq = pair_sequences(
-            [rollout.prompt_ids[r] for r in rows],
-            rollout.completion_ids[index],
-            rollout.completion_mask[index],
-            self.pad_id,
-            None if rollout.loss_mask is None else rollout.loss_mask[index],
-        )
-        return Pairs(seq, metrics, tokens)
+        return Pairs(rollout_pairs(rollout, pairs, self.pad_id) if pairs else None, metrics, tokens)
 
 
 class DatasetPairs(PairSource):

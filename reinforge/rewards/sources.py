@@ -92,6 +92,7 @@ def configured_sources(reward_cfg: Any) -> list[str]:
 
 def _load_builtin_sources() -> None:
     # Importing a source's module registers its builder; they import transformers models, so only when asked.
+    import reinforge.rewards.judge  # noqa: F401
     import reinforge.rewards.process  # noqa: F401
     import reinforge.rewards.reward_model  # noqa: F401
     import reinforge.rewards.teacher  # noqa: F401

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
+from reinforge.settings.judge import JudgeConfig
 
 
 class EvalConfig(Section):
@@ -223,6 +224,9 @@ class RewardConfig(Section):
         None, description="On-policy distillation: a teacher's per-token reverse KL in the advantage; None: none."
     )
     process: ProcessRewardConfig | None = Field(None, description="A process reward model's step scores; None: none.")
+    judge: JudgeConfig | None = Field(
+        None, description="A generative judge (an LM that grades each completion) whose score is added to the reward."
+    )
     overlong: OverlongConfig | None = Field(
         None,
         description=(

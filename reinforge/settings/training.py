@@ -111,6 +111,17 @@ class SFTConfig(Section):
     corrupt_fraction: float = Field(
         0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start)."
     )
+    judge_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "Fraction of the SFT data that is judge training data (the Self-Rewarding paper's EFT data, arXiv "
+            "2401.10020 sec. 2.2): the judge prompt (reward.judge.template) of a right or a corrupted completion of a "
+            "train problem, and the judgement the task's verifier gives it (reward.judge.label), so that the model "
+            "learns to judge its own samples (dpo.pairs=self_judged). 0: none."
+        ),
+    )
     source: Literal["teacher", "rejection", "file"] = Field(
         "teacher",
         description=(
@@ -400,12 +411,16 @@ class DPOConfig(Section):
     train.lr, train.warmup_steps, train.grad_clip, train.prompts_per_step, train.group_size, train.num_prompts and
     the forward settings; train.ppo_epochs and train.mini_batches do not apply."""
 
-    pairs: Literal["on_policy", "dataset"] = Field(
+    pairs: Literal["on_policy", "dataset", "self_judged", "spin"] = Field(
         "on_policy",
         description=(
             "Where pairs come from: on_policy samples train.group_size completions of train.prompts_per_step prompts "
             "from the current policy each step and pairs a verified-correct one (chosen) with an incorrect one "
-            "(rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path."
+            "(rejected) of the same prompt; dataset draws train.prompts_per_step pairs per step from dpo.pairs_path; "
+            "self_judged samples as on_policy and pairs the completions that the policy itself judges best and worst "
+            "(reward.judge, default: the policy with the built-in judge prompt; self-rewarding, arXiv 2401.10020); "
+            "spin pairs train.prompts_per_step SFT examples (sft.source=teacher or file) as chosen with the "
+            "policy's own sample of each prompt as rejected (SPIN, arXiv 2401.01335)."
         ),
     )
     pairs_path: str | None = Field(
@@ -442,7 +457,7 @@ class DPOConfig(Section):
             raise ConfigError(
                 "dpo.pairs=dataset needs dpo.pairs_path (a JSONL / Parquet file of prompt, chosen and rejected)"
             )
-        if self.pairs == "on_policy" and (self.pairs_path or self.pairs_fields):
+        if self.pairs != "dataset" and (self.pairs_path or self.pairs_fields):
             raise ConfigError("dpo.pairs_path and dpo.pairs_fields are read only with dpo.pairs=dataset")
         return self
 

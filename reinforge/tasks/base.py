@@ -142,6 +142,11 @@ class Task(ABC):
         """The first `n` examples of the held-out split."""
         return self._with_system(self._take("eval", n))
 
+    def train_problems(self, n: int) -> list[Example]:
+        """The first `n` train problems, or all there are when the split has fewer (`train_split` raises)."""
+        self._fill("train", n)
+        return self._with_system(self._splits["train"][:n])
+
     def drawn(self) -> list[Example]:
         """Every example drawn so far, train then held-out, as the splits hand them out."""
         return self._with_system(self._splits["train"] + self._splits["eval"])
