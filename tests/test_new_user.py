@@ -101,7 +101,8 @@ def test_a_row_cut_short_is_reported_where_it_ends(tmp_path) -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("lora_r=8", "unknown config key 'lora_r'; did you mean 'model.lora.r'? (TRL's ModelConfig name)"),
     ("reward_funcs=[f]", "unknown config key 'reward_funcs'; did you mean 'reward.functions'? (TRL's GRPOTrainer / "
-     "script argument; as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form)"),
+     "script argument; as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form; "
+     "a reward model folder is reward.model.path)"),
     ("dataset_name=x", "unknown config key 'dataset_name'; did you mean 'task.options.path'? (TRL's GRPOTrainer / "
      "script argument; a local data file or save_to_disk folder, with task.name=dataset; nothing is downloaded)"),
     ("data.val_files=v.parquet", "unknown config key 'data.val_files'; did you mean 'task.options.eval_path'? "
@@ -328,7 +329,7 @@ def test_a_trl_or_verl_config_file_gets_every_unknown_key_at_once(tmp_path) -> N
         "folder; nothing is downloaded) | 'num_generations'; did you mean 'train.group_size'? (TRL's GRPOConfig "
         "name) | "
         "'trian'; did you mean 'train'? (valid: alerts, backend, checkpoint, critic, curation, dpo, eval, log, model, "
-        "objective, output_dir, prompt, ray, recipe, reward, rollout, seed, sft, task, threads, train)"
+        "objective, output_dir, prm, prompt, ray, recipe, reward, rm, rollout, seed, sft, task, threads, train)"
     )
     (tmp_path / "verl.yaml").write_text("data:\n  train_files: t.parquet\n  max_response_length: 64\n"
                                         "train:\n  steps: 2\n  lr_rate: 0.1\n")
