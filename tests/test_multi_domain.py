@@ -113,8 +113,8 @@ def test_domains_renamed_and_refused() -> None:
     ("[{name: arithmetic, wieght: 2}]", "task.options.domains[0].wieght is not a key of a domain (valid: name, "
                                         "domain, weight, options)"),
     ("[arithmetic, {name: countdown, options: {digits: 2}}]",
-     "task.options.domains[1].options.digits is an option of task.name=arithmetic or chain_sum or multiply_tool, not of the "
-     "task 'countdown': set task.options.domains[1].name=arithmetic"),
+     "task.options.domains[1].options.digits is an option of task.name=arithmetic or chain_sum or multiply_tool, "
+     "not of the task 'countdown': set task.options.domains[1].name=arithmetic"),
     ("[arithmetic, dataset]", "task 'dataset' needs task.options.domains[1].options.path"),
     ("[arithmetc]", "task.options.domains[0].name must name a task"),
 ])
