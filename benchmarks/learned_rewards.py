@@ -106,7 +106,7 @@ def part_distill(out: Path, seed: int, sft: Path) -> dict:
 
     distilled = distill_gain(seed=seed, threads=1, workdir=out / "distill")
     emit("distillation", distilled)
-    return {(k if k.startswith("distill_") else f"distill_{k}"): v for k, v in distilled.items()}
+    return {"distill_gain": distilled["distill_gain"], "distillation": distilled}
 
 
 def part_self(out: Path, seed: int, sft: Path) -> dict:
@@ -114,8 +114,7 @@ def part_self(out: Path, seed: int, sft: Path) -> dict:
 
     selfr = self_rewarding_gain(seed=seed)
     emit("self_rewarding", selfr)
-    return {"self_rewarding_gain": selfr["self_rewarding_gain"],
-            **{f"self_rewarding_{k}": v for k, v in selfr.items() if k != "self_rewarding_gain"}}
+    return {"self_rewarding_gain": selfr["self_rewarding_gain"], "self_rewarding": selfr}
 
 
 PARTS = {"rm": part_rm, "hacking": part_hacking, "distill": part_distill, "self": part_self}

@@ -283,9 +283,11 @@ def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_r
     # Not grpo: the reward model scores every wrong answer about -3.5, give or take 0.01, and GRPO's division
     # by the group's std turns those differences into full-size advantages; before the untrained policy
     # (1 "7" in ~90 samples) finds "7", it can settle on whichever wrong token the noise favours (3 runs in 4
-    # under some thread counts). Dr. GRPO does not divide: the noise stays 0.01 and the one "7" counts.
+    # under some thread counts). Dr. GRPO does not divide: the noise stays 0.01 and the one "7" counts. But
+    # Adam rescales even 0.01-sized gradients to full steps, so a run whose first steps hold no "7" drifts
+    # on noise (1 run in 3 with 64 samples a step): 256 samples a step put a "7" in nearly every step.
     out = tmp_path / "run"
-    extra = ["train.steps=30", "critic.lr=3e-2"] if recipe == "ppo" else []
+    extra = ["train.steps=30", "critic.lr=3e-2"] if recipe == "ppo" else ["train.prompts_per_step=32"]
     run(build_config([*constant_answer_task(tmp_path), f"recipe={recipe}", "reward.functions=[]",
                       f"reward.model.path={sevens_rm}", f"output_dir={out}", *extra]))
     start, final = held_out_pass_rates(out)
