@@ -29,6 +29,7 @@ from tqdm import tqdm
 from reinforge.config import Config
 from reinforge.errors import ConfigError
 from reinforge.loops.dpo import PreferencePair, preference_pairs, verifier_pairs
+from reinforge.loops.rl import verified
 from reinforge.models import Policy, load_policy
 from reinforge.rewards.reward_model import (
     build_reward_model,
@@ -67,7 +68,7 @@ def sampled_pairs(engine: RolloutEngine, task: Task, examples: list[Example], sa
     for start in range(0, len(examples), batch_prompts):
         part = examples[start: start + batch_prompts]
         rollout = engine.generate([e.prompt for e in part], samples, sampling)
-        correct = torch.tensor([task.reward(part[r // samples], text) >= 1.0 for r, text in enumerate(rollout.texts)])
+        correct = verified(task, part, rollout, samples)
         for chosen, rejected in verifier_pairs(correct.view(len(part), samples), per_prompt):
             pairs.append(PreferencePair(prompt=part[chosen // samples].prompt, chosen=rollout.texts[chosen],
                                         rejected=rollout.texts[rejected]))

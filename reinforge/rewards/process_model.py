@@ -29,7 +29,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel, PreTr
 
 from reinforge.models import Policy, model_device
 from reinforge.models.tokenizer import load_tokenizer
-from reinforge.rewards.reward_model import shuffled_batches, with_scalar_head
+from reinforge.rewards.reward_model import training_batches, with_scalar_head
 from reinforge.rollout.prompts import encode_prompts
 
 Target = Literal["hard", "soft"]
@@ -196,16 +196,11 @@ def train_process_reward_model(model: PreTrainedModel, tokenizer: PreTrainedToke
     """`steps` AdamW steps on `step_bce`, each over `batch_size` solutions drawn without replacement in a
     `seed`ed order reshuffled every epoch, against their `target` labels (Math-Shepherd trains on the hard
     estimate; the soft one is the fraction of continuations that reached the answer)."""
-    if not data:
-        raise ValueError("train_process_reward_model needs at least one labelled solution")
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    batches = training_batches(data, steps, batch_size, seed, "train_process_reward_model")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    batches = shuffled_batches(len(data), batch_size, seed)
     losses: list[float] = []
     model.train()
-    for _ in range(steps):
-        batch = [data[i] for i in next(batches)]
+    for batch in batches:
         encoded = encode_steps(tokenizer, [d.prompt for d in batch], [d.steps for d in batch], chat_template)
         out = step_bce(step_logits(model, encoded), _labels(batch, target, encoded.step_mask.shape[1]).to(
             model_device(model)), encoded.step_mask.to(model_device(model)))

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -39,6 +40,8 @@ from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches
 from reinforge.rollout.base import Rollout
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.tasks.base import Example
+
+T = TypeVar("T")
 
 # ------------------------------------------------------------------ loss
 
@@ -194,16 +197,11 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     in a `seed`ed order reshuffled every epoch. Both completions of a pair sit in the same batch, as
     InstructGPT trains all comparisons of a prompt together (arXiv 2203.02155, section 3.5).
     `on_step(step, loss)` is called after each step."""
-    if not pairs:
-        raise ValueError("train_reward_model needs at least one preference pair")
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    batches = training_batches(pairs, steps, batch_size, seed, "train_reward_model")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    batches = shuffled_batches(len(pairs), batch_size, seed)
     losses: list[float] = []
     model.train()
-    for _ in range(steps):
-        batch = [pairs[i] for i in next(batches)]
+    for batch in batches:
         chosen, rejected = pair_scores(model, tokenizer, batch, chat_template)
         out = bradley_terry_loss(chosen, rejected)
         optimizer.zero_grad(set_to_none=True)
@@ -218,18 +216,26 @@ def train_reward_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
                              steps=steps)
 
 
-def shuffled_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
-    """Endless batches of min(batch_size, n) indices of range(n), drawn without replacement in a `seed`ed
-    order that is reshuffled every epoch (a batch may span two epochs)."""
-    rng = random.Random(seed)
+def training_batches(items: list[T], steps: int, batch_size: int, seed: int, what: str) -> Iterator[list[T]]:
+    """`steps` batches of min(batch_size, len(items)) items, drawn without replacement in a `seed`ed order
+    reshuffled every epoch (a batch may span two epochs). ValueError now, before any model work, for no
+    items or a step count or batch size below 1 (`what` names the caller in the message)."""
+    if not items:
+        raise ValueError(f"{what} needs at least one training example")
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    return _batches(items, steps, batch_size, random.Random(seed))
+
+
+def _batches(items: list[T], steps: int, batch_size: int, rng: random.Random) -> Iterator[list[T]]:
     order: list[int] = []
-    while True:
+    for _ in range(steps):
         batch = []
-        while len(batch) < min(batch_size, n):
+        while len(batch) < min(batch_size, len(items)):
             if not order:
-                order = list(range(n))
+                order = list(range(len(items)))
                 rng.shuffle(order)
-            batch.append(order.pop())
+            batch.append(items[order.pop()])
         yield batch
 
 
