@@ -400,7 +400,9 @@ def test_gradient_at_theta_old_is_advantage(name):
     advantages = _t([[1.3], [-0.7], [0.4]]).expand(3, 4)
     terms, logprobs = _call(name, logprobs, advantages, mask=mask, sampler_logprobs=logprobs)
     _, grad = _aggregated(terms, logprobs, mask)
-    torch.testing.assert_close(grad, -advantages * loss_weights("seq_mean_token_mean", mask))
+    # Clip-Cov takes its selected tokens (here 1 of 9) out of the gradient by design (arXiv 2505.22617).
+    kept = 1.0 - terms.metrics.get("cov_clip_frac", torch.zeros_like(mask))
+    torch.testing.assert_close(grad, -advantages * loss_weights("seq_mean_token_mean", mask) * kept)
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
@@ -439,6 +441,8 @@ HAND_VALUE_TESTS = {
     "gspo": "test_gspo_hand_values_and_gradients",
     "gspo_token": "test_gspo_hand_values_and_gradients",
     "gmpo": "test_gmpo_hand_values_and_gradients",
+    "clip_cov": "test_cov_and_topk.py::test_clip_cov_hand_values_and_gradients",
+    "kl_cov": "test_cov_and_topk.py::test_kl_cov_hand_values_and_gradients",
 }
 
 

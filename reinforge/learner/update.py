@@ -37,6 +37,7 @@ from reinforge.models.factory import model_device
 from reinforge.objectives import ObjectiveSpec, loss_weights, objective_loss
 from reinforge.objectives.aggregation import BatchReduce, LocalReduce
 from reinforge.objectives.corrections import mismatch_metrics
+from reinforge.objectives.covariance import BATCH_SELECTIONS
 from reinforge.settings import RolloutConfig, TrainConfig
 
 
@@ -212,7 +213,7 @@ def policy_update(
             if not share.any_rows(mb):
                 continue
             optimizer.zero_grad(set_to_none=True)
-            finite = share.all_finite(_accumulate(model, batch, mb, old_all, spec, settings, means))
+            finite = share.all_finite(_accumulate(model, batch, mb, old_all, spec, settings, means, generator))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
             if not (finite and math.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
@@ -232,7 +233,7 @@ def policy_update(
 
 def _accumulate(
     model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
-    settings: UpdateSettings, means: _Means,
+    settings: UpdateSettings, means: _Means, generator: torch.Generator | None = None,
 ) -> bool:
     """The gradient of mini-batch `mb`'s loss into `.grad`, micro-batch by micro-batch; whether the loss was finite.
     A `None` pi_old (`old_all` zeros) is taken from these forwards: no step has been taken yet."""
@@ -245,6 +246,7 @@ def _accumulate(
         max_length=settings.max_length,
         reduce=batch.share,
     )  # [M, T]
+    selected = _batch_selection(model, batch, mb, old_all, spec, settings, generator)  # [M, T] bool or None
     finite = True
 
     def run(local: torch.Tensor) -> None:
@@ -267,6 +269,7 @@ def _accumulate(
             sampler_logprobs=_slice_rows(batch.sampler_logprobs, rows, width, device),
             entropy=stats.entropy,
             correct=_slice_rows(batch.correct, rows, width, device),
+            selected=None if selected is None else selected[local][:, :width].to(device),
         )
         finite &= bool(torch.isfinite(out.loss.detach()))
         out.loss.backward()
@@ -275,3 +278,37 @@ def _accumulate(
     batch.share.run_passes(forward.micro_batches(batch.sequences, mb), run,
                            lambda seq: token_stats(model, seq, temperature, forward).logprobs)
     return finite
+
+
+def _batch_selection(
+    model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
+    settings: UpdateSettings, generator: torch.Generator | None,
+) -> torch.Tensor | None:
+    """[M, T] bool: the token selection of a policy loss that needs one over the whole mini-batch
+    (covariance.BATCH_SELECTIONS, e.g. KL-Cov's top-k by covariance), from a no-grad forward of all
+    of `mb`'s rows at the current weights, before any of its micro-batches' gradient passes; None for
+    the other losses. Computed once and sliced like the aggregation weights, it does not depend on
+    micro-batching. A `None` pi_old is this policy (no step has been taken on the batch yet)."""
+    select = BATCH_SELECTIONS.get(spec.policy_loss)
+    if select is None:
+        return None
+    device, forward = model_device(model), settings.forward
+    mask_all = batch.sequences.completion_mask
+    current = torch.zeros(len(mb), mask_all.shape[1], dtype=torch.float32)
+
+    def record(local: torch.Tensor) -> None:
+        seq = batch.sequences.rows(mb[local]).to(device)
+        with torch.no_grad():
+            logprobs = token_stats(model, seq, settings.temperature, forward).logprobs
+        current[local, : logprobs.shape[1]] = logprobs.float().cpu()
+
+    batch.share.run_passes(forward.micro_batches(batch.sequences, mb), record,
+                           lambda seq: token_stats(model, seq, settings.temperature, forward).logprobs)
+    current = current.to(mask_all.dtype)
+    anchors = {"old": None if batch.old_logprobs is None else old_all[mb], "sampler": batch.sampler_logprobs[mb]}
+    anchor = anchors[spec.ratio_anchor]
+    advantages = batch.advantages[mb]
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(current)
+    return select(logprobs=current, old_logprobs=current if anchor is None else anchor, advantages=advantages,
+                  mask=mask_all[mb], reduce=batch.share, generator=generator, **spec.policy_params)

@@ -170,6 +170,7 @@ def objective_loss(
     sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler (mu) from the rollout engine
     entropy: Tensor | None = None,  # [N, T] entropy of the next-token distribution; required if entropy_coef > 0
     correct: Tensor | None = None,  # [N] bool, verified-correct samples; required if nll_coef > 0
+    selected: Tensor | None = None,  # [N, T] bool, the policy loss's token selection over the whole batch
 ) -> LossOutput:
     """loss = sum(w * c * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H) + nll_coef * sum(w * nll)
 
@@ -197,8 +198,10 @@ def objective_loss(
     anchor = _required(anchors[spec.ratio_anchor], f"sampler_logprobs (ratio_anchor={spec.ratio_anchor!r})")
 
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
+    # A batch-level token selection (covariance.BATCH_SELECTIONS) comes sliced from the whole batch.
+    batch_inputs = {} if selected is None else {"selected": selected}
     terms = policy_fn(logprobs=logprobs, old_logprobs=anchor, advantages=advantages, mask=mask,
-                      sampler_logprobs=sampler_logprobs, **spec.policy_params)
+                      sampler_logprobs=sampler_logprobs, **batch_inputs, **spec.policy_params)
     token_loss, token_metrics = terms.loss, dict(terms.metrics)              # [N, T]
     if spec.correction is not None:
         correction = apply_correction(

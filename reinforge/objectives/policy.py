@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from reinforge.objectives.common import log_ratio, masked
+from reinforge.objectives.covariance import clip_cov, kl_cov
 from reinforge.objectives.policy_sequence import gmpo, gspo, gspo_token
 from reinforge.objectives.surrogate import (
     PolicyTerms,
@@ -325,4 +326,6 @@ POLICY_LOSSES: dict[str, Callable[..., PolicyTerms]] = {
     "decoupled_ppo": decoupled_ppo,
     "reinforce": reinforce,
     "gpg": gpg,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
 }

@@ -105,6 +105,16 @@ _RECIPES = [
     Recipe("dppo", _rl("grpo", "dppo_tv", "seq_mean_token_mean", {"delta": 0.15}),
            "arXiv 2602.04879", "trust region on the probability divergence from the sampler, not the ratio",
            extras=("ratio anchored on the sampler",)),
+    # Cui et al. run both on DAPO's token-level loss with GRPO advantages and no KL to a reference;
+    # r = 2e-4 in [1, 5] and k = 2e-3 (their Qwen2.5-7B value), penalty coefficient 1. KL-Cov's |logp - logp_old|
+    # has zero gradient at pi_old: it acts from a batch's second optimizer step (train.mini_batches, default 2).
+    Recipe("clip_cov", _rl("grpo", "clip_cov", "token_mean",
+                           {"clip_ratio": 2e-4, "cov_low": 1.0, "cov_high": 5.0, **_PPO_CLIP}),
+           "arXiv 2505.22617", "PPO clip; a random 2e-4 of the tokens with covariance in [1, 5] leave the gradient",
+           extras=("selection over the whole mini-batch",)),
+    Recipe("kl_cov", _rl("grpo", "kl_cov", "token_mean", {"k_ratio": 2e-3, "penalty_coef": 1.0}),
+           "arXiv 2505.22617", "vanilla PG; |logp - logp_old| penalty on the top 2e-3 tokens by covariance",
+           extras=("selection over the whole mini-batch",)),
     Recipe("maxrl", _rl("maxrl", "reinforce", "seq_mean_token_mean"),
            "arXiv 2602.02710", "advantage (R - r)/r with r the group pass rate: weight on hard prompts",
            extras=("one update per batch",), settings=_ON_POLICY),

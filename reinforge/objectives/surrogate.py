@@ -13,8 +13,9 @@ from torch import Tensor
 from reinforge.objectives.common import masked
 
 # The tensors every objective receives from the caller; the rest of its
-# keyword arguments are settable parameters (ObjectiveSpec.policy_params).
-POLICY_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "sampler_logprobs")
+# keyword arguments are settable parameters (ObjectiveSpec.policy_params). `selected`: a token
+# selection of the whole optimizer batch, for the losses of covariance.BATCH_SELECTIONS.
+POLICY_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "sampler_logprobs", "selected")
 
 
 @dataclass
