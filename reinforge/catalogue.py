@@ -167,8 +167,8 @@ def _formula(fn: Callable) -> str:
 def _defaults(fn: Callable) -> str:
     items = [f"{p.name}={p.default}" for p in inspect.signature(fn).parameters.values()
              if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
-             and p.name not in ("sampler_logprobs", "selected", "group_ids", "max_length", "reduce", "generator",
-                                "state")]
+             and p.name not in ("sampler_logprobs", "selected", "top_logprobs", "sampler_top_logprobs", "group_ids",
+                                "max_length", "reduce", "generator", "state")]
     return ", ".join(items) or "-"
 
 

@@ -201,6 +201,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_top_k_recording(self) -> Config:
+        # DPPO's top-K divergence reads the sampler's top-K, which only the native engine records.
+        if self.rollout.record_top_k and self.rollout.engine != "native":
+            raise ConfigError("rollout.record_top_k needs rollout.engine=native (the HF engine does not record the "
+                              "sampler's top-K log-probs): set rollout.engine=native or rollout.record_top_k=0")
+        from reinforge.objectives import RECIPE_OBJECTIVES
+
+        recipe = RECIPE_OBJECTIVES.get(self.recipe)
+        loss = self.objective.policy_loss or (recipe.policy_loss if recipe is not None else None)
+        if loss in ("dppo_topk_tv", "dppo_topk_kl") and not self.rollout.record_top_k:
+            raise ConfigError(f"objective.policy_loss={loss} compares the sampler's top-K "
+                              "log-probs with the learner's: set rollout.record_top_k (e.g. 20)")
+        return self
+
+    @model_validator(mode="after")
     def _check_recipe(self) -> Config:
         from reinforge.objectives import RECIPES
 

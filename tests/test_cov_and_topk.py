@@ -219,3 +219,149 @@ def test_selection_over_the_whole_mini_batch_does_not_depend_on_micro_batches(po
     fewer = resolve_spec(recipe, **{**params, ("k_ratio" if recipe == "kl_cov" else "clip_ratio"): 1e-9})
     other, _ = _grads(policy, batch, fewer, micro_batch_size=8)
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, other, strict=True))
+
+
+# ---------------------------------------------------------------- DPPO, top-K divergence
+
+# K = 2, the sampled token is id 0 of the top-K at every position; mu_o / p_o the lumped rest.
+#   pos  mu (k1, k2, o)     p (k1, k2, o)        TV = 0.5 (sum |p - mu| incl. o)    A   p/p_mu  masked?        loss
+#   0    .5  .3  .2         .6   .2   .2         0.5 (.1 + .1 + 0)    = 0.1         +1  1.2     no             -1.2
+#   1    .5  .3  .2         .8   .1   .1         0.5 (.3 + .2 + .1)   = 0.3         +1  1.6     up, A > 0      0
+#   2    .5  .3  .2         .8   .1   .1         0.3                                -1  1.6     no (A < 0)     1.6
+#   3    .5  .3  .2         .52  .05  .43        0.5 (.02 + .25 + .23) = 0.25       +1  1.04    up, A > 0      0
+# Position 3: the binary TV |p - p_mu| = 0.02 < 0.15 would not mask it; the top-K TV sees the mass moved.
+# grad = d(-J)/dlogp = -(p/p_mu) A where unmasked, 0 where masked (same numbers as the loss here).
+MU = [[[0.5, 0.3]] * 4]
+P = [[[0.6, 0.2], [0.8, 0.1], [0.8, 0.1], [0.52, 0.05]]]
+A_TOPK = [[1.0, 1.0, -1.0, 1.0]]
+
+
+def _topk_call(name, p=P, mu=MU, advantages=A_TOPK, **params):
+    top, sampler_top = torch.log(_t(p)), torch.log(_t(mu))
+    logprobs = top[..., 0].clone().requires_grad_()
+    if "topk" in name:
+        params = {**params, "top_logprobs": top, "sampler_top_logprobs": sampler_top}
+    terms = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=_t(advantages),
+                                mask=torch.ones_like(logprobs), sampler_logprobs=sampler_top[..., 0], **params)
+    terms.loss.sum().backward()
+    return terms, logprobs.grad
+
+
+def test_dppo_topk_tv_hand_values_and_gradients():
+    terms, grad = _topk_call("dppo_topk_tv", delta=0.15)
+    torch.testing.assert_close(terms.metrics["tv"], _t([[0.1, 0.3, 0.3, 0.25]]))
+    torch.testing.assert_close(terms.loss, _t([[-1.2, 0.0, 1.6, 0.0]]))
+    torch.testing.assert_close(grad, _t([[-1.2, 0.0, 1.6, 0.0]]))
+    torch.testing.assert_close(terms.metrics["clip_frac_high"], _t([[0, 1.0, 0, 1.0]]))
+    # The binary approximation misses position 3's move.
+    binary, _ = _topk_call("dppo_tv", delta=0.15)
+    torch.testing.assert_close(binary.loss, _t([[-1.2, 0.0, 1.6, -1.04]]))
+
+
+# KL(mu || p) over the three outcomes, delta 0.05:
+#   pos 0: .5 ln(.5/.6) + .3 ln(.3/.2) + .2 ln(1)  = -0.091161 + 0.121640 + 0         = 0.030479 (inside: loss -1.2)
+#   pos 1: .5 ln(.5/.8) + .3 ln(.3/.1) + .2 ln(.2/.1) = -0.235002 + 0.329584 + 0.138629 = 0.233211 (up, A > 0: masked)
+#   pos 3: .5 ln(.5/.52) + .3 ln 6 + .2 ln(.2/.43) = -0.019610 + 0.537528 - 0.153094 = 0.364824 (up: masked)
+def test_dppo_topk_kl_hand_values_and_gradients():
+    terms, grad = _topk_call("dppo_topk_kl", delta=0.05)
+    ln = math.log
+    kl = [0.5 * ln(0.5 / 0.6) + 0.3 * ln(1.5), 0.5 * ln(0.5 / 0.8) + 0.3 * ln(3.0) + 0.2 * ln(2.0)]
+    kl = [kl[0], kl[1], kl[1], 0.5 * ln(0.5 / 0.52) + 0.3 * ln(6.0) + 0.2 * ln(0.2 / 0.43)]
+    torch.testing.assert_close(terms.metrics["top_k_kl"], _t([kl]))
+    assert kl[0] == pytest.approx(0.030479, abs=1e-6) and kl[1] == pytest.approx(0.233211, abs=1e-6)
+    assert kl[3] == pytest.approx(0.364824, abs=1e-6)
+    torch.testing.assert_close(terms.loss, _t([[-1.2, 0.0, 1.6, 0.0]]))
+    torch.testing.assert_close(grad, _t([[-1.2, 0.0, 1.6, 0.0]]))
+    # A token the sampler's filter removed (mu = 0, log-prob -inf) adds nothing; the rest stays finite.
+    terms, _ = _topk_call("dppo_topk_kl", p=[[[0.6, 0.2]]], mu=[[[0.8, 0.0]]], advantages=[[1.0]])
+    torch.testing.assert_close(terms.metrics["top_k_kl"], _t([[0.8 * ln(0.8 / 0.6) + 0.2 * ln(0.2 / 0.2)]]))
+
+
+@pytest.mark.parametrize(("topk", "binary"), [("dppo_topk_tv", "dppo_tv"), ("dppo_topk_kl", "dppo_kl")])
+def test_top_1_of_the_sampled_token_is_the_binary_approximation(topk, binary):
+    # K = 1 with the sampled token as the id: the K + 1 outcomes are "sampled token or not".
+    gen = torch.Generator().manual_seed(0)
+    logprobs = torch.log(torch.rand(3, 5, generator=gen, dtype=F64) * 0.9 + 0.05)
+    sampler = torch.log(torch.rand(3, 5, generator=gen, dtype=F64) * 0.9 + 0.05)
+    advantages = torch.randn(3, 5, generator=gen, dtype=F64)
+    out = []
+    for name, extra in ((topk, {"top_logprobs": logprobs.unsqueeze(-1), "sampler_top_logprobs": sampler.unsqueeze(-1)}),
+                        (binary, {})):
+        leaf = logprobs.clone().requires_grad_()
+        terms = POLICY_LOSSES[name](logprobs=leaf, old_logprobs=logprobs, advantages=advantages,
+                                    mask=torch.ones_like(leaf), sampler_logprobs=sampler, delta=0.1, **extra)
+        terms.loss.sum().backward()
+        out.append((terms, leaf.grad))
+    (a, grad_a), (b, grad_b) = out
+    torch.testing.assert_close(a.loss, b.loss)
+    torch.testing.assert_close(grad_a, grad_b)
+    torch.testing.assert_close(a.metrics["clip_frac"], b.metrics["clip_frac"])
+    assert 0 < b.metrics["clip_frac"].sum() < 15      # some masked, some not: the comparison has teeth
+
+
+def test_dppo_topk_needs_the_recorded_top_k():
+    with pytest.raises(ValueError, match="record_top_k"):
+        POLICY_LOSSES["dppo_topk_tv"](logprobs=_t([[-1.0]]), old_logprobs=_t([[-1.0]]), advantages=_t([[1.0]]),
+                                      mask=_t([[1.0]]), sampler_logprobs=_t([[-1.0]]))
+    from reinforge.errors import ConfigError
+    with pytest.raises(ConfigError, match="rollout.engine=native"):
+        build_config(["recipe=dppo_topk", "rollout.engine=hf"])
+    with pytest.raises(ConfigError, match="set rollout.record_top_k"):
+        build_config(["recipe=dppo_topk", "rollout.record_top_k=0"])
+    assert build_config(["recipe=dppo_topk"]).rollout.record_top_k == 20
+
+
+def _native_topk_rollout(policy, k, temperature):
+    from reinforge.rollout.native import NativeEngine
+
+    engine = NativeEngine(policy, max_batch_rows=3)    # 3 slots for 6 rows: slots refill and pack
+    return engine.generate(["12+34=", "7+8="], 3, SamplingParams(temperature=temperature, max_new_tokens=6,
+                                                                 record_top_k=k),
+                           generator=torch.Generator().manual_seed(0))
+
+
+def test_native_top_k_equals_the_full_vocabulary_computation(policy):
+    k, temperature = 5, 0.7
+    rollout = _native_topk_rollout(policy, k, temperature)
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+    with torch.no_grad():
+        logits = policy.model(input_ids=seq.input_ids, attention_mask=seq.attention_mask).logits.float()
+    mask = rollout.completion_mask.bool()
+    assert rollout.sampler_top_ids.shape == (6, rollout.completion_ids.shape[1], k) and mask.sum() > 12
+    for row in range(6):
+        for t in range(int(mask[row].sum())):
+            full = torch.log_softmax(logits[row, int(seq.starts[row]) - 1 + t] / temperature, dim=-1)   # [V]
+            top = torch.topk(full, k)
+            assert rollout.sampler_top_ids[row, t].tolist() == top.indices.tolist()
+            torch.testing.assert_close(rollout.sampler_top_logprobs[row, t], top.values, atol=1e-5, rtol=0)
+            # the sampled token's log-prob is of the same distribution
+            torch.testing.assert_close(rollout.sampler_logprobs[row, t], full[rollout.completion_ids[row, t]],
+                                       atol=1e-5, rtol=0)
+    assert torch.all(rollout.sampler_top_logprobs[~mask] == 0)
+
+
+def test_learner_top_k_logprobs_match_the_sampler_and_the_first_update_has_no_divergence(policy):
+    temperature = 0.7
+    rollout = _native_topk_rollout(policy, 4, temperature)
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids, top_ids=rollout.sampler_top_ids)
+    # The learner's log-probs of the sampler's ids: the full-logits path, the chunked LM head (chunks of
+    # 5 tokens, never [tokens x vocab]) and the shared-prompt path give the sampler's numbers.
+    for plan in (ForwardPlan(), ForwardPlan(chunk_size=5), ForwardPlan(shared_prefix=True, chunk_size=5)):
+        from reinforge.learner.forward import token_stats
+        with torch.no_grad():
+            stats = token_stats(policy.model, seq, temperature, plan)
+        torch.testing.assert_close(stats.top_logprobs, rollout.sampler_top_logprobs, atol=1e-5, rtol=0)
+    # At the first update (policy == sampler) the top-K TV is ~0: nothing is masked.
+    batch = LearnerBatch(sequences=seq, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5]),
+                         old_logprobs=None, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids,
+                         sampler_top_logprobs=rollout.sampler_top_logprobs)
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-3)
+    settings = UpdateSettings(ppo_epochs=1, mini_batches=1, temperature=temperature,
+                              forward=ForwardPlan(micro_batch_size=2))
+    stats = policy_update(model, opt, warmup_constant(opt, 0), batch, resolve_spec("dppo_topk"), settings,
+                          torch.Generator().manual_seed(0))
+    assert stats.optimizer_steps == 1
+    assert stats.metrics["tv"] < 1e-5 and stats.metrics["clip_frac"] == 0.0

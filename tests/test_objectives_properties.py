@@ -48,7 +48,11 @@ def _loss_is_finite(batch, advantages, name, **overrides):
     out = recipe_loss(name, logprobs=logprobs, old_logprobs=batch["old_logprobs"], advantages=advantages,
                       mask=batch["mask"], ref_logprobs=batch["ref_logprobs"],
                       sampler_logprobs=batch["sampler_logprobs"], group_ids=batch["group_ids"],
-                      entropy=batch["entropy"], correct=batch["rewards"] > 0, **overrides)
+                      entropy=batch["entropy"], correct=batch["rewards"] > 0,
+                      # K = 2 top-K log-probs (DPPO's top-K divergence); their sums may pass 1 (clamped rest)
+                      top_logprobs=torch.stack([batch["logprobs"], batch["ref_logprobs"]], dim=-1),
+                      sampler_top_logprobs=torch.stack([batch["sampler_logprobs"], batch["old_logprobs"]], dim=-1),
+                      **overrides)
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert torch.isfinite(logprobs.grad).all()

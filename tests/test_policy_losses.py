@@ -31,6 +31,10 @@ def _call(name, logprobs, advantages, *, old_logprobs=None, mask=None, sampler_l
     logprobs = logprobs.detach().clone().requires_grad_()
     old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
     mask = torch.ones_like(old_logprobs) if mask is None else mask
+    if name.startswith("dppo_topk") and sampler_logprobs is not None:
+        # K = 1, the sampled token: the binary approximation (tests/test_cov_and_topk.py checks K > 1)
+        params = {"top_logprobs": logprobs.detach().unsqueeze(-1),
+                  "sampler_top_logprobs": sampler_logprobs.unsqueeze(-1), **params}
     terms = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
                                 mask=mask, sampler_logprobs=sampler_logprobs, **params)
     return terms, logprobs
@@ -231,7 +235,7 @@ def test_dppo_kl_hand_values_gradients_and_edge_probabilities():
     assert all(torch.isfinite(value).all() for value in terms.metrics.values())
 
 
-@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "decoupled_ppo"])
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "decoupled_ppo", "dppo_topk_tv", "dppo_topk_kl"])
 def test_sampler_logprobs_are_required(name):
     with pytest.raises(ValueError, match=f"{name}.*needs sampler_logprobs"):
         _call(name, _t([[-1.0]]), _t([[1.0]]))
@@ -443,6 +447,8 @@ HAND_VALUE_TESTS = {
     "gmpo": "test_gmpo_hand_values_and_gradients",
     "clip_cov": "test_cov_and_topk.py::test_clip_cov_hand_values_and_gradients",
     "kl_cov": "test_cov_and_topk.py::test_kl_cov_hand_values_and_gradients",
+    "dppo_topk_tv": "test_cov_and_topk.py::test_dppo_topk_tv_hand_values_and_gradients",
+    "dppo_topk_kl": "test_cov_and_topk.py::test_dppo_topk_kl_hand_values_and_gradients",
 }
 
 

@@ -34,7 +34,7 @@ def test_the_table_has_every_row_of_the_formula_sheet():
     assert set(RECIPES) == {
         "ppo", "reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "sapo", "dppo",
         "maxrl", "gpg", "lite_ppo", "scalerl", "olmo3", "vapo", "t1", "areal", "dpo",
-        "clip_cov", "kl_cov",
+        "clip_cov", "kl_cov", "dppo_topk",
     }
     # Every recipe's systems exist today (the critic, async, the DPO loop were the last).
     assert set(RUNNABLE) == set(RECIPES)
@@ -62,6 +62,7 @@ def test_compositions_match_the_formula_sheet():
         "clip_cov": ("grpo", "clip_cov", {"clip_ratio": 2e-4, "cov_low": 1.0, "cov_high": 5.0, "eps_low": 0.2,
                                           "eps_high": 0.2}, "token_mean", None),
         "kl_cov": ("grpo", "kl_cov", {"k_ratio": 2e-3, "penalty_coef": 1.0}, "token_mean", None),
+        "dppo_topk": ("grpo", "dppo_topk_tv", {"delta": 0.15}, "seq_mean_token_mean", None),
         "gpg": ("gpg", "gpg", {}, "token_mean", None),
         "lite_ppo": ("lite_ppo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
         "scalerl": ("scalerl", "cispo", {"r_max": 5.0}, "prompt_mean", None),

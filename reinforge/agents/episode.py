@@ -46,6 +46,8 @@ class GeneratedTurn:
     sampler_logprobs: torch.Tensor   # [L] float: log-prob of each token under the distribution it was drawn from
     version: int                     # the policy version that sampled the turn
     truncated: bool                  # the turn hit the generator's per-turn token limit without a stop
+    top_ids: torch.Tensor | None = None       # [L, K] the sampler's top-K ids per position (record_top_k), or None
+    top_logprobs: torch.Tensor | None = None  # [L, K] their log-probs
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class Play:
         self.messages.append({"role": "assistant", "content": turn.text})
         room = None if limits.max_model_tokens is None else limits.max_model_tokens - self.model_tokens
         keep = len(turn.token_ids) if room is None else min(room, len(turn.token_ids))
-        self.segments.append(Segment.sampled(turn.token_ids[:keep], turn.sampler_logprobs[:keep], turn.version))
+        top = (None, None) if turn.top_ids is None else (turn.top_ids[:keep], turn.top_logprobs[:keep])
+        self.segments.append(Segment.sampled(turn.token_ids[:keep], turn.sampler_logprobs[:keep], turn.version, *top))
         self.model_tokens += keep
         if keep < len(turn.token_ids):
             return self._end("max_model_tokens")   # the turn was cut: its text is not what step would judge

@@ -149,7 +149,10 @@ class AgentEngine:
             lengths = out.completion_mask.sum(dim=1).long().tolist()
             turns = [GeneratedTurn(text=out.texts[r], token_ids=out.completion_ids[r, :n],
                                    sampler_logprobs=out.sampler_logprobs[r, :n], version=version,
-                                   truncated=bool(out.truncated[r]))
+                                   truncated=bool(out.truncated[r]),
+                                   top_ids=None if out.sampler_top_ids is None else out.sampler_top_ids[r, :n],
+                                   top_logprobs=(None if out.sampler_top_logprobs is None
+                                                 else out.sampler_top_logprobs[r, :n]))
                      for r, n in enumerate(lengths)]
             replies = list(pool.map(lambda i, t: plays[i].turn(t), live, turns))
             for i, turn, reply in zip(live, turns, replies, strict=True):
@@ -164,7 +167,8 @@ class AgentEngine:
     def _turn(self, row: Any, version: int) -> GeneratedTurn:
         text = self.policy.tokenizer.decode(row.tokens, skip_special_tokens=True)
         return GeneratedTurn(text=text, token_ids=row.tokens, sampler_logprobs=row.logprobs,
-                             version=int(row.versions[0]) if len(row.versions) else version, truncated=row.truncated)
+                             version=int(row.versions[0]) if len(row.versions) else version, truncated=row.truncated,
+                             top_ids=row.top_ids, top_logprobs=row.top_logprobs)
 
     # ---------------------------------------------------------------- the batch view
 

@@ -239,4 +239,29 @@ def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: t
     mask = batch.completion_mask[rows, cols].to(logprobs.dtype)
     out_logprobs = logprobs.new_zeros(n, t).index_put((rows, cols), logprobs * mask)
     out_entropy = entropy.new_zeros(n, t).index_put((rows, cols), entropy * mask)
-    return TokenStats(logprobs=out_logprobs, entropy=out_entropy)
+    top = None
+    if batch.top_ids is not None:
+        extra = batch.top_ids[rows, cols]                                                   # [M, K]
+        values = chunked_logprobs_at(predictors.detach(), weight.detach(), None if bias is None else bias.detach(),
+                                     extra, temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head)
+        top = values.new_zeros(n, t, extra.shape[1]).index_put((rows, cols), values * mask.unsqueeze(1))
+    return TokenStats(logprobs=out_logprobs, entropy=out_entropy, top_logprobs=top)
+
+
+@torch.no_grad()
+def chunked_logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor, *,
+                        temperature: float = 1.0, chunk_size: int = 1024, fp32_head: bool = True) -> torch.Tensor:
+    """log softmax((hidden W^T + b) / temperature) at K ids per token, [M, K], without gradient: hidden
+    [M, H], ids [M, K] long. Chunked over tokens like `chunked_token_logprobs_and_entropy` (one [C, V]
+    buffer at a time, never [M, V]); the same numbers as its log-probs at those ids. One more pass of
+    the head over the tokens: DPPO's top-K divergence (arXiv 2602.04879) reads the learner's log-probs
+    of the sampler's top-K ids, which only decide its mask, so they need no backward."""
+    dtype = _compute_dtype(hidden.dtype, fp32_head)
+    w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)
+    out = hidden.new_empty(ids.shape, dtype=torch.promote_types(dtype, torch.float32))   # [M, K]
+    for start in range(0, hidden.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        logits = _chunk_logits(hidden[rows], w, b, temperature)                            # [C, V]
+        out[rows] = logits.gather(1, ids[rows]) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return out

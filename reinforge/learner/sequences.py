@@ -28,6 +28,9 @@ class SequenceBatch:
     # (in input_ids as context) and on padding
     completion_mask: torch.Tensor
     group_ids: torch.Tensor | None = None  # [N] long, rows with one id share their prompt (None: unknown)
+    # [N, T, K] long: extra token ids per completion position whose log-probs the forward also returns
+    # (TokenStats.top_logprobs, no gradient): the sampler's top-K (Rollout.sampler_top_ids); None: none
+    top_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> SequenceBatch:
         """The same rows on `device` (this batch itself when it is there already)."""
@@ -50,6 +53,7 @@ class SequenceBatch:
             completion_ids=self.completion_ids[index, :width],
             completion_mask=self.completion_mask[index, :width],
             group_ids=None if self.group_ids is None else self.group_ids[index],
+            top_ids=None if self.top_ids is None else self.top_ids[index, :width],
         )
 
 
@@ -60,10 +64,11 @@ def build_sequences(
     pad_id: int,
     group_ids: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
+    top_ids: torch.Tensor | None = None,
 ) -> SequenceBatch:
     """The rows as model inputs. completion_mask [N, T]: the tokens present (a prefix of each row,
     right-padded); loss_mask [N, T]: those trained on (None: all present ones), the batch's
-    `completion_mask`."""
+    `completion_mask`. top_ids [N, T, K]: extra ids whose log-probs the forward returns too (or None)."""
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -81,6 +86,7 @@ def build_sequences(
         completion_ids=completion_ids,
         completion_mask=(completion_mask if loss_mask is None else loss_mask).float(),
         group_ids=group_ids,
+        top_ids=top_ids,
     )
 
 
@@ -88,6 +94,8 @@ def build_sequences(
 class TokenStats:
     logprobs: torch.Tensor  # [N, T] log-prob of each completion token (0 on padding)
     entropy: torch.Tensor   # [N, T] entropy of the full next-token distribution (0 on padding)
+    # [N, T, K] detached log-probs of the batch's top_ids at each position (0 off the mask); None without top_ids
+    top_logprobs: torch.Tensor | None = None
 
 
 def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> TokenStats:
@@ -109,5 +117,9 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     logprobs = (token_logits - logsumexp) * batch.completion_mask
     probs = torch.softmax(picked, dim=-1)
     entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
-    return TokenStats(logprobs=logprobs, entropy=entropy)
+    top = None
+    if batch.top_ids is not None:
+        top = ((picked.detach().gather(-1, batch.top_ids) - logsumexp.detach().unsqueeze(-1))
+               * batch.completion_mask.unsqueeze(-1))                                  # [N, T, K]
+    return TokenStats(logprobs=logprobs, entropy=entropy, top_logprobs=top)
 

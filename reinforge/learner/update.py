@@ -107,6 +107,8 @@ class LearnerBatch:
     group_ids: torch.Tensor                  # [N]
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference policy, when the objective has a KL term
     correct: torch.Tensor | None = None       # [N] bool, verified-correct samples (for an NLL term)
+    # [N, T, K] the sampler's log-probs of its top-K ids (sequences.top_ids), for DPPO's top-K divergence
+    sampler_top_logprobs: torch.Tensor | None = None
     share: BatchShare = field(default=WHOLE)  # which rows of the whole batch these are (WHOLE: all of them)
 
     @property
@@ -127,6 +129,7 @@ class LearnerBatch:
             sampler_logprobs=_slice_rows(self.sampler_logprobs, rows, width),
             group_ids=self.group_ids[rows], ref_logprobs=_slice_rows(self.ref_logprobs, rows, width),
             correct=_slice_rows(self.correct, rows, width), share=self.share,
+            sampler_top_logprobs=_slice_rows(self.sampler_top_logprobs, rows, width),
         )
 
 
@@ -270,6 +273,8 @@ def _accumulate(
             entropy=stats.entropy,
             correct=_slice_rows(batch.correct, rows, width, device),
             selected=None if selected is None else selected[local][:, :width].to(device),
+            top_logprobs=stats.top_logprobs,
+            sampler_top_logprobs=_slice_rows(batch.sampler_top_logprobs, rows, width, device),
         )
         finite &= bool(torch.isfinite(out.loss.detach()))
         out.loss.backward()

@@ -245,6 +245,8 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         texts=[rollout.texts[i] for i in index],
         loss_mask=None if rollout.loss_mask is None else rollout.loss_mask[rows],
         episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
+        sampler_top_ids=None if rollout.sampler_top_ids is None else rollout.sampler_top_ids[rows],
+        sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
     )
 
 

@@ -262,7 +262,7 @@ class Learner:
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
-                                    loss_mask=rollout.loss_mask)
+                                    loss_mask=rollout.loss_mask, top_ids=rollout.sampler_top_ids)
         old_logprobs = (dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
                         if self.old_before_update else None)
         ref_logprobs = (dp.rowwise(sequences, lambda rows: state.reference.logprobs(rows, temperature, forward))
@@ -277,7 +277,7 @@ class Learner:
         batch = dp.share(LearnerBatch(
             sequences=sequences, advantages=advantages, old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids, ref_logprobs=ref_logprobs,
-            correct=scores.correct), keep)
+            correct=scores.correct, sampler_top_logprobs=rollout.sampler_top_logprobs), keep)
         # 5. update (a mini-batch with a NaN/inf loss or gradient takes no step: learner/update.py);
         #    then the engine's weights, the reference and the critic follow
         update = policy_update(

@@ -171,6 +171,8 @@ def objective_loss(
     entropy: Tensor | None = None,  # [N, T] entropy of the next-token distribution; required if entropy_coef > 0
     correct: Tensor | None = None,  # [N] bool, verified-correct samples; required if nll_coef > 0
     selected: Tensor | None = None,  # [N, T] bool, the policy loss's token selection over the whole batch
+    top_logprobs: Tensor | None = None,  # [N, T, K] log pi_theta (detached) of the sampler's top-K ids
+    sampler_top_logprobs: Tensor | None = None,  # [N, T, K] the sampler's log-probs of its top-K ids
 ) -> LossOutput:
     """loss = sum(w * c * l_policy) + kl_coef * sum(w * k) - entropy_coef * sum(w * H) + nll_coef * sum(w * nll)
 
@@ -199,7 +201,12 @@ def objective_loss(
 
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
     # A batch-level token selection (covariance.BATCH_SELECTIONS) comes sliced from the whole batch.
-    batch_inputs = {} if selected is None else {"selected": selected}
+    # The sampler's top-K (DPPO's top-K divergence) likewise, when recorded; each only where given.
+    # A policy function gets those it takes (accepted_params None: it takes **kwargs).
+    takes = accepted_params(policy_fn)
+    batch_inputs = {name: value for name, value in (("selected", selected), ("top_logprobs", top_logprobs),
+                                                    ("sampler_top_logprobs", sampler_top_logprobs))
+                    if value is not None and (takes is None or name in takes)}
     terms = policy_fn(logprobs=logprobs, old_logprobs=anchor, advantages=advantages, mask=mask,
                       sampler_logprobs=sampler_logprobs, **batch_inputs, **spec.policy_params)
     token_loss, token_metrics = terms.loss, dict(terms.metrics)              # [N, T]
@@ -246,6 +253,8 @@ def recipe_loss(
     max_length: int | None = None,           # L_norm of seq_mean_token_sum_norm
     entropy: Tensor | None = None,           # [N, T]
     correct: Tensor | None = None,           # [N] bool
+    top_logprobs: Tensor | None = None,      # [N, T, K] learner log-probs of the sampler's top-K ids
+    sampler_top_logprobs: Tensor | None = None,  # [N, T, K] the sampler's
     **overrides: object,
 ) -> LossOutput:
     """The loss of recipe `name` (with overrides, see resolve_spec) on one whole
@@ -254,4 +263,5 @@ def recipe_loss(
     weights = loss_weights(spec.aggregation, mask, group_ids=group_ids, max_length=max_length)
     return objective_loss(spec, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                           weights=weights, ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs,
-                          entropy=entropy, correct=correct)
+                          entropy=entropy, correct=correct, top_logprobs=top_logprobs,
+                          sampler_top_logprobs=sampler_top_logprobs)

@@ -238,6 +238,82 @@ def dppo_kl(
                               divergence={"binary_kl": kl})
 
 
+def _top_k_probabilities(top_logprobs: Tensor | None, sampler_top_logprobs: Tensor | None,
+                         objective: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(p_k, mu_k) [N, T, K] and the lumped rest (p_o, mu_o) [N, T] = 1 - sum_k, clamped at 0 (rounding)."""
+    if top_logprobs is None or sampler_top_logprobs is None:
+        raise ValueError(f"policy loss {objective!r} needs the sampler's top-K log-probs and the learner's at the "
+                         "same ids: set rollout.record_top_k > 0 (rollout.engine=native)")
+    p, p_mu = torch.exp(top_logprobs.detach()), torch.exp(sampler_top_logprobs)             # [N, T, K]
+    return p, p_mu, (1.0 - p.sum(-1)).clamp(min=0.0), (1.0 - p_mu.sum(-1)).clamp(min=0.0)
+
+
+def dppo_topk_tv(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta of the sampled tokens, requires grad
+    old_logprobs: Tensor,                   # [N, T] unused: the ratio is against the sampler
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler of the sampled tokens, required
+    top_logprobs: Tensor | None = None,     # [N, T, K] log pi_theta of the sampler's top-K ids (detached)
+    sampler_top_logprobs: Tensor | None = None,  # [N, T, K] log pi_sampler of its top-K ids
+    delta: float = 0.15,
+) -> PolicyTerms:
+    """DPPO with the top-K total-variation trust region (arXiv 2602.04879), per token:
+
+        D = 0.5 (sum_k |p_k - mu_k| + |(1 - sum_k p_k) - (1 - sum_k mu_k)|)
+        J = m (p / p_mu) A,  m = 0 if D > delta and (A > 0 and p > p_mu, or A < 0 and p < p_mu), else 1
+
+    over the sampler's K most likely ids at the position (mu_k its probabilities, p_k the current
+    policy's at the same ids) plus one bucket lumping every other token: the TV between the two
+    distributions coarsened to K + 1 outcomes, a lower bound of the full TV that reaches it as K
+    grows. p, p_mu: the sampled token's probabilities, which give the direction of the move (as in
+    dppo_tv, which this is with K = 1 and the sampled token as the one id). Metrics as dppo_tv,
+    with tv = D.
+    """
+    sampler_logprobs = require_sampler(sampler_logprobs, "dppo_topk_tv")
+    p_k, mu_k, p_o, mu_o = _top_k_probabilities(top_logprobs, sampler_top_logprobs, "dppo_topk_tv")
+    tv = 0.5 * ((p_k - mu_k).abs().sum(-1) + (p_o - mu_o).abs())                          # [N, T]
+    p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)                      # [N, T]
+    outside = tv > delta
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
+                              divergence={"tv": tv})
+
+
+def dppo_topk_kl(
+    *,
+    logprobs: Tensor,                       # [N, T] log pi_theta of the sampled tokens, requires grad
+    old_logprobs: Tensor,                   # [N, T] unused: the ratio is against the sampler
+    advantages: Tensor,                     # [N, T]
+    mask: Tensor,                           # [N, T]
+    sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler of the sampled tokens, required
+    top_logprobs: Tensor | None = None,     # [N, T, K] log pi_theta of the sampler's top-K ids (detached)
+    sampler_top_logprobs: Tensor | None = None,  # [N, T, K] log pi_sampler of its top-K ids
+    delta: float = 0.05,
+) -> PolicyTerms:
+    """DPPO with the top-K KL trust region (arXiv 2602.04879), per token: J as dppo_topk_tv with
+
+        D = sum_k mu_k log(mu_k / p_k) + mu_o log(mu_o / p_o),   mu_o = 1 - sum_k mu_k, p_o = 1 - sum_k p_k
+
+    the KL(sampler || policy) over the K + 1 outcomes (top-K ids, the rest). A term with mu = 0
+    (a token the sampler's top-k / top-p filter removed) is 0; p_o and mu_o are clamped to
+    [floor, 1] inside the log (see _probability_floor). Metrics as dppo_topk_tv, with top_k_kl = D.
+    """
+    sampler_logprobs = require_sampler(sampler_logprobs, "dppo_topk_kl")
+    p_k, mu_k, p_o, mu_o = _top_k_probabilities(top_logprobs, sampler_top_logprobs, "dppo_topk_kl")
+    floor = _probability_floor(logprobs.dtype)
+    inner = torch.where(mu_k > 0, mu_k * (sampler_top_logprobs - top_logprobs.detach()), torch.zeros_like(mu_k))
+    rest = torch.where(mu_o > 0, mu_o * (mu_o.clamp(min=floor).log() - p_o.clamp(min=floor).log()),
+                       torch.zeros_like(mu_o))
+    kl = inner.sum(-1) + rest                                                                  # [N, T]
+    p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)
+    outside = kl > delta
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
+                              divergence={"top_k_kl": kl})
+
+
 def decoupled_ppo(
     *,
     logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
@@ -323,6 +399,8 @@ POLICY_LOSSES: dict[str, Callable[..., PolicyTerms]] = {
     "sapo": sapo,
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
+    "dppo_topk_tv": dppo_topk_tv,
+    "dppo_topk_kl": dppo_topk_kl,
     "decoupled_ppo": decoupled_ppo,
     "reinforce": reinforce,
     "gpg": gpg,

@@ -108,6 +108,12 @@ _RECIPES = [
     # Cui et al. run both on DAPO's token-level loss with GRPO advantages and no KL to a reference;
     # r = 2e-4 in [1, 5] and k = 2e-3 (their Qwen2.5-7B value), penalty coefficient 1. KL-Cov's |logp - logp_old|
     # has zero gradient at pi_old: it acts from a batch's second optimizer step (train.mini_batches, default 2).
+    # The top-K form of DPPO's TV (arXiv 2602.04879): the sampler records its 20 most likely ids per
+    # position (K = 20 is a choice: the paper reports that top-K works, with no K given).
+    Recipe("dppo_topk", _rl("grpo", "dppo_topk_tv", "seq_mean_token_mean", {"delta": 0.15}),
+           "arXiv 2602.04879", "DPPO with the TV over the sampler's top-K tokens and the rest, not the sampled one",
+           extras=("ratio anchored on the sampler", "rollout.record_top_k 20"),
+           settings={"rollout": {"record_top_k": 20}}),
     Recipe("clip_cov", _rl("grpo", "clip_cov", "token_mean",
                            {"clip_ratio": 2e-4, "cov_low": 1.0, "cov_high": 5.0, **_PPO_CLIP}),
            "arXiv 2505.22617", "PPO clip; a random 2e-4 of the tokens with covariance in [1, 5] leave the gradient",

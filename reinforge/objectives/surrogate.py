@@ -14,8 +14,11 @@ from reinforge.objectives.common import masked
 
 # The tensors every objective receives from the caller; the rest of its
 # keyword arguments are settable parameters (ObjectiveSpec.policy_params). `selected`: a token
-# selection of the whole optimizer batch, for the losses of covariance.BATCH_SELECTIONS.
-POLICY_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "sampler_logprobs", "selected")
+# selection of the whole optimizer batch, for the losses of covariance.BATCH_SELECTIONS;
+# `top_logprobs` / `sampler_top_logprobs` [N, T, K]: the learner's and the sampler's log-probs of the
+# sampler's top-K ids (rollout.record_top_k), for DPPO's top-K divergence.
+POLICY_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "sampler_logprobs", "selected", "top_logprobs",
+                 "sampler_top_logprobs")
 
 
 @dataclass

@@ -25,11 +25,12 @@ class SamplingParams:
     max_new_tokens: int = 8
     greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
     stop: tuple[str, ...] = ()  # stop strings: a completion ends with the token that completes one
+    record_top_k: int = 0     # K: record each position's K most likely ids and log-probs (native engine); 0 = off
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
         return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                   max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop))
+                   max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop), record_top_k=rollout.record_top_k)
 
 
 @dataclass
@@ -57,6 +58,11 @@ class Rollout:
     # [N] multi-turn rows: how each episode went (reinforge.agents.rollout.AgentRow: its conversation,
     # turns, tool calls, the environment's return); None for single-turn rollouts.
     episodes: list[Any] | None = None
+    # [N, T, K] long / float: at each sampled position the sampler's K most likely token ids and their
+    # log-probs under the sampling distribution (SamplingParams.record_top_k; None: not recorded).
+    # Padding and environment tokens hold ids 0 and log-prob 0.
+    sampler_top_ids: torch.Tensor | None = None
+    sampler_top_logprobs: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -131,4 +137,13 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         loss_mask=(None if all(p.loss_mask is None for p in parts)
                    else torch.cat([pad(p.trained_mask, 0.0) for p in parts])),
         episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
+        sampler_top_ids=_cat_top([p.sampler_top_ids for p in parts], width),
+        sampler_top_logprobs=_cat_top([p.sampler_top_logprobs for p in parts], width),
     )
+
+
+def _cat_top(parts: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
+    """[N_i, T_i, K] parts, zero-padded to `width` and concatenated; None unless every part has them."""
+    if any(p is None for p in parts):
+        return None
+    return torch.cat([F.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])

@@ -105,3 +105,13 @@ def keyed_uniforms(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     its key alone: not on the rows beside it, the batch's order, slots, ranks or device."""
     z = mix64(keys + (counters + 1) * _GOLDEN)
     return _shr(z, 40).to(torch.float32) * 2.0**-24
+
+
+def sampler_top_k(logits: torch.Tensor, params: SamplingParams, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K most likely token ids [B, K] of each row of fp32 logits [B, V] and their log-probs [B, K]
+    under the distribution `sample_tokens` draws from (softmax(filter(logits / T)); greedy: the
+    untempered softmax), most likely first. A filtered-out token has log-prob -inf. For DPPO's top-K
+    divergence (arXiv 2602.04879), which compares these with the learner's at the same ids."""
+    scores = logits if params.greedy else filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    top = torch.topk(torch.log_softmax(scores, dim=-1), k, dim=-1)
+    return top.indices, top.values

@@ -28,7 +28,7 @@ from reinforge.models.decoder import DecoderWeights, pass_geometry, rotary_facto
 from reinforge.models.lora import base_model
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
-from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens
+from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
 if TYPE_CHECKING:   # native.py imports this module to build sessions; the engine is only an annotation here
@@ -59,6 +59,8 @@ class FinishedRow:
     versions: torch.Tensor      # [L] long, the weight version that sampled each token
     truncated: bool             # no stop within max_new_tokens
     context: RowContext | None = None   # with `keep_context`: what `extend` continues from
+    top_ids: torch.Tensor | None = None       # [L, K] long, the sampler's K most likely ids (record_top_k)
+    top_logprobs: torch.Tensor | None = None  # [L, K] float, their log-probs under the sampling distribution
 
 
 @dataclass
@@ -82,6 +84,7 @@ class WaitingRow:
     version: int
     key: int                    # its sampling stream (`keyed_uniforms`)
     drawn: int = 0              # draws of that stream before this turn (earlier turns of an extended row)
+    top: tuple[torch.Tensor, torch.Tensor] | None = None   # its first position's top-K ([K] ids, [K] log-probs)
 
 
 class DecodeSession:
@@ -129,6 +132,10 @@ class DecodeSession:
         self.tokens = torch.zeros(slots, max_new, dtype=torch.long, device=d)       # each slot's tokens so far
         self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
         self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
+        # With params.record_top_k = K: each position's K most likely ids and log-probs (sampling.sampler_top_k)
+        k = params.record_top_k
+        self.top_ids = torch.zeros(slots, max_new, k, dtype=torch.long, device=d) if k else None
+        self.top_logprobs = torch.zeros(slots, max_new, k, dtype=torch.float32, device=d) if k else None
         self.keys = torch.zeros(slots, dtype=torch.long, device=d)       # its sampling stream
         self.last = torch.zeros(slots, dtype=torch.long, device=d)       # its newest token (not yet cached)
         self.length = torch.zeros(slots, dtype=torch.long, device=d)     # positions in its cache
@@ -158,8 +165,11 @@ class DecodeSession:
         self._make_room(max(len(p) for p in prompt_ids))
         block, logits = self._prefill(prompt_ids)
         first, first_lp = self._sample(logits.repeat_interleave(group_size, dim=0), keys, torch.zeros_like(keys))
+        top = self._top(logits)
         for r, (token, logprob, key) in enumerate(zip(first.tolist(), first_lp.tolist(), keys.tolist(), strict=True)):
-            self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version, key))
+            mine = None if top is None else (top[0][r // group_size], top[1][r // group_size])
+            self.waiting.append(WaitingRow(tags[r], block, r // group_size, token, logprob, self.version, key,
+                                           top=mine))
 
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def step(self) -> list[FinishedRow]:
@@ -178,12 +188,16 @@ class DecodeSession:
                 break
             # One gather per field (a copy: the slots are about to be reused), then views of its rows.
             tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
+            top_ids, top_lps = ((None, None) if self.top_ids is None
+                                else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
             for i, (slot, n, stop) in enumerate(
                 zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
             ):
                 context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
                 finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
-                                            truncated=not stop, context=context))
+                                            truncated=not stop, context=context,
+                                            top_ids=None if top_ids is None else top_ids[i, :n],
+                                            top_logprobs=None if top_lps is None else top_lps[i, :n]))
             admitted = self._retire(done)
         if self.live:
             live = self.live
@@ -193,6 +207,9 @@ class DecodeSession:
             token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
             rows = torch.arange(live, device=self.device)
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
+            top = self._top(logits)
+            if top is not None:
+                self.top_ids[rows, g], self.top_logprobs[rows, g] = top
             self.last[:live] = token
             self.generated[:live] += 1
         return finished
@@ -223,8 +240,9 @@ class DecodeSession:
         block, logits = self._continue(context, ids) if reuse else self._prefill([ids])
         key, drawn = torch.tensor([context.key]), torch.tensor([context.drawn])
         token, logprob = self._sample(logits, key.to(self.device), drawn.to(self.device))
+        top = self._top(logits)
         self.waiting.append(WaitingRow(tag, block, 0, int(token[0]), float(logprob[0]), self.version, context.key,
-                                       context.drawn))
+                                       context.drawn, top=None if top is None else (top[0][0], top[1][0])))
 
     def _continue(self, context: RowContext, ids: list[int]) -> tuple[PromptBlock, torch.Tensor]:
         """The decoder over ids[cached:] alone, attending to the stored keys/values as a prefix
@@ -255,6 +273,11 @@ class DecodeSession:
         kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
                        keys.contiguous(), counters.contiguous())
         return tokens, logprobs
+
+    def _top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The top-K ids and log-probs [B, K] of logits [B, V] under the sampling distribution, when recorded."""
+        k = self.params.record_top_k
+        return sampler_top_k(logits, self.params, k) if k else None
 
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
@@ -306,6 +329,9 @@ class DecodeSession:
         self.tokens[into, 0] = self.last[into] = torch.tensor([w.token for w in rows], device=d)
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
         self.versions[into, 0] = torch.tensor([w.version for w in rows], device=d)
+        if self.top_ids is not None:
+            self.top_ids[into, 0] = torch.stack([w.top[0] for w in rows]).to(d)
+            self.top_logprobs[into, 0] = torch.stack([w.top[1] for w in rows]).to(d)
         self.keys[into] = torch.tensor([w.key for w in rows], dtype=torch.long, device=d)
         self.drawn[into] = torch.tensor([w.drawn for w in rows], dtype=torch.long, device=d)
         self.length[into] = torch.tensor([len(w.block.prompt_ids[w.prompt]) for w in rows], device=d)
@@ -327,8 +353,9 @@ class DecodeSession:
             if len(holes):
                 self.cache.move(holes, movers)
                 for state in (self.tokens, self.logprobs, self.versions, self.keys,
-                              self.last, self.length, self.generated, self.drawn):
-                    state[holes] = state[movers]
+                              self.last, self.length, self.generated, self.drawn, self.top_ids, self.top_logprobs):
+                    if state is not None:
+                        state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
             self.live = live
@@ -340,7 +367,8 @@ def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_
     """Finished rows, in order (row r is sample r % G of prompt r // G): single-turn trajectories,
     collated into the right-padded batch view."""
     trajectories = [
-        Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions),),
+        Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions,
+                                                                     row.top_ids, row.top_logprobs),),
                    truncated=row.truncated, group=r // group_size)
         for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
     ]

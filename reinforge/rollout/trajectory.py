@@ -37,6 +37,10 @@ class Segment:
     token_ids: torch.Tensor          # [L] long
     sampler_logprobs: torch.Tensor   # [L] float: log-prob under the distribution it was drawn from; 0 if environment
     versions: torch.Tensor           # [L] long: the policy version that sampled each token; -1 for environment tokens
+    # [L, K] long / float: the sampler's K most likely ids at each position and their log-probs
+    # (SamplingParams.record_top_k); None: not recorded (always None for environment tokens)
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("model", "environment"):
@@ -49,11 +53,14 @@ class Segment:
             )
 
     @classmethod
-    def sampled(cls, token_ids: torch.Tensor, sampler_logprobs: torch.Tensor, versions: torch.Tensor | int) -> Segment:
-        """Tokens the model sampled; `versions` per token, or one version for all of them."""
+    def sampled(cls, token_ids: torch.Tensor, sampler_logprobs: torch.Tensor, versions: torch.Tensor | int,
+                top_ids: torch.Tensor | None = None, top_logprobs: torch.Tensor | None = None) -> Segment:
+        """Tokens the model sampled; `versions` per token, or one version for all of them; the
+        sampler's top-K ids and log-probs [L, K] per position when recorded."""
         if isinstance(versions, int):
             versions = torch.full(token_ids.shape, versions, dtype=torch.long)
-        return cls("model", token_ids.long(), sampler_logprobs.float(), versions.long())
+        return cls("model", token_ids.long(), sampler_logprobs.float(), versions.long(),
+                   None if top_ids is None else top_ids.long(), None if top_logprobs is None else top_logprobs.float())
 
     @classmethod
     def observed(cls, token_ids: torch.Tensor) -> Segment:
@@ -140,6 +147,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
                 loss_mask[i, at:end], sampler_logprobs[i, at:end] = 1.0, s.sampler_logprobs
             at = end
     multi_turn = any(t.environment_tokens for t in trajectories)
+    top_ids, top_logprobs = _collate_top(trajectories, width)
     return Rollout(
         prompt_ids=[list(t.prompt_ids) for t in trajectories],
         completion_ids=completion_ids,
@@ -151,7 +159,28 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         policy_version=policy_version,
         texts=decode(completion_ids),
         loss_mask=loss_mask if multi_turn else None,
+        sampler_top_ids=top_ids,
+        sampler_top_logprobs=top_logprobs,
     )
+
+
+def _collate_top(trajectories: Sequence[Trajectory], width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The sampler's top-K ids and log-probs [N, width, K] of the model segments, 0 elsewhere; (None,
+    None) unless every model segment recorded them (with one K)."""
+    model = [s for t in trajectories for s in t.segments if s.trained]
+    if not model or any(s.top_ids is None for s in model):
+        return None, None
+    k = model[0].top_ids.shape[1]
+    ids = torch.zeros(len(trajectories), width, k, dtype=torch.long)
+    logprobs = torch.zeros(len(trajectories), width, k)
+    for i, t in enumerate(trajectories):
+        at = 0
+        for s in t.segments:
+            end = at + len(s.token_ids)
+            if s.trained:
+                ids[i, at:end], logprobs[i, at:end] = s.top_ids, s.top_logprobs
+            at = end
+    return ids, logprobs
 
 
 def split(rollout: Rollout, versions: torch.Tensor | None = None) -> list[Trajectory]:
@@ -173,7 +202,9 @@ def split(rollout: Rollout, versions: torch.Tensor | None = None) -> list[Trajec
                 segments.append(Segment.observed(ids))
                 continue
             token_versions = rollout.policy_version if versions is None else versions[r, a:b]
-            segments.append(Segment.sampled(ids, rollout.sampler_logprobs[r, a:b], token_versions))
+            top = (None, None) if rollout.sampler_top_ids is None else (
+                rollout.sampler_top_ids[r, a:b], rollout.sampler_top_logprobs[r, a:b])
+            segments.append(Segment.sampled(ids, rollout.sampler_logprobs[r, a:b], token_versions, *top))
         if not segments:
             segments.append(Segment.sampled(rollout.completion_ids[r, :0], rollout.sampler_logprobs[r, :0],
                                             rollout.policy_version))

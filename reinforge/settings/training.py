@@ -193,6 +193,9 @@ class RolloutConfig(Section):
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    record_top_k: int = Field(
+        0, ge=0, description="Native engine: at each sampled position, record the K most likely token ids and their "
+        "log-probs under the sampling distribution (DPPO's top-K divergence, policy_loss=dppo_topk_tv|kl); 0 = off.")
     max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
     stop: list[str] = Field(
         default_factory=list,
