@@ -365,3 +365,34 @@ def test_learner_top_k_logprobs_match_the_sampler_and_the_first_update_has_no_di
                           torch.Generator().manual_seed(0))
     assert stats.optimizer_steps == 1
     assert stats.metrics["tv"] < 1e-5 and stats.metrics["clip_frac"] == 0.0
+
+
+def test_dppo_topk_update_does_not_depend_on_micro_batches_or_the_head_path(policy):
+    rollout = _native_topk_rollout(policy, 4, 1.0)
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids, top_ids=rollout.sampler_top_ids)
+    # A sampler a little off the learner, so that some tokens leave the (small) trust region.
+    shift = 0.3 * torch.randn(rollout.sampler_top_logprobs.shape, generator=torch.Generator().manual_seed(1))
+    sampled_shift = 0.3 * torch.randn(rollout.sampler_logprobs.shape, generator=torch.Generator().manual_seed(2))
+    batch = LearnerBatch(sequences=seq, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5]), old_logprobs=None,
+                         sampler_logprobs=(rollout.sampler_logprobs + sampled_shift) * rollout.completion_mask,
+                         group_ids=rollout.group_ids,
+                         sampler_top_logprobs=(rollout.sampler_top_logprobs + shift).clamp(max=0.0))
+    spec = resolve_spec("dppo_topk", delta=0.003)
+
+    def grads(**plan):
+        model = copy.deepcopy(policy.model)
+        opt = build_optimizer(model, lr=1e-3)
+        for group in opt.param_groups:
+            group["lr"] = 0.0
+        settings = UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e9, forward=ForwardPlan(**plan))
+        stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, settings,
+                              torch.Generator().manual_seed(0))
+        return [p.grad.clone() for p in model.parameters()], stats.metrics
+
+    whole, metrics = grads(micro_batch_size=6)
+    assert 0 < metrics["clip_frac"] < 1      # some tokens masked, some not
+    for plan in ({"micro_batch_size": 1}, {"micro_batch_size": 4, "chunk_size": 3}):
+        split, _ = grads(**plan)
+        for a, b in zip(whole, split, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

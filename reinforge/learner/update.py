@@ -166,11 +166,11 @@ class UpdateStats:
 def _slice_rows(
     x: torch.Tensor | None, index: torch.Tensor, width: int, device: torch.device | None = None
 ) -> torch.Tensor | None:
-    """Rows `index` of x ([N] or [N, T], trimmed to `width` columns), on `device` (default x's)."""
+    """Rows `index` of x ([N], [N, T] or [N, T, K], trimmed to `width` columns), on `device` (default x's)."""
     if x is None:
         return None
     x = x[index]
-    x = x[:, :width] if x.dim() == 2 else x
+    x = x[:, :width] if x.dim() >= 2 else x
     return x if device is None else x.to(device)
 
 
