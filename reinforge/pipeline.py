@@ -35,6 +35,7 @@ from reinforge.distributed import (
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.loops.baselines import takes_baselines
 from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
 from reinforge.loops.rl import RLState
@@ -169,6 +170,11 @@ def check_teachers(cfg: Config) -> None:
 
 def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
     """train.mode against what the recipe and engine can do."""
+    if takes_baselines(spec) and (cfg.train.mode == "async" or cfg.backend == "ray"):
+        raise ConfigError(
+            f"objective.advantage={spec.advantage} needs a greedy completion of each prompt as its baseline, which "
+            "only the synchronous loop in one process generates: set train.mode=sync and backend=local"
+        )
     if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
         raise ConfigError(
             f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="

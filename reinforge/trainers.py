@@ -25,6 +25,7 @@ from reinforge.distributed.data_parallel import DataParallel
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.learner import ForwardPlan, UpdateSettings
 from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
+from reinforge.loops.baselines import greedy_baselines, takes_baselines
 from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow
 from reinforge.loops.dpo import (
     DatasetPairs,
@@ -84,7 +85,11 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if tc.mode == "async":
         return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    engine, score = dp.rollout_parts(engine, composed_scores(reward_composer(cfg, task, policy), tc.group_size))
+    composer = reward_composer(cfg, task, policy)
+    score = composed_scores(composer, tc.group_size)
+    if takes_baselines(spec):       # ReMax: a greedy completion of each prompt, scored, is its baseline
+        score = greedy_baselines(score, composed_scores(composer, 1), engine, sampling, tc.group_size)
+    engine, score = dp.rollout_parts(engine, score)
     source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()

@@ -270,7 +270,8 @@ class Learner:
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
         #    critic's GAE (loops/credit.py); transforms may drop samples
         credit = state.credit.assign(sequences, scores.rewards, scores.valid, rollout.group_ids, old_logprobs,
-                                     ref_logprobs, state.generator, environment_token_rewards(rollout))
+                                     ref_logprobs, state.generator, environment_token_rewards(rollout),
+                                     baselines=scores.baselines)
         keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
         advantages = with_token_terms(credit.advantages, scores.token_advantages, sequences.completion_mask)
         self.samples = StepSamples(curated.examples, rollout, scores.rewards, scores.parts, advantages, keep)
