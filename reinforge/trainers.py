@@ -266,6 +266,9 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
             f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
             "or use a critic-free recipe (grpo, dr_grpo, ...)"
         )
+    if takes_baselines(spec):
+        raise ConfigError(f"objective.advantage={spec.advantage} (a greedy baseline rollout) is not supported {where} "
+                          "yet: run one process")
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 

@@ -193,3 +193,14 @@ def test_remax_refuses_async(tmp_path, micro_overrides):
     result = runner.invoke(app, ["train", *micro_overrides, "recipe=remax", "train.mode=async",
                                  f"output_dir={tmp_path / 'r'}"])
     assert result.exit_code == 2 and "set train.mode=sync" in result.output
+
+
+def test_remax_refuses_learner_ranks():
+    from reinforge.config import Config
+    from reinforge.errors import ConfigError
+    from reinforge.trainers import check_data_parallel
+
+    cfg = Config(recipe="remax", train={"shared_prefix": False})
+    with pytest.raises(ConfigError, match="greedy baseline rollout"):
+        check_data_parallel(cfg, RECIPE_OBJECTIVES["remax"], 2)
+    check_data_parallel(Config(recipe="grpo", train={"shared_prefix": False}), RECIPE_OBJECTIVES["grpo"], 2)
