@@ -289,6 +289,15 @@ class TrainConfig(Section):
             "never holds [tokens x vocab] logits); 0: the plain full-logits path."
         ),
     )
+    truncated_logprobs: bool = Field(
+        True,
+        description=(
+            "With rollout.top_k / top_p / min_p: the learner's log-probs are of the same truncated distribution the "
+            "sampler drew from (renormalised over the tokens its own temperature-scaled logits keep), so the PPO / "
+            "TIS ratio is 1 on-policy. false: the full softmax, whose ratio to the sampler's is Z_kept < 1 "
+            "(reinforge/learner/truncation.py). No effect without truncation."
+        ),
+    )
     shared_prefix: bool = Field(
         True,
         description=(
