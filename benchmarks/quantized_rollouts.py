@@ -107,7 +107,7 @@ def main() -> None:
             "seconds": round(time.time() - start, 1),
         }
         r = results[name]
-        print(f"{name:14s} reward(last10) {r['last10']['reward_mean']:.3f}  mismatch_kl {r['mean']['mismatch_kl']:.2e}  "
+        print(f"{name:14s} reward(last10) {r['last10']['reward_mean']:.3f} mismatch_kl {r['mean']['mismatch_kl']:.2e}  "
               f"is_weight_max {r['mean']['is_weight_max']:.4f}  pass@1 {r['pass@1_start']} -> {r['pass@1_final']}  "
               f"{r['seconds']} s", flush=True)
     plot(results, Path(args.plot))
