@@ -168,6 +168,9 @@ def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers
     """The rollout workers of `backend`: a sampler thread of this process, or Ray actors; for episodes
     (`engine` an agent rollout) a sampler thread that plays them."""
     tc = cfg.train
+    if cfg.rollout.quantization != "none":
+        raise ConfigError(f"rollout.quantization={cfg.rollout.quantization} is built for the synchronous loop's "
+                          "engine only, not for rollout workers: set train.mode=sync, or rollout.quantization=none")
     settings = WorkerSettings(SamplingParams.from_config(cfg.rollout), tc.group_size,
                               slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
                               in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel
 
+from reinforge.learner.truncation import Truncation, kept_log_mass
+
 
 @dataclass
 class SequenceBatch:
@@ -90,12 +92,15 @@ class TokenStats:
     entropy: torch.Tensor   # [N, T] entropy of the full next-token distribution (0 on padding)
 
 
-def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> TokenStats:
+def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0,
+                           truncation: Truncation | None = None) -> TokenStats:
     """Log-probs and entropies of the completion tokens under `model`.
 
     The logits are divided by the sampling temperature so that, at equal
     weights, these log-probs are of the same distribution the sampler drew
-    from (the ratio exp(logp - mu) is then 1 up to numerics).
+    from (the ratio exp(logp - mu) is then 1 up to numerics); with `truncation`
+    (the sampler's top-k / top-p / min-p), renormalised over the kept tokens as the
+    sampler's were (learner/truncation.py). The entropy is the full distribution's.
     """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, L, V]
     n, t = batch.completion_ids.shape
@@ -106,7 +111,10 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     picked = logits.gather(1, positions.unsqueeze(-1).expand(n, t, logits.shape[-1])).float() / temperature  # [N, T, V]
     logsumexp = torch.logsumexp(picked, dim=-1)
     token_logits = picked.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    logprobs = (token_logits - logsumexp) * batch.completion_mask
+    logprobs = token_logits - logsumexp
+    if truncation is not None:
+        logprobs = logprobs - kept_log_mass(picked, truncation)
+    logprobs = logprobs * batch.completion_mask
     probs = torch.softmax(picked, dim=-1)
     entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
     return TokenStats(logprobs=logprobs, entropy=entropy)

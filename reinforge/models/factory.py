@@ -162,6 +162,7 @@ def save_policy(policy: Policy, directory: str | Path, sampling: RolloutConfig |
         generation = copy.deepcopy(model.generation_config)
         eos = policy.eos_token_ids
         generation.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          min_p=sampling.min_p or None,
                           max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.tokenizer.pad_token_id,
                           eos_token_id=eos[0] if len(eos) == 1 else eos)
         generation.save_pretrained(str(directory))

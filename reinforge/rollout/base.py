@@ -22,14 +22,21 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0            # 0 = off
+    min_p: float = 0.0        # keep tokens with p >= min_p * max p (after temperature); 0 = off
     max_new_tokens: int = 8
     greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
     stop: tuple[str, ...] = ()  # stop strings: a completion ends with the token that completes one
 
+    @property
+    def truncates(self) -> bool:
+        """Whether the sampling distribution drops tokens (top-k, top-p or min-p), so that its
+        log-probs are of a renormalised subset of the vocabulary (learner/truncation.py)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+
     @classmethod
     def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
         return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                   max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop))
+                   min_p=rollout.min_p, max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop))
 
 
 @dataclass

@@ -48,6 +48,7 @@ from reinforge.models.decoder import (
     run_pass,
 )
 from reinforge.models.lora import base_model
+from reinforge.models.quantize import quantize_weights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
@@ -64,8 +65,11 @@ class NativeEngine:
     """
 
     def __init__(self, policy: Policy, chat_template: str = "auto", max_batch_rows: int | None = None,
-                 prefill_tokens: int = 16384, cpu_kernels: bool = True):
+                 prefill_tokens: int = 16384, cpu_kernels: bool = True, quantization: str = "none",
+                 quantize_lm_head: bool = False):
         self.policy = policy
+        # The sampler's weight precision (rollout.quantization, models/quantize.py); the learner stays fp32.
+        self.quantization, self.quantize_lm_head = quantization, quantize_lm_head
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
         self.prefill_tokens = prefill_tokens
@@ -75,7 +79,7 @@ class NativeEngine:
         self._spare: KVCache | None = None
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
-        DecoderWeights.of(policy.model)
+        self.decoder_weights()
         # Decoding on CPU in fp32 with SwiGLU MLPs: the fused layer kernel where it builds, else None.
         model = base_model(policy.model)
         fusable = (cpu_kernels and model.device.type == "cpu" and model.dtype == torch.float32
@@ -110,6 +114,11 @@ class NativeEngine:
         self.release(session)
         return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
                                tokenizer, policy_version)
+
+    def decoder_weights(self) -> DecoderWeights:
+        """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
+        `rollout.quantization` says, taken afresh by every session (each call sees the latest step)."""
+        return quantize_weights(DecoderWeights.of(self.policy.model), self.quantization, self.quantize_lm_head)
 
     def release(self, session: DecodeSession) -> None:
         """A finished session's cache memory is kept for the next one (on CPU; see `_spare`)."""

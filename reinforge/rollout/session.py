@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reinforge.models.decoder import DecoderWeights, pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import pass_geometry, rotary_factors, run_pass
 from reinforge.models.lora import base_model
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
@@ -119,7 +119,7 @@ class DecodeSession:
         self.continuation = True    # False: `extend` prefills the whole sequence again (the baseline)
         self.model = base_model(engine.policy.model)
         self.device = self.model.device
-        self.weights = DecoderWeights.of(self.model)
+        self.weights = engine.decoder_weights()
         self.eos = torch.tensor(engine.policy.eos_token_ids, device=self.device)
         self.waiting: deque[WaitingRow] = deque()
         self.cache: KVCache | None = None
@@ -249,7 +249,7 @@ class DecodeSession:
         """Tokens and sampler log-probs of logits [B, V] at draw `counters` of streams `keys`:
         `sample_tokens` with `keyed_uniforms`, or the fused CPU op for unfiltered sampling."""
         params, kernels = self.params, self.engine.kernels
-        if kernels is None or params.top_k or params.top_p < 1.0 or logits.device.type != "cpu":
+        if kernels is None or params.truncates or logits.device.type != "cpu":
             return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
         tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
         kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
@@ -259,7 +259,7 @@ class DecodeSession:
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
         """Continue with the model's current weights, labelled `version` (interrupt and recompute)."""
-        self.weights, self.version = DecoderWeights.of(self.model), version
+        self.weights, self.version = self.engine.decoder_weights(), version
         for block in {id(w.block): w.block for w in self.waiting}.values():
             fresh, _ = self._prefill(block.prompt_ids)
             block.keys, block.values = fresh.keys, fresh.values

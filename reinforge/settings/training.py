@@ -193,6 +193,23 @@ class RolloutConfig(Section):
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    min_p: float = Field(
+        0.0, ge=0, le=1,
+        description="Min-p sampling: keep the tokens whose probability is at least min_p times the most likely "
+                    "token's, after temperature, as HF and vLLM define it (0.0 = off).",
+    )
+    quantization: Literal["none", "int8"] = Field(
+        "none",
+        description=(
+            "Native engine: the sampler's weight precision. int8: every q/k/v/o and MLP projection rounded to int8 per "
+            "output channel (fp32 scales) each time the engine takes the weights, dequantised in the matmul; the "
+            "learner stays fp32, so the sampler-learner mismatch (mismatch_kl, is_weight_max) widens as with "
+            "a quantised inference server (reinforge/models/quantize.py). none: the training weights as they are."
+        ),
+    )
+    quantize_lm_head: bool = Field(
+        False, description="rollout.quantization=int8: quantise the LM head too (false: it stays fp32)."
+    )
     max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
     stop: list[str] = Field(
         default_factory=list,
@@ -226,6 +243,15 @@ class RolloutConfig(Section):
             "or reply (the prompt and earlier turns are not recomputed). false: each turn re-prefills its context."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_quantization(self) -> RolloutConfig:
+        if self.quantization != "none" and self.engine != "native":
+            raise ConfigError(f"rollout.quantization={self.quantization} is built for the native engine only: "
+                              "set rollout.engine=native, or rollout.quantization=none")
+        if self.quantize_lm_head and self.quantization == "none":
+            raise ConfigError("rollout.quantize_lm_head needs a quantised sampler: set rollout.quantization=int8")
+        return self
 
 
 class TrainConfig(Section):
@@ -261,6 +287,15 @@ class TrainConfig(Section):
         description=(
             "Tokens per chunk through the LM head for log-probs and entropy (fp32 head, recomputed in backward; "
             "never holds [tokens x vocab] logits); 0: the plain full-logits path."
+        ),
+    )
+    truncated_logprobs: bool = Field(
+        True,
+        description=(
+            "With rollout.top_k / top_p / min_p: the learner's log-probs are of the same truncated distribution the "
+            "sampler drew from (renormalised over the tokens its own temperature-scaled logits keep), so the PPO / "
+            "TIS ratio is 1 on-policy. false: the full softmax, whose ratio to the sampler's is Z_kept < 1 "
+            "(reinforge/learner/truncation.py). No effect without truncation."
         ),
     )
     shared_prefix: bool = Field(
