@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from reinforge.learner.batching import plan_micro_batches
 from reinforge.learner.logprobs import completion_token_stats_chunked
+from reinforge.learner.routing import routing
 from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
 from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.models.factory import model_device
@@ -27,11 +28,13 @@ class ForwardPlan:
     chunk_size: int = 0                       # tokens per LM-head chunk (logprobs.py); 0: the full-logits path
     shared_prefix: bool = False               # each prompt once for its group (shared_prefix.py)
     fp32_head: bool = True                    # the LM head in fp32 (chunked and shared paths)
+    routing_replay: bool = False              # MoE: route as the sampler did (learner/routing.py)
 
     @classmethod
     def from_config(cls, train: TrainConfig) -> ForwardPlan:
         return cls(micro_batch_size=train.micro_batch_size, micro_batch_tokens=train.micro_batch_tokens,
-                   chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix)
+                   chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix,
+                   routing_replay=train.routing_replay)
 
     def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Indices into `rows` (default: all rows of `batch`) of each micro-batch. With a shared prefix,
@@ -44,8 +47,18 @@ class ForwardPlan:
 
 def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
     """Log-probs and entropies [N, T] of the completion tokens at `temperature`, with gradients, on
-    the model's device (the batch is moved there)."""
+    the model's device (the batch is moved there). An MoE batch with a routing record (`batch.routes`)
+    adds `moe/routing_mismatch` to the stats' metrics and, with `plan.routing_replay`, replays it."""
     batch = batch.to(model_device(model))
+    if batch.routes is None or plan.shared_prefix:
+        return _token_stats(model, batch, temperature, plan)
+    with routing(model, batch.routes, plan.routing_replay) as count:
+        stats = _token_stats(model, batch, temperature, plan)
+    stats.metrics.update(count.metrics())
+    return stats
+
+
+def _token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
     if plan.shared_prefix:
         if batch.group_ids is None:
             raise ValueError(
