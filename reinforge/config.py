@@ -301,7 +301,7 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
     `architecture_of`: a folder of the same architecture to read instead, for a model.path that a
     pipeline's earlier stage has yet to write. A folder whose config.json cannot be read is returned
     unchanged: the run's input check says why."""
-    from reinforge.models.model_dir import lora_targets, plan_for, read_model_config
+    from reinforge.models.model_dir import MOE_MODEL_TYPES, lora_targets, plan_for, read_model_config
 
     try:
         config = read_model_config(architecture_of or cfg.model.path)
@@ -310,6 +310,13 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
     _check_builtin_sizes(cfg, given, config)
     plan = plan_for(config)
     path = cfg.model.path
+    if cfg.model.moe is not None:
+        raise ConfigError(f"model.moe builds the built-in model as MoE, and model.path is '{path}': remove model.moe")
+    if cfg.train.routing_replay and plan.model_type not in MOE_MODEL_TYPES:
+        raise ConfigError(f"train.routing_replay=true needs a Mixture-of-Experts model ({', '.join(MOE_MODEL_TYPES)}), "
+                          f"and '{path}' is {plan.model_type}: remove train.routing_replay")
+    if cfg.train.routing_replay and (cfg.rollout.engine != "native" or plan.native_reason is not None):
+        raise ConfigError("train.routing_replay=true replays what the native engine records: set rollout.engine=native")
     rollout, train, model = {}, {}, {}
     if plan.native_reason is not None:
         if cfg.train.mode == "async":
