@@ -11,6 +11,7 @@ from reinforge.errors import ConfigError
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.models.decoder import DecoderWeights
+from reinforge.models.factory import build_tiny_moe
 from reinforge.models.quantize import INT8_MAX, quantize_int8, quantize_weights
 from reinforge.objectives.corrections import apply_correction, mismatch_metrics
 from reinforge.rollout import NativeEngine, SamplingParams, build_engine
@@ -111,3 +112,27 @@ def test_quantization_config_is_checked() -> None:
     policy = tiny()
     engine = build_engine(cfg.rollout, policy)
     assert engine.quantization == "int8" and engine.quantize_lm_head
+
+
+def test_int8_quantises_every_expert_per_channel_and_keeps_the_router() -> None:
+    """An MoE sampler: each expert's (and the shared expert's) rows move by at most half their own step;
+    the router is untouched (module docstring of models/quantize.py)."""
+    cfg = build_config(["model.moe.experts=4", "model.moe.architecture=qwen2_moe"]).model
+    policy = build_tiny_moe(cfg, seed=0)
+    exact = DecoderWeights.of(policy.model)
+    rounded = quantize_weights(exact, "int8")
+    for lw, qw in zip(exact.layers, rounded.layers, strict=True):
+        assert torch.equal(qw.moe.router, lw.moe.router)
+        for name in ("gate_up", "down", "shared_gate_up", "shared_down"):
+            w, q = getattr(lw.moe, name), getattr(qw.moe, name)
+            step = w.abs().amax(dim=-1, keepdim=True) / INT8_MAX
+            assert (w - q).abs().le(step / 2 + 1e-7).all(), name
+            assert (w - q).abs().max() > 0, name
+    torch.manual_seed(0)
+    rollout = NativeEngine(policy, quantization="int8").generate(PROMPTS, 2, SamplingParams(max_new_tokens=6))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = completion_token_stats(policy.model, seq).logprobs
+    gap = (rollout.sampler_logprobs - learner)[rollout.completion_mask.bool()].abs().max()
+    assert 1e-5 < gap < 0.5        # the int8 experts' gap: present, and small

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from reinforge.learner.batching import plan_micro_batches
 from reinforge.learner.logprobs import completion_token_stats_chunked
+from reinforge.learner.routing import routing
 from reinforge.learner.sequences import SequenceBatch, TokenStats, completion_token_stats
 from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.learner.truncation import Truncation
@@ -31,6 +32,7 @@ class ForwardPlan:
     # Not a memory/time choice: log-probs of the sampler's truncated distribution (top-k / top-p / min-p,
     # renormalised over the kept tokens, learner/truncation.py), so that ratios to the sampler's are 1 on-policy.
     truncation: Truncation | None = None
+    routing_replay: bool = False              # MoE: route as the sampler did (learner/routing.py)
 
     @classmethod
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig | None = None) -> ForwardPlan:
@@ -39,7 +41,8 @@ class ForwardPlan:
         truncation = (Truncation.of(rollout.top_k, rollout.top_p, rollout.min_p)
                       if rollout is not None and train.truncated_logprobs else None)
         return cls(micro_batch_size=train.micro_batch_size, micro_batch_tokens=train.micro_batch_tokens,
-                   chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix, truncation=truncation)
+                   chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix, truncation=truncation,
+                   routing_replay=train.routing_replay)
 
     def untruncated(self) -> ForwardPlan:
         """This plan scoring the full distribution: the reference's log-probs (learner/truncation.py)."""
@@ -56,8 +59,18 @@ class ForwardPlan:
 
 def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
     """Log-probs and entropies [N, T] of the completion tokens at `temperature`, with gradients, on
-    the model's device (the batch is moved there)."""
+    the model's device (the batch is moved there). An MoE batch with a routing record (`batch.routes`)
+    adds `moe/routing_mismatch` to the stats' metrics and, with `plan.routing_replay`, replays it."""
     batch = batch.to(model_device(model))
+    if batch.routes is None or plan.shared_prefix:
+        return _token_stats(model, batch, temperature, plan)
+    with routing(model, batch.routes, plan.routing_replay) as count:
+        stats = _token_stats(model, batch, temperature, plan)
+    stats.metrics.update(count.metrics())
+    return stats
+
+
+def _token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
     if plan.shared_prefix:
         if batch.group_ids is None:
             raise ValueError(

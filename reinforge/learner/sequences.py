@@ -9,7 +9,7 @@ seen as input and never as a target."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import PreTrainedModel
@@ -30,6 +30,9 @@ class SequenceBatch:
     # (in input_ids as context) and on padding
     completion_mask: torch.Tensor
     group_ids: torch.Tensor | None = None  # [N] long, rows with one id share their prompt (None: unknown)
+    # [N, L, layers, k] long, MoE: the experts the sampler chose for each input token in each MoE layer
+    # (-1: not recorded, the learner's router chooses); replayed by learner/routing.py. None: no record.
+    routes: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> SequenceBatch:
         """The same rows on `device` (this batch itself when it is there already)."""
@@ -52,6 +55,7 @@ class SequenceBatch:
             completion_ids=self.completion_ids[index, :width],
             completion_mask=self.completion_mask[index, :width],
             group_ids=None if self.group_ids is None else self.group_ids[index],
+            routes=None if self.routes is None else self.routes[index, :length],
         )
 
 
@@ -62,10 +66,11 @@ def build_sequences(
     pad_id: int,
     group_ids: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
+    routes: torch.Tensor | None = None,
 ) -> SequenceBatch:
     """The rows as model inputs. completion_mask [N, T]: the tokens present (a prefix of each row,
     right-padded); loss_mask [N, T]: those trained on (None: all present ones), the batch's
-    `completion_mask`."""
+    `completion_mask`. routes [N, S, layers, k]: the rollout's routing record (`Rollout.routes`)."""
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -83,13 +88,23 @@ def build_sequences(
         completion_ids=completion_ids,
         completion_mask=(completion_mask if loss_mask is None else loss_mask).float(),
         group_ids=group_ids,
+        routes=None if routes is None else _fit_routes(routes, input_ids.shape[1]),
     )
+
+
+def _fit_routes(routes: torch.Tensor, length: int) -> torch.Tensor:
+    """A routing record [N, S, layers, k] cut or -1-padded to the input width `length`."""
+    if routes.shape[1] >= length:
+        return routes[:, :length]
+    pad = torch.full((routes.shape[0], length - routes.shape[1], *routes.shape[2:]), -1, dtype=routes.dtype)
+    return torch.cat([routes, pad], dim=1)
 
 
 @dataclass
 class TokenStats:
     logprobs: torch.Tensor  # [N, T] log-prob of each completion token (0 on padding)
     entropy: torch.Tensor   # [N, T] entropy of the full next-token distribution (0 on padding)
+    metrics: dict[str, float] = field(default_factory=dict)   # what the forward measured (MoE: routing mismatch)
 
 
 def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0,

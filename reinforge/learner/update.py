@@ -271,7 +271,7 @@ def _accumulate(
         )
         finite &= bool(torch.isfinite(out.loss.detach()))
         out.loss.backward()
-        means.add(out.metrics)
+        means.add({**out.metrics, **stats.metrics})
 
     batch.share.run_passes(forward.micro_batches(batch.sequences, mb), run,
                            lambda seq: token_stats(model, seq, temperature, forward).logprobs)

@@ -250,6 +250,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         texts=[rollout.texts[i] for i in index],
         loss_mask=None if rollout.loss_mask is None else rollout.loss_mask[rows],
         episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
+        routes=None if rollout.routes is None else rollout.routes[rows],
     )
 
 

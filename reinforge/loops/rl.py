@@ -262,7 +262,7 @@ class Learner:
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
-                                    loss_mask=rollout.loss_mask)
+                                    loss_mask=rollout.loss_mask, routes=rollout.routes)
         old_logprobs = (dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
                         if self.old_before_update else None)
         ref_logprobs = (dp.rowwise(sequences, lambda rows: state.reference.logprobs(rows, temperature, forward))

@@ -21,6 +21,9 @@ the int8 model.
 What is quantised: q/k/v/o and the MLP's gate/up/down projections of every layer; the LM head only
 with `rollout.quantize_lm_head` (common int8 deployments keep it in high precision, and MiniMax-M1,
 arXiv 2506.13585, traced a large mismatch to a low-precision head). Embeddings, norms and biases stay fp32.
+In a Mixture-of-Experts layer every expert's (and the shared expert's) projections are quantised per
+output channel of each expert; the router stays fp32, as quantised MoE deployments keep the gate in
+high precision (a rounded router changes which experts run, a different gap from the one measured here).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from reinforge.models.decoder import DecoderWeights
+from reinforge.models.moe import MoEWeights
 
 INT8_MAX = 127
 
@@ -61,9 +65,24 @@ def fake_int8(weight: torch.Tensor) -> torch.Tensor:
     return quantize_int8(weight).dequantize().to(weight.dtype)
 
 
+def _fake_int8_stacked(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """`fake_int8` of each [out, in] matrix of a stacked [..., out, in] weight (MoE experts); None stays None."""
+    if weight is None:
+        return None
+    return fake_int8(weight.reshape(-1, weight.shape[-1])).reshape(weight.shape)
+
+
+def _int8_moe(moe: MoEWeights | None) -> MoEWeights | None:
+    if moe is None:
+        return None
+    return replace(moe, gate_up=_fake_int8_stacked(moe.gate_up), down=_fake_int8_stacked(moe.down),
+                   shared_gate_up=_fake_int8_stacked(moe.shared_gate_up),
+                   shared_down=_fake_int8_stacked(moe.shared_down))
+
+
 def _int8(weights: DecoderWeights, head: bool) -> DecoderWeights:
-    layers = [replace(lw, qkv=fake_int8(lw.qkv), o=fake_int8(lw.o), gate_up=fake_int8(lw.gate_up),
-                      down=fake_int8(lw.down))
+    layers = [replace(lw, qkv=fake_int8(lw.qkv), o=fake_int8(lw.o), gate_up=_fake_int8_stacked(lw.gate_up),
+                      down=_fake_int8_stacked(lw.down), moe=_int8_moe(lw.moe))
               for lw in weights.layers]
     # A fresh DecoderWeights: its packed copies for the CPU kernels are made from the int8 weights.
     return DecoderWeights(embed=weights.embed, layers=layers, final_norm=weights.final_norm,

@@ -64,6 +64,9 @@ class Rollout:
     # [N] multi-turn rows: how each episode went (reinforge.agents.rollout.AgentRow: its conversation,
     # turns, tool calls, the environment's return); None for single-turn rollouts.
     episodes: list[Any] | None = None
+    # [N, S, layers, k] long, MoE models sampled by the native engine: the experts each token (prompt, then
+    # completion, as build_sequences lays rows out) went to in each MoE layer; -1 where not recorded. None: none.
+    routes: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -138,4 +141,20 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         loss_mask=(None if all(p.loss_mask is None for p in parts)
                    else torch.cat([pad(p.trained_mask, 0.0) for p in parts])),
         episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
+        routes=_concat_routes([p.routes for p in parts], [p.num_rows for p in parts]),
     )
+
+
+def _concat_routes(parts: list[torch.Tensor | None], rows: list[int]) -> torch.Tensor | None:
+    """Routing records [N_i, S_i, layers, k] stacked, right-padded with -1 (a part without one: all -1)."""
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    length = max(p.shape[1] for p in known)
+    out = torch.full((sum(rows), length, *known[0].shape[2:]), -1, dtype=torch.long)
+    at = 0
+    for p, n in zip(parts, rows, strict=True):
+        if p is not None:
+            out[at : at + n, : p.shape[1]] = p
+        at += n
+    return out

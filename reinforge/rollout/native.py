@@ -79,10 +79,13 @@ class NativeEngine:
         self._spare: KVCache | None = None
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
-        self.decoder_weights()
+        weights = self.decoder_weights()
+        # MoE layers: how many, and their experts per token (the routing record's shape, `routes`).
+        self.moe_layers = sum(lw.moe is not None for lw in weights.layers)
+        self.top_k = max((lw.moe.top_k for lw in weights.layers if lw.moe is not None), default=0)
         # Decoding on CPU in fp32 with SwiGLU MLPs: the fused layer kernel where it builds, else None.
         model = base_model(policy.model)
-        fusable = (cpu_kernels and model.device.type == "cpu" and model.dtype == torch.float32
+        fusable = (cpu_kernels and not self.moe_layers and model.device.type == "cpu" and model.dtype == torch.float32
                    and self.shape.head_dim in HEAD_DIMS
                    and getattr(model.config, "hidden_act", None) in ("silu", "swish"))
         self.kernels = load_cpu_kernels() if fusable else None
@@ -138,21 +141,23 @@ class NativeEngine:
                 for row, g in zip(tokens, generated, strict=True)]
         return torch.tensor(hits, dtype=torch.bool, device=tokens.device)
 
-    def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor):
+    def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor,
+                 routes: list[torch.Tensor] | None = None):
         """Each prompt once: its keys/values per layer ([P, kv_heads, width, D], right-padded) and the
-        fp32 logits of its next token [P, V]."""
+        fp32 logits of its next token [P, V]. `routes`: gets each chunk's MoE experts [B, width, layers, k]."""
         width = max(len(p) for p in prompt_ids)
         rows_per_pass = max(1, self.prefill_tokens // width)
         keys: list[list[torch.Tensor]] = [[] for _ in w.layers]
         values: list[list[torch.Tensor]] = [[] for _ in w.layers]
         logits = [
-            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs)
+            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs, routes)
             for start in range(0, len(prompt_ids), rows_per_pass)
         ]
         return [torch.cat(k) for k in keys], [torch.cat(v) for v in values], torch.cat(logits)
 
     def _prefill_chunk(self, w: DecoderWeights, chunk: list[list[int]], width: int, keys: list[list[torch.Tensor]],
-                       values: list[list[torch.Tensor]], freqs: torch.Tensor) -> torch.Tensor:
+                       values: list[list[torch.Tensor]], freqs: torch.Tensor,
+                       routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Prefill prompts right-padded to `width`, appending each layer's keys/values; next-token logits [B, V]."""
         device = w.head.device
         ids = torch.full((len(chunk), width), self.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=device)
@@ -162,7 +167,11 @@ class NativeEngine:
         # Right padding: query i sees keys j <= i (within the sliding window, if any), of its own prompt
         # for every real token; padded queries are never read.
         geometry = pass_geometry(freqs, width, torch.zeros_like(lengths))
-        hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None)
+        layer_routes: list[torch.Tensor] | None = [] if routes is not None and self.moe_layers else None
+        hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None,
+                                routes=layer_routes)
+        if layer_routes is not None:
+            routes.append(torch.stack(layer_routes, dim=2))           # [B, width, layers, k]
         for layer in range(len(w.layers)):
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
@@ -176,9 +185,10 @@ class NativeEngine:
         return allowed & (query_pos - key_pos < self.shape.sliding_window)
 
     def _decode(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                freqs: torch.Tensor) -> torch.Tensor:
+                freqs: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """One token for each of the front slots: tokens [live] at positions [live] (their cache lengths).
-        Writes their keys/values and returns fp32 next-token logits [live, V]."""
+        Writes their keys/values and returns fp32 next-token logits [live, V]. `routes`: each MoE layer
+        appends the experts [live, 1, k] of these tokens."""
         live = tokens.shape[0]
         cache.reserve(int(positions.max()) + 1)
         if self.kernels is not None and cache.keys_last:
@@ -195,7 +205,7 @@ class NativeEngine:
             return out.reshape(live, 1, -1)
 
         hidden = decoder_layers(
-            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend
+            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend, routes
         )
         return hidden[:, 0].float() @ w.head.t()
 

@@ -59,6 +59,9 @@ class FinishedRow:
     versions: torch.Tensor      # [L] long, the weight version that sampled each token
     truncated: bool             # no stop within max_new_tokens
     context: RowContext | None = None   # with `keep_context`: what `extend` continues from
+    # [P + L, layers, k] long, MoE models: the experts each prompt token and each generated token went to in
+    # every MoE layer (-1 on the last token, which no pass reads); None: dense model, or an extended row
+    routes: torch.Tensor | None = None
 
 
 @dataclass
@@ -68,6 +71,7 @@ class PromptBlock:
     prompt_ids: list[list[int]]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    routes: torch.Tensor | None = None    # [P, width, layers, k] MoE experts of each prompt token; None: not recorded
 
 
 @dataclass
@@ -136,6 +140,11 @@ class DecodeSession:
         self.drawn = torch.zeros(slots, dtype=torch.long, device=d)      # its stream's draws before this turn
         self.tags: list[Any] = [None] * slots
         self.prompts: list[list[int]] = [[] for _ in range(slots)]
+        # MoE routing record (routing replay): each slot's generated tokens' experts [slots, max_new, layers, k]
+        # (-1 until the token is decoded) and its prompt's [P, layers, k]; None for a dense model.
+        moe = (engine.moe_layers, engine.top_k) if getattr(engine, "moe_layers", 0) else None
+        self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
+        self.prompt_routes: list[torch.Tensor | None] = [None] * slots
 
     @property
     def busy(self) -> bool:
@@ -178,20 +187,27 @@ class DecodeSession:
                 break
             # One gather per field (a copy: the slots are about to be reused), then views of its rows.
             tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
+            routes = None if self.routes is None else self.routes[done].cpu()
             for i, (slot, n, stop) in enumerate(
                 zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
             ):
                 context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
+                prompt_routes = self.prompt_routes[slot]
+                row_routes = (None if routes is None or prompt_routes is None
+                              else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
                 finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
-                                            truncated=not stop, context=context))
+                                            truncated=not stop, context=context, routes=row_routes))
             admitted = self._retire(done)
         if self.live:
             live = self.live
             g, pos = self.generated[:live], self.length[:live]
-            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs)
+            step_routes: list[torch.Tensor] | None = None if self.routes is None else []
+            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
             self.length[:live] += 1
             token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
             rows = torch.arange(live, device=self.device)
+            if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
+                self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
             self.last[:live] = token
             self.generated[:live] += 1
@@ -262,7 +278,7 @@ class DecodeSession:
         self.weights, self.version = self.engine.decoder_weights(), version
         for block in {id(w.block): w.block for w in self.waiting}.values():
             fresh, _ = self._prefill(block.prompt_ids)
-            block.keys, block.values = fresh.keys, fresh.values
+            block.keys, block.values, block.routes = fresh.keys, fresh.values, fresh.routes
         if self.live:
             live = self.live
             # Each live row's prompt and tokens but the last (not yet cached), prefilled as one sequence.
@@ -271,6 +287,11 @@ class DecodeSession:
             block, _ = self._prefill(sequences)
             rows = torch.arange(live, device=self.device)
             self.cache.fill(rows, block.keys, block.values, rows)
+            if block.routes is not None:   # the new weights' experts for every token they recomputed
+                for s, q in enumerate(sequences):
+                    p = len(self.prompts[s])
+                    self.prompt_routes[s] = block.routes[s, :p]
+                    self.routes[s, : len(q) - p] = block.routes[s, p : len(q)]
 
     def _make_room(self, prompt_len: int) -> None:
         """The cache and rotary table for prompts of `prompt_len` tokens: made afresh when the session is
@@ -286,8 +307,9 @@ class DecodeSession:
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
 
     def _prefill(self, prompt_ids: list[list[int]]) -> tuple[PromptBlock, torch.Tensor]:
-        keys, values, logits = self.engine._prefill(self.weights, prompt_ids, self.freqs)
-        return PromptBlock(prompt_ids, keys, values), logits
+        routes: list[torch.Tensor] | None = None if self.routes is None else []
+        keys, values, logits = self.engine._prefill(self.weights, prompt_ids, self.freqs, routes)
+        return PromptBlock(prompt_ids, keys, values, None if routes is None else torch.cat(routes)), logits
 
     def _admit(self, into: torch.Tensor) -> None:
         """Start waiting rows in the free slots `into`."""
@@ -302,6 +324,10 @@ class DecodeSession:
             self.cache.fill(into[mine], block.keys, block.values, prompts)
         for slot, w in zip(into.tolist(), rows, strict=True):
             self.tags[slot], self.prompts[slot] = w.tag, w.block.prompt_ids[w.prompt]
+            self.prompt_routes[slot] = (None if w.block.routes is None
+                                        else w.block.routes[w.prompt, : len(self.prompts[slot])])
+        if self.routes is not None:
+            self.routes[into] = -1
         d = self.device
         self.tokens[into, 0] = self.last[into] = torch.tensor([w.token for w in rows], device=d)
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
@@ -327,10 +353,12 @@ class DecodeSession:
             if len(holes):
                 self.cache.move(holes, movers)
                 for state in (self.tokens, self.logprobs, self.versions, self.keys,
-                              self.last, self.length, self.generated, self.drawn):
-                    state[holes] = state[movers]
+                              self.last, self.length, self.generated, self.drawn, self.routes):
+                    if state is not None:
+                        state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
+                    self.prompt_routes[h] = self.prompt_routes[m]
             self.live = live
         return bool(len(refill))
 
@@ -341,7 +369,7 @@ def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_
     collated into the right-padded batch view."""
     trajectories = [
         Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions),),
-                   truncated=row.truncated, group=r // group_size)
+                   truncated=row.truncated, group=r // group_size, routes=row.routes)
         for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
     ]
     return collate(trajectories, tokenizer.pad_token_id or 0, policy_version,

@@ -44,6 +44,27 @@ class LoraConfig(Section):
     )
 
 
+class MoEConfig(Section):
+    """The built-in model as a Mixture-of-Experts decoder (models/moe.py): each MLP becomes `experts`
+    SwiGLU experts behind a top-k router, built with transformers' own class for `architecture`."""
+
+    experts: int = Field(gt=1, description="Experts per layer; setting it (model.moe.experts=8) makes the model MoE.")
+    architecture: Literal["qwen2_moe", "mixtral", "qwen3_moe"] = Field(
+        "qwen2_moe",
+        description=(
+            "transformers architecture: qwen2_moe (with a sigmoid-gated shared expert), mixtral (always renormalises "
+            "the top-k gates) or qwen3_moe (per-head q/k norm, no shared expert)."
+        ),
+    )
+    top_k: int = Field(2, gt=0, description="Experts per token (num_experts_per_tok).")
+    expert_size: int = Field(128, gt=0, description="Each expert's MLP width (moe_intermediate_size).")
+    shared_expert_size: int = Field(256, gt=0, description="qwen2_moe only: the shared expert's MLP width.")
+    norm_topk_prob: bool = Field(
+        True,
+        description="Renormalise the top-k router probabilities to sum to 1 (qwen2_moe, qwen3_moe; mixtral always)",
+    )
+
+
 class ModelConfig(Section):
     path: str = Field(
         "builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory."
@@ -69,6 +90,13 @@ class ModelConfig(Section):
             "Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is "
             "one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward "
             "moves its batch to the model."
+        ),
+    )
+    moe: MoEConfig | None = Field(
+        None,
+        description=(
+            "Built-in model only: a Mixture-of-Experts decoder (model.moe.experts=8 turns it on); train.routing_replay "
+            "replays the sampler's expert choices in the learner. None: dense MLPs."
         ),
     )
     lora: LoraConfig | None = Field(
@@ -304,6 +332,15 @@ class TrainConfig(Section):
             "Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): "
             "fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); "
             "false: the plain forward."
+        ),
+    )
+    routing_replay: bool = Field(
+        False,
+        description=(
+            "MoE models: the learner's routers take the experts the sampler chose for each token (recorded by the "
+            "native engine; routing replay, arXiv 2507.18071 sec. 4), with gates from the learner's own router "
+            "probabilities of those experts, renormalised as the architecture does. moe/routing_mismatch is logged "
+            "either way. Needs rollout.engine=native."
         ),
     )
     micro_batch_tokens: int | None = Field(
