@@ -53,6 +53,7 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
+from reinforge.telemetry.weight_sync import WeightSyncError
 from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
 
 
@@ -394,6 +395,10 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
         recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
         raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                          f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+    except WeightSyncError as err:    # the sampler is not sampling the trained weights: alert, then stop
+        recorder.alert([err.alert])
+        recorder.log({"stage": "failed", "step": err.alert.step, "reason": str(err)})
+        raise RunStopped(str(err)) from None
     except RewardError as err:
         # User code failed: one line for the console, the traceback in the run directory, and a
         # "failed" record so the run does not pass for one still going (no summary.json, no model).
