@@ -53,6 +53,7 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
+from reinforge.telemetry.watchdog import Watchdog
 from reinforge.telemetry.weight_sync import WeightSyncError
 from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
 
@@ -387,9 +388,22 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
     group, recorder = hooks.group, hooks.recorder
     ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
     recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
+    watchdog = (Watchdog(cfg.train.watchdog, run_dir.path, recorder.alert, saved.step if saved is not None else 0)
+                if cfg.train.watchdog.enabled and group.rank == 0 else None)
+
+    def on_step(record: StepRecord, state: RLState) -> None:
+        hooks.on_step(record, state)
+        if watchdog is not None:
+            watchdog.beat(record.step)     # progress: a step ended
+
     try:
-        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, hooks.on_step,
+        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
                                                     saved=saved.tensors["rl"] if saved is not None else None, **ranks)
+    except KeyboardInterrupt:
+        if watchdog is None or watchdog.stopped is None:
+            raise
+        recorder.log({"stage": "failed", "step": watchdog.step + 1, "reason": watchdog.stopped})
+        raise RunStopped(watchdog.stopped) from None
     except NonFiniteStop as err:
         path = hooks.checkpoint(err.state)   # skipped updates left the weights at the last good step
         recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
@@ -407,6 +421,9 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
             log.write_text(f"run failed: {err}\n\n{err.details}")
             recorder.log({"stage": "failed", "reason": str(err)})
         raise RunStopped(f"{err}; full traceback in {log}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.close()
 
 
 def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | None, run_dir: RunDir,
