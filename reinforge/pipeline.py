@@ -54,6 +54,8 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
+from reinforge.telemetry.watchdog import Watchdog
+from reinforge.telemetry.weight_sync import WeightSyncError
 from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
 
 
@@ -392,14 +394,31 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
     group, recorder = hooks.group, hooks.recorder
     ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
     recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
+    watchdog = (Watchdog(cfg.train.watchdog, run_dir.path, recorder.alert, saved.step if saved is not None else 0)
+                if cfg.train.watchdog.enabled and group.rank == 0 else None)
+
+    def on_step(record: StepRecord, state: RLState) -> None:
+        hooks.on_step(record, state)
+        if watchdog is not None:
+            watchdog.beat(record.step)     # progress: a step ended
+
     try:
-        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, hooks.on_step,
+        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
                                                     saved=saved.tensors["rl"] if saved is not None else None, **ranks)
+    except KeyboardInterrupt:
+        if watchdog is None or watchdog.stopped is None:
+            raise
+        recorder.log({"stage": "failed", "step": watchdog.step + 1, "reason": watchdog.stopped})
+        raise RunStopped(watchdog.stopped) from None
     except NonFiniteStop as err:
         path = hooks.checkpoint(err.state)   # skipped updates left the weights at the last good step
         recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
         raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                          f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+    except WeightSyncError as err:    # the sampler is not sampling the trained weights: alert, then stop
+        recorder.alert([err.alert])
+        recorder.log({"stage": "failed", "step": err.alert.step, "reason": str(err)})
+        raise RunStopped(str(err)) from None
     except RewardError as err:
         # User code failed: one line for the console, the traceback in the run directory, and a
         # "failed" record so the run does not pass for one still going (no summary.json, no model).
@@ -408,6 +427,9 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
             log.write_text(f"run failed: {err}\n\n{err.details}")
             recorder.log({"stage": "failed", "reason": str(err)})
         raise RunStopped(f"{err}; full traceback in {log}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.close()
 
 
 def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | None, run_dir: RunDir,

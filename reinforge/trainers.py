@@ -59,6 +59,7 @@ from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
+from reinforge.telemetry.weight_sync import build_check, sampler_probe, wire
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
 
@@ -96,7 +97,10 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if state.step == 0:
         # VC-PPO / VAPO only
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
-    return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step)
+    # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
+    check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
+    after_update, on_step = wire(check, no_publish, on_step, lambda: state.step, lambda: state.version)
+    return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step, after_update=after_update)
 
 
 def _run_async(
@@ -134,8 +138,14 @@ def _run_async(
             pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
                             after_collect=source.release_consumed)
         stream = StreamBatches(collector, source, pool) if lead else None
-        return train_rl(tc.steps, state, dp.from_rank_0(stream), learner, on_step,
-                        after_update=stream.publish if lead else no_publish)
+        # Every worker must hold the version just published and score the probe as the learner does.
+        check = build_check(tc.weight_sync, dp, lambda version: pool.probe(version, check.ids, tc.weight_sync.timeout_s)
+                            if lead else [])
+        if check is not None:
+            check.verify(state.step, state.step)     # the first publication, before any sample is taken
+        after_update, on_step = wire(check, stream.publish if lead else no_publish, on_step, lambda: state.step,
+                                     lambda: source.version if lead else state.step)
+        return train_rl(tc.steps, state, dp.from_rank_0(stream), learner, on_step, after_update=after_update)
     finally:
         if pool is not None:
             pool.close()

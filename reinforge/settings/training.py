@@ -282,6 +282,55 @@ class RolloutConfig(Section):
         return self
 
 
+class WeightSyncConfig(Section):
+    verify: bool = Field(
+        True,
+        description=(
+            "After every weight publication the sampler (the rollout engine, the async sampler thread, each Ray "
+            "worker, each learner rank's plain copy) scores a fixed probe sequence with the weights it samples "
+            "with; its log-probs must equal the learner's forward within `tolerance`, and an async worker must "
+            "hold the version just published. Else an alert (weight_sync) and the run stops. Metric "
+            "sync/probe_max_abs_diff."
+        ),
+    )
+    tolerance: float | None = Field(
+        None,
+        gt=0,
+        description="Largest |log-prob difference| on the probe that passes. None: 1e-4 for fp32 models, 5e-2 for "
+        "bf16/fp16 (the engine and the learner round differently).",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long an async worker may take to apply published weights before it counts as stale "
+        "(train.in_flight=finish applies them only once the samples in flight end).",
+    )
+
+
+class WatchdogConfig(Section):
+    enabled: bool = Field(
+        True,
+        description=(
+            "Hang watchdog: when no RL step ends for max(factor x median step time so far, min_seconds) "
+            "(first_step_seconds before the first one), every thread's stack and every child process's are "
+            "written to RUN_DIR/hang-<step>.txt and an alert (hang) names where each thread waits."
+        ),
+    )
+    factor: float = Field(10.0, gt=0, description="Hang limit as a multiple of the median step time so far.")
+    min_seconds: float = Field(300.0, gt=0, description="The hang limit is never below this many seconds.")
+    first_step_seconds: float = Field(
+        1800.0, gt=0, description="Hang limit before the first step has ended (no step time to scale yet)."
+    )
+    stop_after: int = Field(
+        0,
+        ge=0,
+        description=(
+            "0: after a dump keep waiting (dumping again each further limit without progress). N > 0: stop the "
+            "run after N dumps of one hang (the main thread is interrupted; a thread stuck in C code may not stop)."
+        ),
+    )
+
+
 class TrainConfig(Section):
     steps: int = Field(150, ge=0, description="RL steps (one rollout batch each).")
     seed: int | None = Field(
@@ -407,6 +456,10 @@ class TrainConfig(Section):
             "run stops, with a checkpoint of the last good weights."
         ),
     )
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig,
+                                          description="Weight-sync verification (docs/observability.md).")
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig,
+                                     description="Hang watchdog (docs/observability.md).")
 
 
 class CriticConfig(Section):

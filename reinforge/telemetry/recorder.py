@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from reinforge.eval.evaluate import EvalResult
 from reinforge.settings import AlertConfig, LogConfig
-from reinforge.telemetry.alerts import AlertLog, AlertMonitor
+from reinforge.telemetry.alerts import Alert, AlertLog, AlertMonitor
 from reinforge.telemetry.console import bar_safe_console
 from reinforge.telemetry.run_dir import RunDir
 from reinforge.telemetry.samples import (
@@ -79,6 +79,10 @@ class Recorder:
         if "step" in record:
             for sink in self.sinks:
                 sink.log(record["step"], record)
+
+    def alert(self, alerts: list[Alert]) -> None:
+        """Alerts raised outside the per-step monitor (weight sync, the hang watchdog): console and alerts.jsonl."""
+        self.alert_log.write(alerts)
 
     def log_eval(self, step: int, result: EvalResult) -> None:
         """The start (step 0) and final evaluation; the alerts see them too (the reward-hacking
