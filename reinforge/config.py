@@ -35,6 +35,7 @@ from reinforge.errors import ConfigError
 from reinforge.objective_config import ObjectiveConfig
 from reinforge.settings import (
     AlertConfig,
+    AnalyticsConfig,
     CheckpointConfig,
     CriticConfig,
     CurationConfig,
@@ -148,6 +149,7 @@ class Config(Section):
     rm: RewardModelTrainingConfig = Field(default_factory=RewardModelTrainingConfig)
     prm: ProcessRewardTrainingConfig = Field(default_factory=ProcessRewardTrainingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     alerts: AlertConfig = Field(default_factory=AlertConfig)
@@ -198,6 +200,18 @@ class Config(Section):
         if self.dpo.pairs == "spin" and self.sft.source == "rejection":
             raise ConfigError("dpo.pairs=spin pairs the SFT data with the policy's samples, and sft.source=rejection "
                               "has no SFT data before sampling: set sft.source=teacher or file")
+        return self
+
+    @model_validator(mode="after")
+    def _check_token_budgets(self) -> Config:
+        # Across two sections: a budget past the generation limit would measure nothing new.
+        over = [b for b in self.eval.token_budgets if b > self.rollout.max_new_tokens]
+        if over:
+            raise ConfigError(f"eval.token_budgets has {over[0]} > rollout.max_new_tokens={self.rollout.max_new_tokens}"
+                              f": lower it or raise rollout.max_new_tokens")
+        if self.eval.token_budgets and (self.task.environment is not None or self.rollout.tools):
+            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, "
+                              "rollout.tools) has turns of its own: set eval.token_budgets=[]")
         return self
 
     @model_validator(mode="after")

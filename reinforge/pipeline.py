@@ -364,7 +364,7 @@ class _Hooks:
             # Under its own seed (evaluate forks the RNG): the training numbers do not change.
             part = self.held_out[: cfg.eval.every_prompts or len(self.held_out)]
             record.metrics.update(
-                eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})"))
+                eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})", self.policy))
             )
         self.recorder.step(record.step, record.metrics, record.samples)
         if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
@@ -379,7 +379,7 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
     sft_summary = run_sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
     held_out = task.eval_split(cfg.eval.num_prompts)
     if saved is None:
-        start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
+        start = _evaluate(cfg, evaluator, task, held_out, "eval (start)", policy)
         recorder.log_eval(0, start)
         if cfg.train.seed is not None:
             seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
@@ -439,7 +439,7 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
     if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
         recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
     final = hooks.start if cfg.train.steps == 0 else \
-        _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)")   # an SFT-only run
+        _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)", hooks.policy)   # an SFT-only run
     recorder.log_eval(rl.steps, final)
     run_dir.export_model(hooks.policy)
     summary = {
@@ -461,12 +461,17 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
     return summary
 
 
-def _evaluate(cfg: Config, engine, task: Task, held_out, label: str = "eval") -> EvalResult:
+def _evaluate(cfg: Config, engine, task: Task, held_out, label: str = "eval",
+              policy: Policy | None = None) -> EvalResult:
+    """The held-out evaluation; with eval.token_budgets also pass@1 within each budget, whose cut completions
+    `policy`'s tokenizer decodes."""
+    budgets = cfg.eval.token_budgets if policy is not None else []
+    decode = (lambda ids: policy.tokenizer.batch_decode(ids, skip_special_tokens=True)) if budgets else None
     sampling = SamplingParams.from_config(cfg.rollout)
     # Its own bar, under the RL bar while RL runs; it disappears when done (leave=False).
     with tqdm(total=len(held_out), desc=label, unit="prompt", disable=not cfg.log.progress, leave=False,
               dynamic_ncols=True) as bar:
         return evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples, sampling=sampling, seed=cfg.eval.seed,
-                        on_batch=bar.update)
+                        on_batch=bar.update, token_budgets=budgets, decode=decode)
 
 

@@ -26,7 +26,7 @@ from reinforge.errors import ConfigError, RunStopped
 from reinforge.learner import ForwardPlan, UpdateSettings
 from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
 from reinforge.loops.baselines import greedy_baselines, takes_baselines
-from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow
+from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow, Scores
 from reinforge.loops.dpo import (
     DatasetPairs,
     DPOState,
@@ -54,11 +54,12 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.sources import SourceContext, build_sources
-from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
+from reinforge.telemetry.reflection import with_reflection_metrics
 from reinforge.telemetry.weight_sync import build_check, sampler_probe, wire
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
@@ -87,7 +88,7 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
         return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
     composer = reward_composer(cfg, task, policy)
-    score = composed_scores(composer, tc.group_size)
+    score = run_scores(cfg, composer)
     if takes_baselines(spec):       # ReMax: a greedy completion of each prompt, scored, is its baseline
         score = greedy_baselines(score, composed_scores(composer, 1), engine, sampling, tc.group_size)
     engine, score = dp.rollout_parts(engine, score)
@@ -129,7 +130,7 @@ def _run_async(
                 cfg.curation,
                 state.pool,
                 source,
-                composed_scores(reward_composer(cfg, task, policy), tc.group_size),
+                run_scores(cfg, reward_composer(cfg, task, policy)),
                 tc.prompts_per_step,
                 tc.group_size,
             )
@@ -172,6 +173,12 @@ def reward_composer(cfg: Config, task: Task, policy: Policy) -> RewardComposer:
     context = SourceContext(task=task, device=cfg.model.device, chat_template=cfg.prompt.chat_template,
                             policy=policy, temperature=cfg.rollout.temperature)
     return RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, build_sources(cfg.reward, context))
+
+
+def run_scores(cfg: Config, composer: RewardComposer) -> Callable[[list, Rollout], Scores]:
+    """The RL step's reward (`composed_scores`), its figures with the reflection words of the samples
+    (analytics.reflection_words: telemetry/reflection.py)."""
+    return with_reflection_metrics(composed_scores(composer, cfg.train.group_size), cfg.analytics.reflection_words)
 
 
 def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers:

@@ -40,7 +40,7 @@ TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:
     """A held-out evaluation as flat metrics (eval/pass@1, eval/greedy_accuracy, eval/pass@K, ...; for
-    a mix, eval/<domain>/pass@1 and eval/<domain>/greedy_accuracy)."""
+    a mix, eval/<domain>/pass@1 and eval/<domain>/greedy_accuracy; with eval.token_budgets, eval/pass@1@budget_B)."""
     return {
         "eval/pass@1": result.pass_at_1,
         "eval/greedy_accuracy": result.greedy_accuracy,
@@ -48,6 +48,7 @@ def eval_metrics(result: EvalResult) -> dict[str, float]:
         **{f"eval/pass@{k}": v for k, v in result.pass_at_k.items() if k != "1"},
         **{f"eval/{d}/{name}": figures[name] for d, figures in result.domains.items()
            for name in ("pass@1", "greedy_accuracy")},
+        **{f"eval/pass@1@budget_{b}": v for b, v in result.pass_at_budget.items()},
     }
 
 
