@@ -50,7 +50,7 @@ def main(argv: list[str]) -> dict:
             overrides.append(a)
     t0 = time.perf_counter()
     sft_dir = out / "sft"
-    sft = build_config([*MOE, "train.steps=0", "eval.num_prompts=0", *overrides, f"output_dir={sft_dir}"])
+    sft = build_config([*MOE, "train.steps=0", "eval.num_prompts=8", *overrides, f"output_dir={sft_dir}"])
     rl_overrides = [o for o in overrides if not o.startswith(("sft.", "model."))]   # SFT and the model: stage 1
     run(sft, overwrite=True)
     results = []
