@@ -84,6 +84,8 @@ def recipe_row(recipe: Recipe) -> RecipeRow:
         kl = "none"
     else:
         kl = f"{spec.kl_estimator} {spec.kl_placement}, beta {spec.kl_coef}"
+        if spec.kl_normalization != "none":
+            kl += f", {spec.kl_normalization} normalised"
         if spec.reference == "ema":
             kl += f", EMA reference {spec.reference_ema}"
     return RecipeRow(recipe.name, advantage, objective, spec.aggregation, kl, extras, status)
@@ -128,6 +130,8 @@ def objective_section(spec: ObjectiveSpec) -> dict:
     section["kl_coef"] = spec.kl_coef
     if spec.kl_estimator is not None:
         section["kl_placement"] = spec.kl_placement
+        if spec.kl_normalization != "none":
+            section["kl_normalization"] = spec.kl_normalization
         section["reference"] = spec.reference
         if spec.reference == "ema":
             section["reference_ema"] = spec.reference_ema
@@ -168,7 +172,7 @@ def _defaults(fn: Callable) -> str:
     items = [f"{p.name}={p.default}" for p in inspect.signature(fn).parameters.values()
              if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
              and p.name not in ("sampler_logprobs", "selected", "top_logprobs", "sampler_top_logprobs", "group_ids",
-                                "max_length", "reduce", "generator", "state")]
+                                "max_length", "reduce", "generator", "state", "token_penalty")]
     return ", ".join(items) or "-"
 
 

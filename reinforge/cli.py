@@ -428,6 +428,10 @@ def _print_summary(output_dir: str, summary: dict) -> None:
     # a mix: each domain's pass@1 over its share of the held-out prompts
     rows += [(f"pass@1 {d} ({n['num_prompts']})", n["pass@1"], final["domains"][d]["pass@1"])
              for d, n in start.get("domains", {}).items()]
+    # eval.token_budgets: pass@1 when generation is cut at B new tokens (test-time scaling)
+    budgets = final.get("pass_at_budget", {})
+    rows += [(f"pass@1 within {b} tokens", v, budgets[b]) for b, v in start.get("pass_at_budget", {}).items()
+             if b in budgets]
     for name, a, b in rows:
         table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
     console.print(table)

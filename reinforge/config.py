@@ -35,6 +35,7 @@ from reinforge.errors import ConfigError
 from reinforge.objective_config import ObjectiveConfig
 from reinforge.settings import (
     AlertConfig,
+    AnalyticsConfig,
     CheckpointConfig,
     CriticConfig,
     CurationConfig,
@@ -148,6 +149,7 @@ class Config(Section):
     rm: RewardModelTrainingConfig = Field(default_factory=RewardModelTrainingConfig)
     prm: ProcessRewardTrainingConfig = Field(default_factory=ProcessRewardTrainingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     alerts: AlertConfig = Field(default_factory=AlertConfig)
@@ -216,6 +218,18 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_token_budgets(self) -> Config:
+        # Across two sections: a budget past the generation limit would measure nothing new.
+        over = [b for b in self.eval.token_budgets if b > self.rollout.max_new_tokens]
+        if over:
+            raise ConfigError(f"eval.token_budgets has {over[0]} > rollout.max_new_tokens={self.rollout.max_new_tokens}"
+                              f": lower it or raise rollout.max_new_tokens")
+        if self.eval.token_budgets and (self.task.environment is not None or self.rollout.tools):
+            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, "
+                              "rollout.tools) has turns of its own: set eval.token_budgets=[]")
+        return self
+
+    @model_validator(mode="after")
     def _check_recipe(self) -> Config:
         from reinforge.objectives import RECIPES
 
@@ -261,11 +275,30 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
         cfg = Config.model_validate(deep_merge(deep_merge(task_preset(merged_user), preset), merged_user))
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
-    if (architecture_of or cfg.model.path) == "builtin":
-        return cfg
-    # The model folder's architecture decides the engine and the learner forward, before anything loads.
     given = {leaf for leaf, _ in leaves("", preset)} | {leaf for leaf, _ in leaves("", merged_user)}
-    return fit_to_model_dir(cfg, {leaf.lstrip(".") for leaf in given}, architecture_of)
+    given = {leaf.lstrip(".") for leaf in given}
+    if (architecture_of or cfg.model.path) == "builtin":
+        return _fit_builtin_moe(cfg, given)
+    # The model folder's architecture decides the engine and the learner forward, before anything loads.
+    return fit_to_model_dir(cfg, given, architecture_of)
+
+
+def _fit_builtin_moe(cfg: Config, given: set[str]) -> Config:
+    """The built-in model as MoE (model.moe) runs the learner's own forward, where routing is counted and
+    replayed (learner/routing.py), as for an MoE model folder; routing replay needs an MoE model."""
+    if cfg.model.moe is None:
+        if cfg.train.routing_replay:
+            raise ConfigError("train.routing_replay=true needs a Mixture-of-Experts model: set model.moe.experts "
+                              "(e.g. 8) or remove train.routing_replay")
+        return cfg
+    if cfg.train.routing_replay and cfg.rollout.engine != "native":
+        raise ConfigError("train.routing_replay=true replays what the native engine records: set rollout.engine=native")
+    if not cfg.train.shared_prefix:
+        return cfg
+    if "train.shared_prefix" in given:
+        raise ConfigError("train.shared_prefix=true cannot run an MoE model (its routing is recorded and replayed on "
+                          "the model's own forward): set train.shared_prefix=false")
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"shared_prefix": False})})
 
 
 # Built-in-model sizes (model.*) and the names a config.json gives them.
@@ -297,7 +330,7 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
     `architecture_of`: a folder of the same architecture to read instead, for a model.path that a
     pipeline's earlier stage has yet to write. A folder whose config.json cannot be read is returned
     unchanged: the run's input check says why."""
-    from reinforge.models.model_dir import lora_targets, plan_for, read_model_config
+    from reinforge.models.model_dir import MOE_MODEL_TYPES, lora_targets, plan_for, read_model_config
 
     try:
         config = read_model_config(architecture_of or cfg.model.path)
@@ -306,6 +339,13 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
     _check_builtin_sizes(cfg, given, config)
     plan = plan_for(config)
     path = cfg.model.path
+    if cfg.model.moe is not None:
+        raise ConfigError(f"model.moe builds the built-in model as MoE, and model.path is '{path}': remove model.moe")
+    if cfg.train.routing_replay and plan.model_type not in MOE_MODEL_TYPES:
+        raise ConfigError(f"train.routing_replay=true needs a Mixture-of-Experts model ({', '.join(MOE_MODEL_TYPES)}), "
+                          f"and '{path}' is {plan.model_type}: remove train.routing_replay")
+    if cfg.train.routing_replay and (cfg.rollout.engine != "native" or plan.native_reason is not None):
+        raise ConfigError("train.routing_replay=true replays what the native engine records: set rollout.engine=native")
     rollout, train, model = {}, {}, {}
     if plan.native_reason is not None:
         if cfg.train.mode == "async":

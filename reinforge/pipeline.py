@@ -35,6 +35,7 @@ from reinforge.distributed import (
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.loops.baselines import takes_baselines
 from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
 from reinforge.loops.rl import RLState
@@ -53,6 +54,8 @@ from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
+from reinforge.telemetry.watchdog import Watchdog
+from reinforge.telemetry.weight_sync import WeightSyncError
 from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
 
 
@@ -169,6 +172,11 @@ def check_teachers(cfg: Config) -> None:
 
 def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
     """train.mode against what the recipe and engine can do."""
+    if takes_baselines(spec) and (cfg.train.mode == "async" or cfg.backend == "ray"):
+        raise ConfigError(
+            f"objective.advantage={spec.advantage} needs a greedy completion of each prompt as its baseline, which "
+            "only the synchronous loop in one process generates: set train.mode=sync and backend=local"
+        )
     if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
         raise ConfigError(
             f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
@@ -356,7 +364,7 @@ class _Hooks:
             # Under its own seed (evaluate forks the RNG): the training numbers do not change.
             part = self.held_out[: cfg.eval.every_prompts or len(self.held_out)]
             record.metrics.update(
-                eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})"))
+                eval_metrics(_evaluate(cfg, self.evaluator, self.task, part, f"eval (step {record.step})", self.policy))
             )
         self.recorder.step(record.step, record.metrics, record.samples)
         if record.step == cfg.train.steps or (cfg.checkpoint.every and record.step % cfg.checkpoint.every == 0):
@@ -371,7 +379,7 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
     sft_summary = run_sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
     held_out = task.eval_split(cfg.eval.num_prompts)
     if saved is None:
-        start = _evaluate(cfg, evaluator, task, held_out, "eval (start)")
+        start = _evaluate(cfg, evaluator, task, held_out, "eval (start)", policy)
         recorder.log_eval(0, start)
         if cfg.train.seed is not None:
             seed_everything(cfg.train.seed)      # the training stage's own randomness (train.seed)
@@ -386,14 +394,31 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
     group, recorder = hooks.group, hooks.recorder
     ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
     recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
+    watchdog = (Watchdog(cfg.train.watchdog, run_dir.path, recorder.alert, saved.step if saved is not None else 0)
+                if cfg.train.watchdog.enabled and group.rank == 0 else None)
+
+    def on_step(record: StepRecord, state: RLState) -> None:
+        hooks.on_step(record, state)
+        if watchdog is not None:
+            watchdog.beat(record.step)     # progress: a step ended
+
     try:
-        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, hooks.on_step,
+        return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
                                                     saved=saved.tensors["rl"] if saved is not None else None, **ranks)
+    except KeyboardInterrupt:
+        if watchdog is None or watchdog.stopped is None:
+            raise
+        recorder.log({"stage": "failed", "step": watchdog.step + 1, "reason": watchdog.stopped})
+        raise RunStopped(watchdog.stopped) from None
     except NonFiniteStop as err:
         path = hooks.checkpoint(err.state)   # skipped updates left the weights at the last good step
         recorder.log({"stage": "stopped", "step": err.state.step, "reason": str(err)})   # the report shows it
         raise RunStopped(f"{err} Checkpoint of the last good weights: {path}; "
                          f"`reinforge train --resume {run_dir.path}` continues from it.") from None
+    except WeightSyncError as err:    # the sampler is not sampling the trained weights: alert, then stop
+        recorder.alert([err.alert])
+        recorder.log({"stage": "failed", "step": err.alert.step, "reason": str(err)})
+        raise RunStopped(str(err)) from None
     except RewardError as err:
         # User code failed: one line for the console, the traceback in the run directory, and a
         # "failed" record so the run does not pass for one still going (no summary.json, no model).
@@ -402,6 +427,9 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
             log.write_text(f"run failed: {err}\n\n{err.details}")
             recorder.log({"stage": "failed", "reason": str(err)})
         raise RunStopped(f"{err}; full traceback in {log}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.close()
 
 
 def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | None, run_dir: RunDir,
@@ -411,7 +439,7 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
     if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
         recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
     final = hooks.start if cfg.train.steps == 0 else \
-        _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)")   # an SFT-only run
+        _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)", hooks.policy)   # an SFT-only run
     recorder.log_eval(rl.steps, final)
     run_dir.export_model(hooks.policy)
     summary = {
@@ -433,12 +461,17 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
     return summary
 
 
-def _evaluate(cfg: Config, engine, task: Task, held_out, label: str = "eval") -> EvalResult:
+def _evaluate(cfg: Config, engine, task: Task, held_out, label: str = "eval",
+              policy: Policy | None = None) -> EvalResult:
+    """The held-out evaluation; with eval.token_budgets also pass@1 within each budget, whose cut completions
+    `policy`'s tokenizer decodes."""
+    budgets = cfg.eval.token_budgets if policy is not None else []
+    decode = (lambda ids: policy.tokenizer.batch_decode(ids, skip_special_tokens=True)) if budgets else None
     sampling = SamplingParams.from_config(cfg.rollout)
     # Its own bar, under the RL bar while RL runs; it disappears when done (leave=False).
     with tqdm(total=len(held_out), desc=label, unit="prompt", disable=not cfg.log.progress, leave=False,
               dynamic_ncols=True) as bar:
         return evaluate(engine, task, held_out, num_samples=cfg.eval.num_samples, sampling=sampling, seed=cfg.eval.seed,
-                        on_batch=bar.update)
+                        on_batch=bar.update, token_budgets=budgets, decode=decode)
 
 

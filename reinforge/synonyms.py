@@ -166,6 +166,19 @@ TRL_NAMES: dict[str, Synonym] = {
                             "reward.model.path"),
     "reward_pretrain": Synonym("reward.model.path", "OpenRLHF's name", "a sequence-classification folder"),
     "normalize_reward": Synonym("reward.model.normalize", "OpenRLHF's name"),
+    "advantage_estimator": Synonym(
+        "objective.advantage",
+        "OpenRLHF's name",
+        "reinforce and reinforce_baseline are recipes (REINFORCE++), gae is recipe=ppo",
+        {
+            "gae": "recipe=ppo",
+            "reinforce": "recipe=reinforce_pp",
+            "reinforce_baseline": "recipe=reinforce_pp_baseline",
+            "rloo": "objective.advantage=rloo",
+            "group_norm": "objective.advantage=grpo",
+            "dr_grpo": "objective.advantage=dr_grpo",
+        },
+    ),
     "dataset_name": Synonym(
         "task.options.path",
         TRL_SCRIPT,
@@ -263,10 +276,12 @@ VERL_NAMES: dict[str, Synonym] = {
     "algorithm.adv_estimator": Synonym(
         "objective.advantage",
         VERL,
-        "gae is recipe=ppo (a critic); reinforce_plus_plus is objective.advantage=reinforce",
+        "gae is recipe=ppo (a critic); REINFORCE++, its baseline variant and ReMax are recipes",
         {
             "gae": "recipe=ppo",
-            "reinforce_plus_plus": "objective.advantage=reinforce",
+            "reinforce_plus_plus": "recipe=reinforce_pp",
+            "reinforce_plus_plus_baseline": "recipe=reinforce_pp_baseline",
+            "remax": "recipe=remax",
             "grpo": "objective.advantage=grpo",
             "rloo": "objective.advantage=rloo",
         },

@@ -22,6 +22,7 @@ BUILT: frozenset[str] = frozenset({
     "critic",                      # learner/critic.py, loops/credit.py: a value model and GAE
     "value_pretraining",           # loops/credit.py CriticCredit.pretrain (objective.value.pretrain_steps)
     "preference_loop",             # loops/dpo.py: DPO / IPO on on-policy or dataset pairs
+    "greedy_baseline",             # loops/baselines.py: ReMax's greedy rollout per prompt (train.mode=sync)
     "async",                       # loops/async_rl.py: train.mode=async, bounded staleness (recipe presets set it)
 })
 

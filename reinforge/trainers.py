@@ -25,7 +25,8 @@ from reinforge.distributed.data_parallel import DataParallel
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.learner import ForwardPlan, UpdateSettings
 from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
-from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow
+from reinforge.loops.baselines import greedy_baselines, takes_baselines
+from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow, Scores
 from reinforge.loops.dpo import (
     DatasetPairs,
     DPOState,
@@ -53,11 +54,13 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.sources import SourceContext, build_sources
-from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
+from reinforge.telemetry.reflection import with_reflection_metrics
+from reinforge.telemetry.weight_sync import build_check, sampler_probe, wire
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
 
@@ -84,14 +87,21 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     if tc.mode == "async":
         return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
     # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    engine, score = dp.rollout_parts(engine, composed_scores(reward_composer(cfg, task, policy), tc.group_size))
+    composer = reward_composer(cfg, task, policy)
+    score = run_scores(cfg, composer)
+    if takes_baselines(spec):       # ReMax: a greedy completion of each prompt, scored, is its baseline
+        score = greedy_baselines(score, composed_scores(composer, 1), engine, sampling, tc.group_size)
+    engine, score = dp.rollout_parts(engine, score)
     source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
     if state.step == 0:
         # VC-PPO / VAPO only
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
-    return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step)
+    # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
+    check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
+    after_update, on_step = wire(check, no_publish, on_step, lambda: state.step, lambda: state.version)
+    return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step, after_update=after_update)
 
 
 def _run_async(
@@ -120,7 +130,7 @@ def _run_async(
                 cfg.curation,
                 state.pool,
                 source,
-                composed_scores(reward_composer(cfg, task, policy), tc.group_size),
+                run_scores(cfg, reward_composer(cfg, task, policy)),
                 tc.prompts_per_step,
                 tc.group_size,
             )
@@ -129,8 +139,14 @@ def _run_async(
             pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
                             after_collect=source.release_consumed)
         stream = StreamBatches(collector, source, pool) if lead else None
-        return train_rl(tc.steps, state, dp.from_rank_0(stream), learner, on_step,
-                        after_update=stream.publish if lead else no_publish)
+        # Every worker must hold the version just published and score the probe as the learner does.
+        check = build_check(tc.weight_sync, dp, lambda version: pool.probe(version, check.ids, tc.weight_sync.timeout_s)
+                            if lead else [])
+        if check is not None:
+            check.verify(state.step, state.step)     # the first publication, before any sample is taken
+        after_update, on_step = wire(check, stream.publish if lead else no_publish, on_step, lambda: state.step,
+                                     lambda: source.version if lead else state.step)
+        return train_rl(tc.steps, state, dp.from_rank_0(stream), learner, on_step, after_update=after_update)
     finally:
         if pool is not None:
             pool.close()
@@ -159,10 +175,19 @@ def reward_composer(cfg: Config, task: Task, policy: Policy) -> RewardComposer:
     return RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, build_sources(cfg.reward, context))
 
 
+def run_scores(cfg: Config, composer: RewardComposer) -> Callable[[list, Rollout], Scores]:
+    """The RL step's reward (`composed_scores`), its figures with the reflection words of the samples
+    (analytics.reflection_words: telemetry/reflection.py)."""
+    return with_reflection_metrics(composed_scores(composer, cfg.train.group_size), cfg.analytics.reflection_words)
+
+
 def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers:
     """The rollout workers of `backend`: a sampler thread of this process, or Ray actors; for episodes
     (`engine` an agent rollout) a sampler thread that plays them."""
     tc = cfg.train
+    if cfg.rollout.quantization != "none":
+        raise ConfigError(f"rollout.quantization={cfg.rollout.quantization} is built for the synchronous loop's "
+                          "engine only, not for rollout workers: set train.mode=sync, or rollout.quantization=none")
     settings = WorkerSettings(SamplingParams.from_config(cfg.rollout), tc.group_size,
                               slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
                               in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
@@ -261,6 +286,9 @@ def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world
             f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
             "or use a critic-free recipe (grpo, dr_grpo, ...)"
         )
+    if takes_baselines(spec):
+        raise ConfigError(f"objective.advantage={spec.advantage} (a greedy baseline rollout) is not supported {where} "
+                          "yet: run one process")
     if cfg.backend != "local":
         raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 

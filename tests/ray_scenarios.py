@@ -1,7 +1,7 @@
 """Runs of the Ray backend (distributed/ray_workers.py) for tests/test_ray.py, which starts this
 script inside a network namespace with only loopback, so Ray binds nothing anyone else can reach.
 
-usage: ray_scenarios.py SCENARIO (train, kill or learners). The last line of stdout is the scenario's
+usage: ray_scenarios.py SCENARIO (train, kill, learners or sync_break). The last line of stdout is the scenario's
 results as a JSON object.
 """
 
@@ -133,7 +133,26 @@ def learners() -> dict:
                 "ray_up_after": ray.is_initialized()}
 
 
-SCENARIOS = {"train": train, "kill": kill, "learners": learners}
+def sync_break() -> dict:
+    """The pipeline on two Ray workers whose publications after the first never leave the driver: the
+    error the run stops with and its alerts (tests/test_weight_sync.py's Ray case)."""
+    from reinforge.distributed.ray_workers import RayRolloutWorkers
+    from reinforge.errors import RunStopped
+
+    publish = RayRolloutWorkers.publish
+    RayRolloutWorkers.publish = lambda self, model, version: publish(self, model, version) if version == 0 else None
+    cfg = build_config([*MICRO, *RAY, "train.steps=2", "sft.steps=0", "train.weight_sync.timeout_s=2"])
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            run(cfg.model_copy(update={"output_dir": out}))
+            error = None
+        except RunStopped as err:
+            error = str(err)
+        alerts = [json.loads(x) for x in Path(out, "alerts.jsonl").read_text().splitlines()]
+    return {"error": error, "alerts": alerts, "ray_up_after": ray.is_initialized()}
+
+
+SCENARIOS = {"train": train, "kill": kill, "learners": learners, "sync_break": sync_break}
 
 if __name__ == "__main__":
     try:

@@ -85,8 +85,9 @@ def test_dr_grpo_equals_grpo_times_std_plus_eps():
 
 
 def test_group_sums_of_advantages_are_zero():
-    # Every group-centred estimator (all but reinforce, centred on the batch) has sum_{i in g} A_i = 0.
-    for name in ADVANTAGES.keys() - {"reinforce"}:
+    # Every group-centred estimator (all but reinforce and REINFORCE++, centred on the batch, and ReMax,
+    # centred on a greedy completion) has sum_{i in g} A_i = 0.
+    for name in ADVANTAGES.keys() - {"reinforce", "reinforce_pp", "reinforce_pp_baseline", "remax"}:
         advantages = compute_advantages(name, REWARDS, GROUPS)
         sums = torch.zeros(3).index_add_(0, GROUPS, advantages)
         torch.testing.assert_close(sums, torch.zeros(3))

@@ -125,3 +125,14 @@ def test_multiturn_continuation_samples_the_same_tokens_both_ways():
     # tokens, 2 observations of 8 and 3 full turns.
     assert 4 * 3 <= out["model_tokens"] <= 4 * 3 * 8
     assert 16 + 2 * 8 + 3 <= out["final_length"] <= 16 + 2 * 8 + 3 * 8
+
+
+def test_quantized_rollouts_measure_the_int8_gap(tmp_path):
+    out = run_script("quantized_rollouts.py", "--steps", "2", "--sft-steps", "5", "--variants", "fp32,int8_head+tis",
+                     "--out", str(tmp_path / "runs"), "--plot", str(tmp_path / "plot.png"),
+                     "eval.num_prompts=8", "eval.num_samples=2", "train.prompts_per_step=4")
+    # The fp32 sampler is the learner up to rounding; the int8 one is measurably off, and TIS weighs it.
+    assert out["fp32"]["mean"]["mismatch_kl"] < 1e-9
+    assert out["int8_head+tis"]["mean"]["mismatch_kl"] > 1e-7
+    assert out["int8_head+tis"]["mean"]["is_weight_max"] > 1.0
+    assert (tmp_path / "plot.png").stat().st_size > 0

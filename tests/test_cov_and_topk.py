@@ -396,3 +396,23 @@ def test_dppo_topk_update_does_not_depend_on_micro_batches_or_the_head_path(poli
         split, _ = grads(**plan)
         for a, b in zip(whole, split, strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_top_k_under_a_truncated_sampler_matches_the_truncated_learner(policy):
+    from reinforge.learner.forward import token_stats
+    from reinforge.learner.truncation import Truncation
+    from reinforge.rollout.native import NativeEngine
+
+    # Top-k 3 sampling, K = 5 recorded: the 4th and 5th ids are outside the kept set (log-prob -inf), and
+    # the learner, renormalised over the same kept set (learner/truncation.py), says the same.
+    params = SamplingParams(temperature=0.8, top_k=3, max_new_tokens=5, record_top_k=5)
+    rollout = NativeEngine(policy).generate(["12+34=", "7+8="], 2, params, generator=torch.Generator().manual_seed(0))
+    mask = rollout.completion_mask.bool()
+    assert torch.all(torch.isinf(rollout.sampler_top_logprobs[mask][:, 3:]))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids, top_ids=rollout.sampler_top_ids)
+    truncation = Truncation.of(3, 1.0, 0.0)
+    for plan in (ForwardPlan(truncation=truncation), ForwardPlan(chunk_size=4, truncation=truncation)):
+        with torch.no_grad():
+            stats = token_stats(policy.model, seq, 0.8, plan)
+        torch.testing.assert_close(stats.top_logprobs, rollout.sampler_top_logprobs, atol=1e-5, rtol=0)

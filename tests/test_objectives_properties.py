@@ -43,6 +43,12 @@ def batches(draw):
     )
 
 
+def _inputs(batch):
+    """The inputs some estimators take beyond rewards: ReMax's baselines, REINFORCE++'s mask and per-token KL."""
+    return dict(baselines=batch["rewards"].flip(0), mask=batch["mask"],
+                token_penalty=0.01 * (batch["old_logprobs"] - batch["ref_logprobs"]).clamp(-20, 20) * batch["mask"])
+
+
 def _loss_is_finite(batch, advantages, name, **overrides):
     logprobs = batch["logprobs"].clone().requires_grad_()
     out = recipe_loss(name, logprobs=logprobs, old_logprobs=batch["old_logprobs"], advantages=advantages,
@@ -69,7 +75,7 @@ def test_every_recipe_is_finite(batch, recipe, aggregation, max_length):
         advantages = batch["rewards"].unsqueeze(1) * batch["mask"]
     else:
         advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(
-            batch["rewards"], batch["group_ids"]
+            batch["rewards"], batch["group_ids"], **_inputs(batch)
         ).advantages
     assert torch.isfinite(advantages).all()
     _loss_is_finite(batch, advantages, recipe, aggregation=aggregation, max_length=max_length)
@@ -87,9 +93,11 @@ def test_every_policy_loss_and_correction_is_finite(batch, policy_loss, correcti
 @settings(max_examples=80, deadline=None)
 @given(batches(), st.sampled_from(sorted(ADVANTAGES)), st.sampled_from(sorted(ADVANTAGE_TRANSFORMS)))
 def test_every_advantage_and_transform_is_finite(batch, estimator, transform):
-    pipeline = AdvantagePipeline(estimator, transforms=[(transform, {})])
+    per_token = "mask" in AdvantagePipeline(estimator).inputs     # [N, T] advantages take no transform
+    pipeline = AdvantagePipeline(estimator, transforms=[] if per_token else [(transform, {})])
     for _ in range(2):      # the second batch sees the state the first one left
-        result = pipeline(batch["rewards"], batch["group_ids"], generator=torch.Generator().manual_seed(0))
+        result = pipeline(batch["rewards"], batch["group_ids"], generator=torch.Generator().manual_seed(0),
+                          **_inputs(batch))
         assert torch.isfinite(result.advantages).all()
         assert result.keep.dtype == torch.bool
 

@@ -18,7 +18,9 @@ runner = CliRunner()
 
 
 # A step may have no correct (or no incorrect) sample: then there is no length to report for it.
-MAY_BE_NULL = {"response_length_correct_mean", "response_length_incorrect_mean"}
+MAY_BE_NULL = {"response_length_correct_mean", "response_length_incorrect_mean",
+               *(f"reasoning/{name}/{kind}" for name in ("reflection_rate", "reflections_per_1k_tokens")
+                 for kind in ("correct", "incorrect"))}
 
 
 def _finite(record: dict) -> bool:

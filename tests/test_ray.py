@@ -60,6 +60,8 @@ def test_ray_run_trains_within_the_staleness_bound():
     # (Without the publication the gap is ~4e-4 here.)
     assert out["sft_loss_change"] != 0
     assert rl[0]["mismatch_abs_diff_max"] < 1e-6
+    # Every publication reached both workers: each scored the probe as the learner does (telemetry/weight_sync.py).
+    assert all(line["sync/probe_max_abs_diff"] < 1e-5 for line in rl)
     assert not out["ray_up_after"]        # close() shut down the Ray instance the backend started
 
 
@@ -100,3 +102,12 @@ def test_ray_launched_learner_ranks_train_as_one_process():
     assert [x["reward_mean"] for x in out["rl_two"]] == [x["reward_mean"] for x in out["rl_one"]]
     assert out["max_diff"] <= 1e-5
     assert not out["ray_up_after"]          # the launcher started Ray, and shut it down
+
+
+@pytest.mark.slow
+def test_ray_workers_that_miss_a_publication_stop_the_run():
+    out = run_scenario("sync_break")
+    assert "ray worker 0 holds weight version 0, not the published 1" in out["error"]
+    assert "ray worker 1 holds weight version 0" in out["error"]
+    assert [a["alert"] for a in out["alerts"] if a["alert"] == "weight_sync"] == ["weight_sync"]
+    assert not out["ray_up_after"]

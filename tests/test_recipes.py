@@ -35,6 +35,7 @@ def test_the_table_has_every_row_of_the_formula_sheet():
         "ppo", "reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "sapo", "dppo",
         "maxrl", "gpg", "lite_ppo", "scalerl", "olmo3", "vapo", "t1", "areal", "dpo",
         "clip_cov", "kl_cov", "dppo_topk",
+        "reinforce_pp", "reinforce_pp_baseline", "remax",
     }
     # Every recipe's systems exist today (the critic, async, the DPO loop were the last).
     assert set(RUNNABLE) == set(RECIPES)
@@ -70,6 +71,10 @@ def test_compositions_match_the_formula_sheet():
         "vapo": ("gae", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.28}, "token_mean", None),
         "t1": ("grpo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", "k3"),
         "areal": ("grpo", "decoupled_ppo", {"eps": 0.2, "w_max": 5.0}, "token_mean", None),
+        "reinforce_pp": ("reinforce_pp", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", "k1"),
+        "reinforce_pp_baseline": ("reinforce_pp_baseline", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2},
+                                  "token_mean", "k2"),
+        "remax": ("remax", "reinforce", {}, "seq_mean_token_sum", None),
     }
     assert set(sheet) == set(RECIPE_OBJECTIVES)
     for name, (advantage, policy_loss, params, aggregation, kl) in sheet.items():
@@ -86,6 +91,9 @@ def test_compositions_match_the_formula_sheet():
     assert (_spec("olmo3").correction, dict(_spec("olmo3").correction_params)) == ("tis", {"cap": 2.0})
     assert _spec("scalerl").ratio_anchor == "sampler"
     assert (_spec("t1").reference, _spec("t1").entropy_coef) == ("ema", 1e-3)
+    assert (_spec("t1").kl_placement, _spec("t1").kl_normalization) == ("in_reward", "on_policy")
+    assert (_spec("reinforce_pp").kl_placement, _spec("reinforce_pp").kl_coef) == ("in_reward", 0.01)
+    assert RECIPES["remax"].requires == ("greedy_baseline",)
     assert not _spec("gpg").needs_reference                       # "no reference model loaded"
     assert dict(_spec("reinforce").advantage_params) == {"baseline": "ema"}
     assert (RECIPES["dpo"].objective.beta, RECIPES["dpo"].objective.loss_type) == (0.1, "sigmoid")

@@ -43,6 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from reinforge.models import Policy, load_policy
 from reinforge.rollout.stream import FinishedGroup, GroupRequest, WorkerSettings, WorkerTimes
 from reinforge.settings import ModelConfig, RayConfig
+from reinforge.telemetry.weight_sync import SamplerProbe
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ class RolloutActor:
 
     def times(self) -> WorkerTimes:
         return self.sampler.times()
+
+    def probe(self, version: int, ids: torch.Tensor, timeout: float, name: str) -> list[SamplerProbe]:
+        """The probe scored by this actor's sampler once it applied `version` (telemetry/weight_sync.py)."""
+        return self.sampler.probe(version, ids, timeout, name=name)
 
 
 def _on_cpu(group: FinishedGroup) -> FinishedGroup:
@@ -227,6 +232,19 @@ class RayRolloutWorkers:
             worker.calls.append(worker.actor.load.remote(*self.weights))
         if worker.inflight:
             worker.calls.append(worker.actor.submit.remote([worker.inflight[s] for s in sorted(worker.inflight)]))
+
+    def probe(self, version: int, ids: torch.Tensor, timeout: float) -> list[SamplerProbe]:
+        """Every worker's probe, each asked after the weights sent to it (actor calls run in order). A worker
+        that died is restarted (with the latest weights) and probed at the next publication."""
+        refs = [worker.actor.probe.remote(version, ids, timeout, f"ray worker {worker.index}")
+                for worker in self.workers]
+        probes = []
+        for worker, ref in zip(self.workers, refs, strict=True):
+            try:
+                probes += ray.get(ref)
+            except RayActorError as err:
+                self._restart(worker, err)
+        return probes
 
     def times(self) -> WorkerTimes:
         """Busy and idle seconds summed over the workers (replaced ones included); the slowest

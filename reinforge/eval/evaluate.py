@@ -1,12 +1,14 @@
-"""Held-out evaluation: sampled pass@1, greedy accuracy, unbiased pass@k; per domain for a mix."""
+"""Held-out evaluation: sampled pass@1, greedy accuracy, unbiased pass@k; per domain for a mix; pass@1
+within token budgets (eval/budget.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from reinforge.eval.budget import budget_correct
 from reinforge.eval.passk import pass_at_k_curve
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.rollout.base import environment_returns
@@ -24,6 +26,8 @@ class EvalResult:
     # a task of several domains (a mix): domain -> {"pass@1", "greedy_accuracy", "num_prompts"} over its
     # prompts; {} for a task of one domain
     domains: dict[str, dict[str, float]] = field(default_factory=dict)
+    # eval.token_budgets: B -> pass@1 of the same samples cut at B new tokens (eval/budget.py); {} when off
+    pass_at_budget: dict[str, float] = field(default_factory=dict)
 
     def to_summary(self) -> dict:
         out = asdict(self)
@@ -31,6 +35,8 @@ class EvalResult:
         out["pass@k"] = out.pop("pass_at_k")
         if not out["domains"]:
             del out["domains"]
+        if not out["pass_at_budget"]:
+            del out["pass_at_budget"]
         return out
 
     @classmethod
@@ -46,7 +52,12 @@ def _correct(task: Task, examples: list[Example], rollout: Rollout) -> list[bool
     returns = environment_returns(rollout)
     if returns is not None:
         return [bool(r > 0) for r in returns]
-    return [task.reward(e, t) >= 1.0 for e, t in zip(examples, rollout.texts, strict=True)]
+    return _accepted(task, examples, rollout.texts)
+
+
+def _accepted(task: Task, examples: list[Example], texts: list[str]) -> list[bool]:
+    """The task's verifier accepts text r as the answer to examples[r]."""
+    return [task.reward(e, t) >= 1.0 for e, t in zip(examples, texts, strict=True)]
 
 
 def evaluate(
@@ -59,10 +70,17 @@ def evaluate(
     seed: int,
     batch_prompts: int = 64,
     on_batch: Callable[[int], None] | None = None,
+    token_budgets: Sequence[int] = (),
+    decode: Callable[[list[list[int]]], list[str]] | None = None,
 ) -> EvalResult:
     """Evaluate under a fixed sampling seed, leaving the caller's RNG state untouched.
-    `on_batch(n)`: after each batch of prompts, with the n prompts it held (a progress bar)."""
+    `on_batch(n)`: after each batch of prompts, with the n prompts it held (a progress bar).
+    `token_budgets`: also pass@1 with each sample cut at B tokens (eval/budget.py), the cut tokens
+    decoded by `decode` (the policy tokenizer's batch_decode without special tokens)."""
+    if token_budgets and decode is None:
+        raise ValueError("token_budgets needs decode, the tokenizer's decoding of a cut completion")
     correct_counts: list[int] = []
+    budget_right = {b: 0 for b in token_budgets}
     greedy_right: list[bool] = []
     total_len = 0.0
     greedy = SamplingParams(max_new_tokens=sampling.max_new_tokens, greedy=True)
@@ -73,7 +91,11 @@ def evaluate(
             prompts = [e.prompt for e in chunk]
             sampled = engine.generate(prompts, num_samples, sampling)
             total_len += float(sampled.lengths.sum())
-            right = _correct(task, [e for e in chunk for _ in range(num_samples)], sampled)
+            rows = [e for e in chunk for _ in range(num_samples)]
+            right = _correct(task, rows, sampled)
+            cut = budget_correct(sampled, token_budgets, decode, lambda texts: _accepted(task, rows, texts))  # noqa: B023
+            for b, ok in cut.items():
+                budget_right[b] += int(ok.sum())
             correct_counts += [sum(right[i * num_samples : (i + 1) * num_samples]) for i in range(len(chunk))]
             greedy_right += _correct(task, chunk, engine.generate(prompts, 1, greedy))
             if on_batch is not None:
@@ -87,6 +109,7 @@ def evaluate(
         num_prompts=n,
         num_samples=num_samples,
         domains=_by_domain(task, examples, correct_counts, greedy_right, num_samples),
+        pass_at_budget={str(b): c / (n * num_samples) for b, c in budget_right.items()},
     )
 
 

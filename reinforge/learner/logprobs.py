@@ -24,6 +24,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from transformers import PreTrainedModel
 
 from reinforge.learner.sequences import SequenceBatch, TokenStats
+from reinforge.learner.truncation import Truncation, kept_log_mass
 from reinforge.models.lora import linear_weight
 
 
@@ -153,6 +154,69 @@ class _ChunkedTokenStats(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
+class _ChunkedKeptLogMass(torch.autograd.Function):
+    """log Z_K = lse_K(z) - lse(z) per token, z = (h W^T + b) / tau and K the sampler's kept set of z
+    (learner/truncation.py), in token chunks as `_ChunkedTokenStats` (no [M, V] logits).
+
+    Backward, with incoming gradient g per token and K held fixed (piecewise constant in z):
+        d log Z_K / d z_k = pi^K_k [k in K] - p_k,   pi^K = softmax over K,  p = softmax(z),
+    each chunk's logits and K recomputed from h; dh = dz W / tau, dW = dz^T h / tau, db = sum dz / tau.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                truncation: Truncation, temperature: float, chunk_size: int, fp32_head: bool) -> torch.Tensor:
+        dtype = _compute_dtype(hidden.dtype, fp32_head)
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        out = hidden.new_empty(hidden.shape[0], dtype=torch.promote_types(dtype, torch.float32))  # [M]
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            out[rows] = kept_log_mass(_chunk_logits(hidden[rows], w, b, temperature), truncation)
+        ctx.save_for_backward(hidden, weight, bias)
+        ctx.settings = (truncation, temperature, chunk_size, fp32_head)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
+        hidden, weight, bias = ctx.saved_tensors
+        truncation, temperature, chunk_size, fp32_head = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        dtype = _compute_dtype(hidden.dtype, fp32_head)
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=acc_dtype, device=weight.device) if need_b else None
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            z = _chunk_logits(hidden[rows], w, b, temperature)                  # [C, V]
+            kept = truncation.kept(z)
+            dz = torch.softmax(z.masked_fill(~kept, float("-inf")), dim=-1).sub_(torch.softmax(z, dim=-1))
+            dz.mul_(grad[rows].to(dz.dtype).unsqueeze(1)).div_(temperature)
+            dz, h = dz.to(dtype), hidden[rows].to(dtype)
+            if need_h:
+                grad_hidden[rows] = torch.mm(dz, w).to(hidden.dtype)
+            if need_w:
+                grad_weight.add_(torch.mm(dz.t(), h).to(acc_dtype))
+            if need_b:
+                grad_bias.add_(dz.sum(dim=0).to(acc_dtype))
+        if need_w:
+            grad_weight = grad_weight.to(weight.dtype)
+        if need_b:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def chunked_kept_log_mass(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          truncation: Truncation, *, temperature: float = 1.0, chunk_size: int = 1024,
+                          fp32_head: bool = True) -> torch.Tensor:
+    """log Z_K [M] of softmax((hidden W^T + b) / temperature) over the kept set of `truncation`, chunked:
+    subtracted from the full log-prob it gives the truncated policy's (learner/truncation.py)."""
+    return _ChunkedKeptLogMass.apply(hidden, weight, bias, truncation, float(temperature), int(chunk_size),
+                                     bool(fp32_head))
+
+
 def chunked_token_logprobs_and_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -191,6 +255,7 @@ def completion_token_stats_chunked(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     fp32_head: bool = True,
+    truncation: Truncation | None = None,
 ) -> TokenStats:
     """`sequences.completion_token_stats` without the [N, L, V] logits: the model body, then the LM
     head on the valid completion tokens only, chunked (`chunked_token_logprobs_and_entropy`).
@@ -217,16 +282,19 @@ def completion_token_stats_chunked(
     t = batch.completion_ids.shape[1]
     positions = batch.starts.unsqueeze(1) - 1 + torch.arange(t, device=batch.starts.device).unsqueeze(0)  # [N, T]
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
-    return head_token_stats(model, batch, hidden[rows, positions[rows, cols]], temperature, chunk_size, fp32_head)
+    return head_token_stats(model, batch, hidden[rows, positions[rows, cols]], temperature, chunk_size, fp32_head,
+                            truncation)
 
 
 def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: torch.Tensor, temperature: float,
-                     chunk_size: int, fp32_head: bool) -> TokenStats:
+                     chunk_size: int, fp32_head: bool, truncation: Truncation | None = None) -> TokenStats:
     """The LM head, chunked, on the hidden states [M, E] that predict the batch's valid completion tokens
     (in the order of `(completion_mask > 0).nonzero()`), scattered back to [N, T] log-probs and entropies.
 
-    The head's own weight goes in, so tied input/output embeddings get both gradient paths; a LoRA
-    head (lm_head in model.lora.target_modules) computes with W + (alpha / r) B A (`models.lora`).
+    `truncation`: log-probs of the sampler's truncated distribution (learner/truncation.py); the
+    entropies stay the full distribution's. The head's own weight goes in, so tied input/output
+    embeddings get both gradient paths; a LoRA head (lm_head in model.lora.target_modules) computes
+    with W + (alpha / r) B A (`models.lora`).
     """
     weight, bias = linear_weight(model.get_output_embeddings())
     n, t = batch.completion_ids.shape
@@ -235,6 +303,9 @@ def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: t
         predictors, weight, bias, batch.completion_ids[rows, cols],
         temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head,
     )
+    if truncation is not None:   # log pi^K = log p - log Z_K (learner/truncation.py)
+        logprobs = logprobs - chunked_kept_log_mass(predictors, weight, bias, truncation, temperature=temperature,
+                                                    chunk_size=chunk_size, fp32_head=fp32_head)
     # Scatter back to [N, T]; times the mask as in the naive path (a no-op for a 0/1 mask).
     mask = batch.completion_mask[rows, cols].to(logprobs.dtype)
     out_logprobs = logprobs.new_zeros(n, t).index_put((rows, cols), logprobs * mask)
@@ -243,15 +314,18 @@ def head_token_stats(model: PreTrainedModel, batch: SequenceBatch, predictors: t
     if batch.top_ids is not None:
         extra = batch.top_ids[rows, cols]                                                   # [M, K]
         values = chunked_logprobs_at(predictors.detach(), weight.detach(), None if bias is None else bias.detach(),
-                                     extra, temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head)
+                                     extra, temperature=temperature, chunk_size=chunk_size, fp32_head=fp32_head,
+                                     truncation=truncation)
         top = values.new_zeros(n, t, extra.shape[1]).index_put((rows, cols), values * mask.unsqueeze(1))
     return TokenStats(logprobs=out_logprobs, entropy=out_entropy, top_logprobs=top)
 
 
 @torch.no_grad()
 def chunked_logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor, *,
-                        temperature: float = 1.0, chunk_size: int = 1024, fp32_head: bool = True) -> torch.Tensor:
-    """log softmax((hidden W^T + b) / temperature) at K ids per token, [M, K], without gradient: hidden
+                        temperature: float = 1.0, chunk_size: int = 1024, fp32_head: bool = True,
+                        truncation: Truncation | None = None) -> torch.Tensor:
+    """log softmax((hidden W^T + b) / temperature) at K ids per token, [M, K], without gradient (with
+    `truncation`: renormalised over the sampler's kept tokens, -inf off them): hidden
     [M, H], ids [M, K] long. Chunked over tokens like `chunked_token_logprobs_and_entropy` (one [C, V]
     buffer at a time, never [M, V]); the same numbers as its log-probs at those ids. One more pass of
     the head over the tokens: DPPO's top-K divergence (arXiv 2602.04879) reads the learner's log-probs
@@ -263,5 +337,7 @@ def chunked_logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
     for start in range(0, hidden.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
         logits = _chunk_logits(hidden[rows], w, b, temperature)                            # [C, V]
+        if truncation is not None:
+            logits = logits.masked_fill(~truncation.kept(logits), float("-inf"))
         out[rows] = logits.gather(1, ids[rows]) - torch.logsumexp(logits, dim=-1, keepdim=True)
     return out

@@ -9,10 +9,12 @@ seen as input and never as a target."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import PreTrainedModel
+
+from reinforge.learner.truncation import Truncation, kept_log_mass
 
 
 @dataclass
@@ -31,6 +33,9 @@ class SequenceBatch:
     # [N, T, K] long: extra token ids per completion position whose log-probs the forward also returns
     # (TokenStats.top_logprobs, no gradient): the sampler's top-K (Rollout.sampler_top_ids); None: none
     top_ids: torch.Tensor | None = None
+    # [N, L, layers, k] long, MoE: the experts the sampler chose for each input token in each MoE layer
+    # (-1: not recorded, the learner's router chooses); replayed by learner/routing.py. None: no record.
+    routes: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> SequenceBatch:
         """The same rows on `device` (this batch itself when it is there already)."""
@@ -54,6 +59,7 @@ class SequenceBatch:
             completion_mask=self.completion_mask[index, :width],
             group_ids=None if self.group_ids is None else self.group_ids[index],
             top_ids=None if self.top_ids is None else self.top_ids[index, :width],
+            routes=None if self.routes is None else self.routes[index, :length],
         )
 
 
@@ -64,11 +70,13 @@ def build_sequences(
     pad_id: int,
     group_ids: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
+    routes: torch.Tensor | None = None,
     top_ids: torch.Tensor | None = None,
 ) -> SequenceBatch:
     """The rows as model inputs. completion_mask [N, T]: the tokens present (a prefix of each row,
     right-padded); loss_mask [N, T]: those trained on (None: all present ones), the batch's
-    `completion_mask`. top_ids [N, T, K]: extra ids whose log-probs the forward returns too (or None)."""
+    `completion_mask`. routes [N, S, layers, k]: the rollout's routing record (`Rollout.routes`).
+    top_ids [N, T, K]: extra ids whose log-probs the forward returns too (or None)."""
     n = len(prompt_ids)
     lengths = completion_mask.sum(dim=1).long()
     total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
@@ -87,7 +95,16 @@ def build_sequences(
         completion_mask=(completion_mask if loss_mask is None else loss_mask).float(),
         group_ids=group_ids,
         top_ids=top_ids,
+        routes=None if routes is None else _fit_routes(routes, input_ids.shape[1]),
     )
+
+
+def _fit_routes(routes: torch.Tensor, length: int) -> torch.Tensor:
+    """A routing record [N, S, layers, k] cut or -1-padded to the input width `length`."""
+    if routes.shape[1] >= length:
+        return routes[:, :length]
+    pad = torch.full((routes.shape[0], length - routes.shape[1], *routes.shape[2:]), -1, dtype=routes.dtype)
+    return torch.cat([routes, pad], dim=1)
 
 
 @dataclass
@@ -96,14 +113,18 @@ class TokenStats:
     entropy: torch.Tensor   # [N, T] entropy of the full next-token distribution (0 on padding)
     # [N, T, K] detached log-probs of the batch's top_ids at each position (0 off the mask); None without top_ids
     top_logprobs: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)   # what the forward measured (MoE: routing mismatch)
 
 
-def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> TokenStats:
+def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0,
+                           truncation: Truncation | None = None) -> TokenStats:
     """Log-probs and entropies of the completion tokens under `model`.
 
     The logits are divided by the sampling temperature so that, at equal
     weights, these log-probs are of the same distribution the sampler drew
-    from (the ratio exp(logp - mu) is then 1 up to numerics).
+    from (the ratio exp(logp - mu) is then 1 up to numerics); with `truncation`
+    (the sampler's top-k / top-p / min-p), renormalised over the kept tokens as the
+    sampler's were (learner/truncation.py). The entropy is the full distribution's.
     """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, L, V]
     n, t = batch.completion_ids.shape
@@ -114,12 +135,19 @@ def completion_token_stats(model: PreTrainedModel, batch: SequenceBatch, tempera
     picked = logits.gather(1, positions.unsqueeze(-1).expand(n, t, logits.shape[-1])).float() / temperature  # [N, T, V]
     logsumexp = torch.logsumexp(picked, dim=-1)
     token_logits = picked.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    logprobs = (token_logits - logsumexp) * batch.completion_mask
+    logprobs = token_logits - logsumexp
+    if truncation is not None:
+        logprobs = logprobs - kept_log_mass(picked, truncation)
+    logprobs = logprobs * batch.completion_mask
     probs = torch.softmax(picked, dim=-1)
     entropy = (logsumexp - (probs * picked).sum(dim=-1)) * batch.completion_mask
     top = None
-    if batch.top_ids is not None:
-        top = ((picked.detach().gather(-1, batch.top_ids) - logsumexp.detach().unsqueeze(-1))
-               * batch.completion_mask.unsqueeze(-1))                                  # [N, T, K]
+    if batch.top_ids is not None:   # the sampler's top-K ids, under the same (truncated) distribution
+        scores = picked.detach()
+        if truncation is not None:
+            scores = scores.masked_fill(~truncation.kept(scores.reshape(-1, scores.shape[-1])).view(scores.shape),
+                                        float("-inf"))
+        top = scores.gather(-1, batch.top_ids) - scores.logsumexp(dim=-1, keepdim=True)         # [N, T, K]
+        top = torch.where(batch.completion_mask.unsqueeze(-1) > 0, top, torch.zeros_like(top))
     return TokenStats(logprobs=logprobs, entropy=entropy, top_logprobs=top)
 

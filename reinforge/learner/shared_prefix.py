@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
+from reinforge.learner.truncation import Truncation
 from reinforge.models.decoder import (
     DecoderShape,
     DecoderWeights,
@@ -123,6 +124,7 @@ def completion_token_stats_shared(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     fp32_head: bool = True,
+    truncation: Truncation | None = None,
 ) -> TokenStats:
     """`logprobs.completion_token_stats_chunked` with each group's prompt run once.
 
@@ -148,7 +150,8 @@ def completion_token_stats_shared(
         freqs = rotary_factors(model, shape, width_all)
         geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
         hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
-        return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head)
+        return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head,
+                                truncation)
     slot, representative = _prompt_slots(batch, group_ids)
     # Token t >= 1 is predicted at completion position t - 1: row i's pass needs positions
     # 0..need[i]-1, need[i] its last trained token's column (0: its tokens are predicted by the prompt
@@ -194,4 +197,4 @@ def completion_token_stats_shared(
     predictors = torch.cat(pieces)[back]
 
     # 3. the LM head on the valid tokens only
-    return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head)
+    return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)

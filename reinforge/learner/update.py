@@ -149,7 +149,8 @@ class UpdateSettings:
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
         return cls(
             ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
-            temperature=rollout.temperature, forward=ForwardPlan.from_config(train), max_length=rollout.max_new_tokens,
+            temperature=rollout.temperature, forward=ForwardPlan.from_config(train, rollout),
+            max_length=rollout.max_new_tokens,
         )
 
 
@@ -278,7 +279,7 @@ def _accumulate(
         )
         finite &= bool(torch.isfinite(out.loss.detach()))
         out.loss.backward()
-        means.add(out.metrics)
+        means.add({**out.metrics, **stats.metrics})
 
     batch.share.run_passes(forward.micro_batches(batch.sequences, mb), run,
                            lambda seq: token_stats(model, seq, temperature, forward).logprobs)

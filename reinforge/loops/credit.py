@@ -31,7 +31,7 @@ import torch
 from reinforge.learner.critic import Critic
 from reinforge.learner.forward import ForwardPlan
 from reinforge.learner.sequences import SequenceBatch
-from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, shaped_rewards
+from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, advantage_kl_shift, shaped_rewards
 from reinforge.objectives.kl import adaptive_kl_coef, reward_kl_terms
 from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards, placed_token_rewards
 
@@ -75,18 +75,33 @@ class GroupCredit:
 
     def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
                old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, generator: torch.Generator,
-               token_rewards: torch.Tensor | None = None) -> AdvantageResult:
+               token_rewards: torch.Tensor | None = None, baselines: torch.Tensor | None = None) -> AdvantageResult:
         """`token_rewards` (turn-credited episodes) are not read: a group advantage compares whole
-        trajectories, by `rewards`, their sums (the config refuses that combination)."""
+        trajectories, by `rewards`, their sums (the config refuses that combination). `baselines` [N]:
+        the reward of each row's prompt's greedy completion (ReMax), for an estimator that takes them.
+
+        A KL in the reward is charged as the estimator asks: per token (REINFORCE++'s returns), by its
+        sequence sum before the estimator (PPO's in-reward KL), or centred after it (T1's on-policy
+        normalisation, `advantage_kl_shift`)."""
         spec = dataclasses.replace(self.spec, kl_coef=self.reward_kl.coef)
-        shaped = shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, sequences.completion_mask)
-        self.metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, sequences.completion_mask, valid)
-        if bool(valid.all()):
-            return self.pipeline(shaped, group_ids, generator=generator)
+        mask = sequences.completion_mask
+        per_token = "token_penalty" in self.pipeline.inputs
+        shaped = rewards if per_token else shaped_rewards(spec, rewards, old_logprobs, ref_logprobs, mask)
+        self.metrics = self.reward_kl.observe(old_logprobs, ref_logprobs, mask, valid)
+        penalty = (self.reward_kl.coef * self.reward_kl.terms(old_logprobs, ref_logprobs, mask)
+                   if per_token and self.reward_kl.active else None)                     # [N, T]
         rows = valid.nonzero().squeeze(1)
-        part = self.pipeline(shaped[rows], group_ids[rows], generator=generator)
-        return AdvantageResult(shaped.new_zeros(len(shaped)).index_copy_(0, rows, part.advantages),
-                               torch.zeros_like(valid).index_copy_(0, rows, part.keep))
+        inputs = {"baselines": baselines, "mask": mask, "token_penalty": penalty}
+        part = self.pipeline(shaped[rows], group_ids[rows], generator=generator,
+                             **{k: None if v is None else v[rows] for k, v in inputs.items()})
+        advantages = part.advantages
+        shift = advantage_kl_shift(spec, _rows(old_logprobs, rows), _rows(ref_logprobs, rows), mask[rows])
+        if shift is not None:
+            advantages = advantages - (shift if advantages.dim() == 1 else shift[:, None] * mask[rows])
+        if len(rows) == len(valid):
+            return AdvantageResult(advantages, part.keep)
+        full = advantages.new_zeros((len(valid), *advantages.shape[1:])).index_copy_(0, rows, advantages)
+        return AdvantageResult(full, torch.zeros_like(valid).index_copy_(0, rows, part.keep))
 
     def after_update(self, keep: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
         return dict(self.metrics)
@@ -97,6 +112,10 @@ class GroupCredit:
     def load_state_dict(self, state: dict) -> None:
         self.pipeline.load_state_dict(state["advantage"])
         self.reward_kl.coef = state["kl_coef"]
+
+
+def _rows(tensor: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]
 
 
 class CriticCredit:
@@ -111,8 +130,9 @@ class CriticCredit:
 
     def assign(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor,
                old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, generator: torch.Generator,
-               token_rewards: torch.Tensor | None = None) -> AdvantageResult:
-        """`token_rewards` [N, T]: rewards already on their tokens (an environment crediting turn by turn:
+               token_rewards: torch.Tensor | None = None, baselines: torch.Tensor | None = None) -> AdvantageResult:
+        """`baselines` are not read (GAE's baseline is the critic). `token_rewards` [N, T]: rewards already
+        on their tokens (an environment crediting turn by turn:
         each turn's reward on its last token); None: each row's reward on its last token."""
         mask = sequences.completion_mask
         v = self.spec.value

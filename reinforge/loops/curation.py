@@ -119,6 +119,9 @@ class Scores:
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     # [N, T] per-token terms of reward sources (distillation, process rewards), added to the advantage
     token_advantages: torch.Tensor | None = None
+    # [N] float: the reward of the greedy completion of each row's prompt (ReMax's baseline, loops/baselines.py);
+    # None: not generated
+    baselines: torch.Tensor | None = None
     # figures of a part of the rows (one per domain of a mix, `domain_metrics`), each with its number of
     # rows: averaged over a step's rounds weighted by it (the whole batch's, as `metrics`)
     weighted_metrics: list[tuple[int, dict[str, float]]] = field(default_factory=list)
@@ -127,7 +130,8 @@ class Scores:
         """These rows' scores (the metrics are the whole batch's, and stay with it)."""
         return Scores(self.rewards[rows], self.valid[rows], self.correct[rows],
                       parts={k: v[rows] for k, v in self.parts.items()},
-                      token_advantages=self.token_advantages[rows] if self.token_advantages is not None else None)
+                      token_advantages=self.token_advantages[rows] if self.token_advantages is not None else None,
+                      baselines=self.baselines[rows] if self.baselines is not None else None)
 
     @staticmethod
     def concat(parts: list[Scores]) -> Scores:
@@ -142,7 +146,8 @@ class Scores:
                 for s, t in zip(parts, tokens, strict=True)])
         return Scores(*(torch.cat([getattr(s, name) for s in parts]) for name in ("rewards", "valid", "correct")),
                       parts={k: torch.cat([s.parts[k] for s in parts]) for k in parts[0].parts},
-                      token_advantages=token_advantages)
+                      token_advantages=token_advantages,
+                      baselines=None if parts[0].baselines is None else torch.cat([s.baselines for s in parts]))
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
         sampler_top_ids=None if rollout.sampler_top_ids is None else rollout.sampler_top_ids[rows],
         sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
+        routes=None if rollout.routes is None else rollout.routes[rows],
     )
 
 

@@ -262,7 +262,7 @@ class Learner:
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
-                                    loss_mask=rollout.loss_mask, top_ids=rollout.sampler_top_ids)
+                                    loss_mask=rollout.loss_mask, routes=rollout.routes, top_ids=rollout.sampler_top_ids)
         old_logprobs = (dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
                         if self.old_before_update else None)
         ref_logprobs = (dp.rowwise(sequences, lambda rows: state.reference.logprobs(rows, temperature, forward))
@@ -270,7 +270,8 @@ class Learner:
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the
         #    critic's GAE (loops/credit.py); transforms may drop samples
         credit = state.credit.assign(sequences, scores.rewards, scores.valid, rollout.group_ids, old_logprobs,
-                                     ref_logprobs, state.generator, environment_token_rewards(rollout))
+                                     ref_logprobs, state.generator, environment_token_rewards(rollout),
+                                     baselines=scores.baselines)
         keep = credit.keep & curated.row_keep    # advantage transforms and curation may drop rows
         advantages = with_token_terms(credit.advantages, scores.token_advantages, sequences.completion_mask)
         self.samples = StepSamples(curated.examples, rollout, scores.rewards, scores.parts, advantages, keep)

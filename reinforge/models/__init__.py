@@ -3,6 +3,7 @@ Llama-family decoder forward that the native engine and the learner run (`models
 
 from reinforge.models.factory import (
     Policy,
+    build_tiny_moe,
     build_tiny_qwen2,
     load_policy,
     model_device,
@@ -10,4 +11,6 @@ from reinforge.models.factory import (
     save_policy,
 )
 
-__all__ = ["Policy", "build_tiny_qwen2", "load_policy", "model_device", "resolve_device", "save_policy"]
+__all__ = [
+    "Policy", "build_tiny_moe", "build_tiny_qwen2", "load_policy", "model_device", "resolve_device", "save_policy",
+]

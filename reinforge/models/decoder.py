@@ -31,8 +31,10 @@ from reinforge.errors import ConfigError
 from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
+from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
 
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY     # one list, readable without torch at config check (models/model_dir.py)
+# one list, readable without torch at config check (models/model_dir.py)
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MOE_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,10 @@ def decoder_shape(model: PreTrainedModel) -> DecoderShape:
             "the native rollout engine does not support logit soft-capping; use rollout.engine=hf"
         )
     window = getattr(config, "sliding_window", None)
-    if config.model_type in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
+    qwen = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+    if config.model_type in qwen and not getattr(config, "use_sliding_window", False):
         window = None
-    if config.model_type in ("qwen2", "qwen3") and window is not None:
+    if config.model_type in qwen and window is not None:
         # Qwen applies the window only to some layers (max_window_layers); not modelled here.
         raise NotImplementedError(
             "the native rollout engine does not support Qwen's sliding-window layers; use rollout.engine=hf"
@@ -126,9 +129,10 @@ class LayerWeights:
     o: torch.Tensor
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor               # [2 I, E]
-    down: torch.Tensor
+    gate_up: torch.Tensor | None        # [2 I, E]; None in an MoE layer
+    down: torch.Tensor | None
     act: Callable[[torch.Tensor], torch.Tensor] | None   # None: SiLU (SwiGLU; fused on CPU, kernels.swiglu)
+    moe: MoEWeights | None = None       # an MoE layer's router and experts (models/moe.py), in place of gate_up/down
 
 
 @dataclass
@@ -196,8 +200,12 @@ class DecoderWeights:
             attn, mlp = layer.self_attn, layer.mlp
             qkv = [plain(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
             (q, _), (k, _), (v, _) = qkv
-            (gate, gate_b), (up, up_b), (down, down_b) = (plain(getattr(mlp, n), f"layer {i} {n}")
-                                                          for n in ("gate_proj", "up_proj", "down_proj"))
+            moe = MoEWeights.of(mlp)
+            if moe is not None and not silu:
+                raise NotImplementedError("the native rollout engine runs SiLU experts only; use rollout.engine=hf")
+            (gate, gate_b), (up, up_b), (down, down_b) = (
+                ((None, None),) * 3 if moe is not None
+                else (plain(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj", "down_proj")))
             if gate_b is not None or up_b is not None or down_b is not None:
                 raise NotImplementedError(
                     "the native rollout engine does not support MLP biases; use rollout.engine=hf"
@@ -218,9 +226,10 @@ class DecoderWeights:
                 o=o,
                 o_bias=o_bias,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=torch.cat([gate, up]),
+                gate_up=None if moe is not None else torch.cat([gate, up]),
                 down=down,
                 act=None if silu else mlp.act_fn,
+                moe=moe,
             ))
         head, head_bias = plain(model.get_output_embeddings(), "the LM head")
         if head_bias is not None:
@@ -237,13 +246,15 @@ class DecoderWeights:
 
 
 def decoder_layers(
-    shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend
+    shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend,
+    routes: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run every decoder layer on hidden [B, S, E] and the final norm; differentiable when `w` is.
 
     `freqs`: complex rotary factors broadcastable to [B, S, 1, D/2]. `attend(layer, q [B, S, H, D],
     k [B, S, kv, D], v [B, S, kv, D]) -> [B, S, H * D]` is the attention, which owns the keys and
     values (a cache, a shared prompt); q and k are already rotated, in the interleaved layout.
+    `routes`: each MoE layer appends the experts [B, S, k] its tokens went to (routing replay's record).
     """
     (b, s, e), heads, kv = hidden.shape, shape.num_heads, shape.num_kv_heads
     # Tokens as rows [B S, E]: each residual add rides on its projection's GEMM (addmm), one pass
@@ -261,6 +272,12 @@ def decoder_layers(
             k = _rope(F.rms_norm(qkv[:, :, heads : heads + kv], (shape.head_dim,), lw.k_norm, w.eps), freqs)
         out = attend(index, q, k, qkv[:, :, heads + kv :]).reshape(b * s, -1)
         x = torch.addmm(x, out, lw.o.t()) if lw.o_bias is None else x + F.linear(out, lw.o, lw.o_bias)
+        if lw.moe is not None:
+            out, experts = moe_mlp(rms_norm(x, lw.post_norm, w.eps), lw.moe)
+            x = x + out
+            if routes is not None:
+                routes.append(experts.view(b, s, -1))
+            continue
         gate_up = F.linear(rms_norm(x, lw.post_norm, w.eps), lw.gate_up)
         x = torch.addmm(x, swiglu(gate_up, lw.act), lw.down.t())
     return rms_norm(x, w.final_norm, w.eps).view(b, s, e)
@@ -268,7 +285,8 @@ def decoder_layers(
 
 def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
              prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
-             fused: bool = True) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+             fused: bool = True, routes: list[torch.Tensor] | None = None,
+             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
     completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
     rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys and values [P, Lp, kv, D]
@@ -277,7 +295,8 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) when `fused`, the
     kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
     as an additive mask: the same numbers within float rounding (tests/test_shared_prefix.py).
-    Sliding windows are applied on the second path only (the shared-prompt learner refuses them)."""
+    Sliding windows are applied on the second path only (the shared-prompt learner refuses them).
+    MoE layers run on the second path; `routes` as in `decoder_layers`."""
     b, s = ids.shape
     hidden = F.embedding(ids, w.embed, padding_idx)
     keys: list[torch.Tensor] = []
@@ -285,6 +304,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     if (
         fused
         and shape.sliding_window is None
+        and all(lw.moe is None for lw in w.layers)
         and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers)
     ):
         x = hidden.reshape(b * s, -1)
@@ -316,7 +336,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         return out.transpose(1, 2).flatten(2)
 
     at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
-    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend), keys, values
+    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend, routes), keys, values
 
 
 def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    CONFIG_MAPPING,
     AutoModelForCausalLM,
     GenerationConfig,
     PreTrainedModel,
@@ -68,6 +69,37 @@ def build_tiny_qwen2(cfg: ModelConfig, seed: int) -> Policy:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+    )
+    return Policy(model=model.to(DTYPES[cfg.dtype]), tokenizer=tokenizer)
+
+
+def build_tiny_moe(cfg: ModelConfig, seed: int) -> Policy:
+    """The built-in model as a randomly initialised MoE decoder of `cfg.moe.architecture`, sized by
+    `cfg` (attention, layers) and `cfg.moe` (experts, top-k, expert width), with the char tokenizer."""
+    moe, tokenizer = cfg.moe, build_char_tokenizer()
+    if moe.top_k > moe.experts:
+        raise ConfigError(f"model.moe.top_k={moe.top_k} exceeds model.moe.experts={moe.experts}: lower model.moe.top_k")
+    if moe.architecture == "mixtral" and not moe.norm_topk_prob:
+        raise ConfigError("model.moe.architecture=mixtral always renormalises its gates: "
+                          "remove model.moe.norm_topk_prob")
+    routed = dict(num_experts=moe.experts, moe_intermediate_size=moe.expert_size, norm_topk_prob=moe.norm_topk_prob,
+                  decoder_sparse_step=1, mlp_only_layers=[])
+    experts = {
+        "qwen2_moe": dict(**routed, shared_expert_intermediate_size=moe.shared_expert_size, ),
+        "qwen3_moe": dict(**routed, head_dim=cfg.hidden_size // cfg.num_heads),
+        "mixtral": dict(num_local_experts=moe.experts, intermediate_size=moe.expert_size),
+    }[moe.architecture]
+    config = CONFIG_MAPPING[moe.architecture](
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, num_experts_per_tok=moe.top_k,
+        max_position_embeddings=cfg.max_positions, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, output_router_logits=False, **experts,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
     )
@@ -134,7 +166,7 @@ def load_policy(cfg: ModelConfig, seed: int) -> Policy:
     adapters are initialised on the CPU and then moved, so a seed gives the same weights on any device."""
     device = resolve_device(cfg.device)
     if cfg.path == "builtin":
-        policy = build_tiny_qwen2(cfg, seed)
+        policy = build_tiny_qwen2(cfg, seed) if cfg.moe is None else build_tiny_moe(cfg, seed)
     else:
         path = check_model_path(cfg.path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[cfg.dtype])
@@ -162,6 +194,7 @@ def save_policy(policy: Policy, directory: str | Path, sampling: RolloutConfig |
         generation = copy.deepcopy(model.generation_config)
         eos = policy.eos_token_ids
         generation.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          min_p=sampling.min_p or None,
                           max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.tokenizer.pad_token_id,
                           eos_token_id=eos[0] if len(eos) == 1 else eos)
         generation.save_pretrained(str(directory))

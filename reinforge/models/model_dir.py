@@ -19,6 +19,9 @@ from reinforge.errors import ConfigError
 # The decoders the native engine and the shared-prompt learner forward implement (the list
 # models/decoder.py checks loaded models against; kept here so that reading it needs no torch).
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+# Their Mixture-of-Experts relatives (models/moe.py): the native decoder runs them; the learner runs the
+# model's own forward, where routing replay swaps the routers' choice (learner/routing.py).
+MOE_MODEL_TYPES = ("qwen2_moe", "mixtral", "qwen3_moe")
 # Rotary variants whose frequencies do not depend on the sequence length, so one table serves a whole call.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -76,8 +79,8 @@ def native_refusal(config: dict[str, Any]) -> str | None:
     """Why the native decoder cannot run the model of `config` (a parsed config.json), or None
     when it can. The same conditions as models.decoder.decoder_shape, read from the file."""
     model_type = config.get("model_type")
-    if model_type not in LLAMA_FAMILY:
-        return f"{model_type} is not Llama-family ({', '.join(LLAMA_FAMILY)})"
+    if model_type not in LLAMA_FAMILY + MOE_MODEL_TYPES:
+        return f"{model_type} is not Llama-family ({', '.join(LLAMA_FAMILY + MOE_MODEL_TYPES)})"
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if rope_type not in STATIC_ROPE_TYPES:
@@ -88,7 +91,7 @@ def native_refusal(config: dict[str, Any]) -> str | None:
     if config.get("final_logit_softcapping") is not None:
         return f"{model_type} soft-caps its logits, which the native decoder does not"
     if (
-        model_type in ("qwen2", "qwen3")
+        model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
         and config.get("use_sliding_window")
         and config.get("sliding_window") is not None
     ):
@@ -101,6 +104,9 @@ def shared_prefix_refusal(config: dict[str, Any]) -> str | None:
     reason = native_refusal(config)
     if reason is not None:
         return reason
+    if config.get("model_type") in MOE_MODEL_TYPES:
+        return (f"{config.get('model_type')} is a Mixture-of-Experts model, whose routing is recorded and replayed "
+                "on the model's own forward")
     if config.get("model_type") == "mistral" and config.get("sliding_window") is not None:
         return "mistral uses sliding-window attention, which the shared-prompt learner forward does not model"
     if config.get("attention_dropout"):

@@ -4,7 +4,8 @@ Each part is a registry of functions with one signature, so a new paper is
 one function plus one entry; any entry may also be user code given by
 import path "package.module:function".
 
-- `advantages`: ADVANTAGES (rewards [N] + group ids [N] -> [N]),
+- `advantages`: ADVANTAGES (rewards [N] + group ids [N] -> [N]; REINFORCE++'s, in
+  `token_advantages`, -> [N, T] per-token returns whitened over the batch),
   ADVANTAGE_TRANSFORMS (noise, |A| filter, EMA baseline mix) and the
   stateful AdvantagePipeline.
 - `policy` / `policy_sequence`: POLICY_LOSSES, per-token terms l = -J [N, T]
@@ -35,6 +36,7 @@ from reinforge.objectives.corrections import CORRECTIONS, apply_correction, mism
 from reinforge.objectives.kl import KL_ESTIMATORS
 from reinforge.objectives.loss import (
     LossOutput,
+    advantage_kl_shift,
     objective_loss,
     recipe_loss,
     resolve_spec,
@@ -69,6 +71,7 @@ __all__ = [
     "PreferenceSpec",
     "Recipe",
     "ValueSpec",
+    "advantage_kl_shift",
     "apply_correction",
     "compute_advantages",
     "decoupled_gae",

@@ -19,6 +19,12 @@ transforms"), with the signature
 
 and sit in `ADVANTAGE_TRANSFORMS`. Critic-based advantages (GAE) need values
 and per-token rewards and live in `reinforge.objectives.value`.
+
+An estimator may also declare inputs beyond rewards and group ids (`EXTRA_INPUTS`), which
+the caller supplies and `AdvantagePipeline` passes to it alone: `baselines` [N] (ReMax's
+reward of a greedy completion of the same prompt), `mask` [N, T] and `token_penalty` [N, T]
+(the per-token KL in the reward, for REINFORCE++'s per-token returns, which give [N, T]
+advantages; `token_advantages`).
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ import torch
 from torch import Tensor
 
 from reinforge.objectives.common import Groups, check_params, resolve
+from reinforge.objectives.token_advantages import reinforce_pp, reinforce_pp_baseline
 from reinforge.objectives.value import CRITIC_ADVANTAGES
 
+# Inputs an estimator may declare that the caller supplies (see the module docstring).
+EXTRA_INPUTS = ("baselines", "mask", "token_penalty")
 # The inputs an estimator / a transform receives from its caller; their other
 # keyword arguments are settable parameters (ObjectiveSpec.advantage_params, Part.params).
-ADVANTAGE_INPUTS = ("rewards", "group_ids", "state")
+ADVANTAGE_INPUTS = ("rewards", "group_ids", "state", *EXTRA_INPUTS)
 TRANSFORM_INPUTS = ("advantages", "rewards", "group_ids", "state", "generator")
 
 
@@ -221,6 +230,19 @@ def gpg(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return alpha * dr_grpo(rewards, group_ids)
 
 
+def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor) -> Tensor:
+    """ReMax (arXiv 2310.10505): A_i = R_i - R(ybar_i), ybar_i the greedy completion of sample i's prompt.
+
+    It is decoded greedily (argmax) with the same weights and scored by the same reward;
+    `baselines` [N] holds R(ybar_i) for every sample (the trainer system "greedy_baseline"
+    generates it, loops/baselines.py). The greedy completion is not trained on. Groups are ignored.
+    """
+    _check_inputs(rewards, group_ids)
+    if baselines.shape != rewards.shape:
+        raise ValueError(f"baselines must be [N] like rewards, got {tuple(baselines.shape)} and {tuple(rewards.shape)}")
+    return _as_float(rewards) - baselines.to(_as_float(rewards).dtype)
+
+
 ADVANTAGES: dict[str, Callable[..., Tensor]] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
@@ -230,6 +252,9 @@ ADVANTAGES: dict[str, Callable[..., Tensor]] = {
     "reinforce": reinforce,
     "maxrl": maxrl,
     "gpg": gpg,
+    "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "remax": remax,
 }
 
 
@@ -240,7 +265,7 @@ ADVANTAGES: dict[str, Callable[..., Tensor]] = {
 class AdvantageResult:
     """Advantages after the estimator and transforms, and which samples stay in the batch."""
 
-    advantages: Tensor   # [N] per-sequence advantages
+    advantages: Tensor   # [N] per-sequence advantages ([N, T] from a per-token estimator: REINFORCE++)
     keep: Tensor         # [N] bool; False = drop the sample from the batch (e.g. filter_small)
 
 
@@ -369,13 +394,33 @@ class AdvantagePipeline:
             self.transforms.append((fn, dict(transform_params)))
         self.states: dict[str, dict[str, Tensor]] = {"estimator": {}}
         self.states.update({f"transforms.{i}": {} for i in range(len(self.transforms))})
-        self._estimator_takes_state = "state" in inspect.signature(self.estimator).parameters
+        self.name = estimator
+        signature = inspect.signature(self.estimator).parameters
+        self._estimator_takes_state = "state" in signature
+        # the caller-supplied inputs it declares, and those it cannot go without (no default)
+        self.inputs = {name for name in EXTRA_INPUTS if name in signature}
+        self._required = {name for name in self.inputs if signature[name].default is inspect.Parameter.empty}
 
-    def __call__(self, rewards: Tensor, group_ids: Tensor, generator: torch.Generator | None = None) -> AdvantageResult:
-        """Advantages [N] and keep [N] of one batch; updates the state."""
-        extra = {"state": self.states["estimator"]} if self._estimator_takes_state else {}
+    def __call__(self, rewards: Tensor, group_ids: Tensor, generator: torch.Generator | None = None,
+                 **inputs: Tensor | None) -> AdvantageResult:
+        """Advantages ([N], or [N, T] from a per-token estimator) and keep [N] of one batch; updates the state.
+
+        `inputs`: the caller's EXTRA_INPUTS (None = not available); each goes to the estimator only if it
+        declares it, and one it declares without a default must be given."""
+        unknown = set(inputs) - set(EXTRA_INPUTS)
+        if unknown:
+            raise ValueError(f"unknown advantage inputs {sorted(unknown)}; known: {', '.join(EXTRA_INPUTS)}")
+        missing = sorted(name for name in self._required if inputs.get(name) is None)
+        if missing:
+            raise ValueError(f"advantage {self.name!r} needs {', '.join(missing)}, which this batch does not have")
+        extra = {name: inputs[name] for name in self.inputs if inputs.get(name) is not None}
+        if self._estimator_takes_state:
+            extra["state"] = self.states["estimator"]
         advantages = self.estimator(rewards, group_ids, **self.params, **extra)
-        result = AdvantageResult(advantages, _keep_all(advantages))
+        if advantages.dim() != 1 and self.transforms:
+            raise ValueError(f"advantage {self.name!r} gives per-token advantages: the advantage transforms take [N]")
+        result = AdvantageResult(advantages, torch.ones(advantages.shape[0], dtype=torch.bool,
+                                                        device=advantages.device))
         for i, (fn, params) in enumerate(self.transforms):
             step = fn(result.advantages, rewards=rewards, group_ids=group_ids,
                       state=self.states[f"transforms.{i}"], generator=generator, **params)

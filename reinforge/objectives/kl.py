@@ -95,6 +95,31 @@ def sequence_kl_penalty(
     return kl_coef * reward_kl_terms(estimator, old_logprobs, ref_logprobs, mask).sum(dim=1)
 
 
+def centred_kl_penalty(
+    old_logprobs: Tensor,      # [N, T] log pi_old of the sampled tokens
+    ref_logprobs: Tensor,      # [N, T] log pi_ref
+    mask: Tensor,              # [N, T]
+    kl_coef: float,
+    estimator: str = "k1",
+) -> Tensor:
+    """T1's on-policy KL normalisation (arXiv 2501.11651, "on-policy KL normalization"), [N]:
+
+        KL_i = sum_t sg(k_it),   p_i = beta (KL_i - mean_j KL_j),   A_i <- A_i - p_i
+
+    the mean over the batch's on-policy samples j (every row given: the caller passes the valid
+    ones). The reward's KL penalty is centred before it joins the advantage, after the estimator:
+    so the group normalisation neither cancels it (a penalty shared by a group would) nor rescales
+    it, and, with KL_i >= 0, it no longer shifts every advantage down (which would lower the
+    probability of every sampled answer, correct ones too); only a sample's KL relative to the
+    batch's is charged. The paper pairs it with the EMA reference (`ema_update_`). This formula
+    is a reading of the paper's description (the KL's mean over the on-policy samples is
+    subtracted so that the KL-penalised reward stays centred); Tinker's centred KL penalty,
+    A_t += beta (mean KL - k_t), does the same per token.
+    """
+    kl = reward_kl_terms(estimator, old_logprobs, ref_logprobs, mask).sum(dim=1)           # [N]
+    return kl_coef * (kl - kl.mean()) if kl.numel() else kl
+
+
 @torch.no_grad()
 def ema_update_(reference: Iterable[Tensor], policy: Iterable[Tensor], ema: float) -> None:
     """ref <- ema ref + (1 - ema) theta, in place, parameter by parameter (T1's EMA reference).

@@ -10,6 +10,7 @@ that is not split.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from reinforge.objectives.corrections import (
     CORRECTIONS,
     apply_correction,
 )
-from reinforge.objectives.kl import KL_ESTIMATORS, kl_terms, sequence_kl_penalty
+from reinforge.objectives.kl import KL_ESTIMATORS, centred_kl_penalty, kl_terms, sequence_kl_penalty
 from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import ObjectiveSpec, ValueSpec, stale_params
@@ -93,9 +94,15 @@ def check_spec(spec: ObjectiveSpec) -> None:
     if spec.advantage in CRITIC_ADVANTAGES:
         if spec.value is None:
             raise ValueError(f"advantage {spec.advantage!r} needs a critic: set the objective's value settings")
+        if spec.kl_normalization != "none":
+            raise ValueError("kl_normalization=on_policy centres a sequence's KL after a group estimator; advantage "
+                             f"{spec.advantage!r} places it on the critic's tokens: set kl_normalization=none")
     else:
         advantage_fn = resolve(ADVANTAGES, spec.advantage, "advantage estimator")
         check_params(advantage_fn, spec.advantage_params, f"advantage {spec.advantage!r}", reserved=ADVANTAGE_INPUTS)
+        if spec.kl_normalization != "none" and "token_penalty" in inspect.signature(advantage_fn).parameters:
+            raise ValueError(f"advantage {spec.advantage!r} charges the KL in the reward per token: "
+                             "kl_normalization=on_policy would charge it twice; set kl_normalization=none")
     for part in spec.advantage_transforms:
         transform = resolve(ADVANTAGE_TRANSFORMS, part.name, "advantage transform")
         check_params(transform, part.params, f"advantage transform {part.name!r}", reserved=TRANSFORM_INPUTS)
@@ -106,8 +113,11 @@ def check_spec(spec: ObjectiveSpec) -> None:
     if spec.kl_estimator is not None:
         resolve(KL_ESTIMATORS, spec.kl_estimator, "KL estimator")
     for field_name, allowed in (("ratio_anchor", ("old", "sampler")), ("kl_placement", ("in_loss", "in_reward")),
-                                ("reference", ("fixed", "ema"))):
+                                ("reference", ("fixed", "ema")), ("kl_normalization", ("none", "on_policy"))):
         lookup({a: a for a in allowed}, getattr(spec, field_name), field_name)
+    if spec.kl_normalization != "none" and spec.kl_placement != "in_reward":
+        raise ValueError("kl_normalization=on_policy centres a KL placed in the reward: set kl_placement=in_reward "
+                         "(a KL in the loss minus a constant has the same gradient)")
     if spec.kl_coef < 0 or spec.nll_coef < 0:
         raise ValueError(f"kl_coef and nll_coef must be >= 0, got {spec.kl_coef} and {spec.nll_coef}")
     if not 0.0 <= spec.reference_ema <= 1.0:
@@ -145,11 +155,28 @@ def shaped_rewards(
     mask: Tensor,                        # [N, T]
 ) -> Tensor:
     """The rewards the advantage sees: R_i - beta sum_t sg(k_it), k the spec's kl_estimator, with
-    the KL placed in the reward (kl_placement="in_reward", PPO / InstructGPT), else R unchanged."""
-    if spec.kl_placement != "in_reward" or not spec.needs_reference:
+    the KL placed in the reward (kl_placement="in_reward", PPO / InstructGPT), else R unchanged.
+    With kl_normalization="on_policy" (T1) the penalty joins the advantage instead, centred
+    (`advantage_kl_shift`): R unchanged here."""
+    if spec.kl_placement != "in_reward" or not spec.needs_reference or spec.kl_normalization != "none":
         return rewards
     return rewards - sequence_kl_penalty(old_logprobs, _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
                                          mask, spec.kl_coef, spec.kl_estimator)
+
+
+def advantage_kl_shift(
+    spec: ObjectiveSpec,
+    old_logprobs: Tensor | None,         # [N, T] log pi_old of the sampled tokens
+    ref_logprobs: Tensor | None,         # [N, T] log pi_ref
+    mask: Tensor,                        # [N, T]
+) -> Tensor | None:
+    """[N] what the advantage loses to a normalised KL in the reward (kl.centred_kl_penalty, T1's
+    kl_normalization="on_policy"): A_i <- A_i - shift_i after the estimator. None without one."""
+    if spec.kl_placement != "in_reward" or not spec.needs_reference or spec.kl_normalization == "none":
+        return None
+    return centred_kl_penalty(_required(old_logprobs, "old_logprobs (KL in the reward)"),
+                              _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
+                              mask, spec.kl_coef, spec.kl_estimator)
 
 
 def _required(tensor: Tensor | None, what: str) -> Tensor:

@@ -29,6 +29,7 @@ SYSTEMS: dict[str, str] = {
     "fp32_lm_head": "an fp32 LM head in low-precision training",
     "async": "asynchronous rollout and training with bounded staleness",
     "preference_loop": "the preference (DPO) training loop over chosen/rejected pairs",
+    "greedy_baseline": "a greedy completion of each prompt (not trained on), scored as the baseline (ReMax)",
 }
 
 
@@ -148,9 +149,11 @@ _RECIPES = [
            extras=("value pre-training", "positive NLL 0.1", "dynamic sampling"),
            requires=("critic", "value_pretraining", "dynamic_sampling"), settings={"curation": _DYNAMIC_SAMPLING}),
     # T1 gives no numbers for the EMA rate or the entropy coefficient: 0.99 and 1e-3 are choices.
+    # The KL sits in the reward, centred on the batch mean after the advantage (on-policy KL normalisation).
     Recipe("t1", _rl("grpo", "ppo_clip", "token_mean", _PPO_CLIP, kl_estimator="k3", kl_coef=0.04,
+                     kl_placement="in_reward", kl_normalization="on_policy",
                      reference="ema", reference_ema=0.99, entropy_coef=1e-3),
-           "arXiv 2501.11651", "k3 KL to an EMA of the policy, entropy bonus",
+           "arXiv 2501.11651", "k3 KL to an EMA of the policy, centred on its on-policy mean; entropy bonus",
            extras=("entropy bonus 1e-3",)),
     Recipe("areal", _rl("grpo", "decoupled_ppo", "token_mean", {"eps": 0.2, "w_max": 5.0}),
            "arXiv 2505.24298", "decoupled PPO: proximal policy for the clip, behaviour weight for staleness",
@@ -159,6 +162,21 @@ _RECIPES = [
     Recipe("dpo", PreferenceSpec(loss_type="sigmoid", beta=0.1),
            "arXiv 2305.18290", "-log sigmoid(beta (h_w - h_l)) over chosen/rejected pairs; ipo and label smoothing",
            extras=("beta 0.1", "ipo: (h_w - h_l - 1/(2 beta))^2", "label smoothing s"), requires=("preference_loop",)),
+]
+
+# REINFORCE++ (OpenRLHF's defaults: k1 KL in the reward with beta 0.01; the baseline variant puts a k2 KL,
+# beta 1e-3, in the loss, whose on-policy gradient is that of k1 in the reward) and ReMax (no KL, one update).
+_RECIPES += [
+    Recipe("reinforce_pp", _rl("reinforce_pp", "ppo_clip", "token_mean", _PPO_CLIP, kl_estimator="k1",
+                               kl_placement="in_reward", kl_coef=0.01),
+           "arXiv 2501.03262", "per-token returns with a k1 KL in the reward, whitened over the whole batch"),
+    Recipe("reinforce_pp_baseline", _rl("reinforce_pp_baseline", "ppo_clip", "token_mean", _PPO_CLIP,
+                                        kl_estimator="k2", kl_coef=1e-3),
+           "arXiv 2501.03262", "group-mean baseline, then whitened by the batch (not the group) std; k2 KL loss"),
+    Recipe("remax", _rl("remax", "reinforce", "seq_mean_token_sum"),
+           "arXiv 2310.10505", "REINFORCE with the reward of the prompt's greedy completion as baseline",
+           extras=("greedy baseline rollout", "one update per batch"), requires=("greedy_baseline",),
+           settings=_ON_POLICY),
 ]
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in _RECIPES}

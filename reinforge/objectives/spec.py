@@ -110,6 +110,9 @@ class ObjectiveSpec:
         "KL estimator {names}, or 'none' (no KL term, no reference model).", "reinforge.objectives.kl:KL_ESTIMATORS"))
     kl_placement: Literal["in_loss", "in_reward"] = field(default="in_loss", metadata=_doc(
         "KL term in the loss (J -= beta agg(k)), or subtracted from the reward (r_t -= beta sg(k_t))."))
+    kl_normalization: Literal["none", "on_policy"] = field(default="none", metadata=_doc(
+        "With kl_placement=in_reward: on_policy centres each sample's KL penalty on the batch mean and adds it "
+        "after the advantage estimator, A_i -= beta (KL_i - mean KL) (T1); none: R_i -= beta KL_i before it."))
     kl_coef: float = field(default=0.04, metadata=_doc("KL coefficient beta.", ge=0))
     reference: Literal["fixed", "ema"] = field(default="fixed", metadata=_doc(
         "Reference policy: the frozen start of RL, or an EMA of the policy (T1)."))

@@ -69,6 +69,9 @@ def _serve(fd: int) -> None:
     """A worker's main loop: warm up, then answer calls until EOF or None."""
     # Ctrl-C reaches the whole process group; the parent decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from reinforge.telemetry.watchdog import enable_child_dumps
+
+    enable_child_dumps()    # the hang watchdog can ask for this worker's stacks (SIGUSR1)
     conn = Connection(fd)
     warmup = conn.recv()
     # Warm-up first, so that a call's bound does not pay for imports and first-use caches.

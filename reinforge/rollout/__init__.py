@@ -13,7 +13,8 @@ def build_engine(rollout: RolloutConfig, policy: Policy, chat_template: str = "a
     decoder it does not support, naming rollout.engine=hf as the way out)."""
     if rollout.engine == "native":
         return NativeEngine(policy, chat_template=chat_template, max_batch_rows=rollout.max_batch_rows,
-                            cpu_kernels=rollout.cpu_kernels)
+                            cpu_kernels=rollout.cpu_kernels, quantization=rollout.quantization,
+                            quantize_lm_head=rollout.quantize_lm_head)
     return HFEngine(policy, chat_template=chat_template)
 
 

@@ -22,15 +22,23 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0            # 0 = off
+    min_p: float = 0.0        # keep tokens with p >= min_p * max p (after temperature); 0 = off
     max_new_tokens: int = 8
     greedy: bool = False      # argmax decoding; log-probs are then of the untempered distribution
     stop: tuple[str, ...] = ()  # stop strings: a completion ends with the token that completes one
     record_top_k: int = 0     # K: record each position's K most likely ids and log-probs (native engine); 0 = off
 
+    @property
+    def truncates(self) -> bool:
+        """Whether the sampling distribution drops tokens (top-k, top-p or min-p), so that its
+        log-probs are of a renormalised subset of the vocabulary (learner/truncation.py)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+
     @classmethod
     def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
         return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                   max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop), record_top_k=rollout.record_top_k)
+                   min_p=rollout.min_p, max_new_tokens=rollout.max_new_tokens, stop=tuple(rollout.stop),
+                   record_top_k=rollout.record_top_k)
 
 
 @dataclass
@@ -63,6 +71,9 @@ class Rollout:
     # Padding and environment tokens hold ids 0 and log-prob 0.
     sampler_top_ids: torch.Tensor | None = None
     sampler_top_logprobs: torch.Tensor | None = None
+    # [N, S, layers, k] long, MoE models sampled by the native engine: the experts each token (prompt, then
+    # completion, as build_sequences lays rows out) went to in each MoE layer; -1 where not recorded. None: none.
+    routes: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -139,6 +150,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
         sampler_top_ids=_cat_top([p.sampler_top_ids for p in parts], width),
         sampler_top_logprobs=_cat_top([p.sampler_top_logprobs for p in parts], width),
+        routes=_concat_routes([p.routes for p in parts], [p.num_rows for p in parts]),
     )
 
 
@@ -147,3 +159,18 @@ def _cat_top(parts: list[torch.Tensor | None], width: int) -> torch.Tensor | Non
     if any(p is None for p in parts):
         return None
     return torch.cat([F.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
+
+
+def _concat_routes(parts: list[torch.Tensor | None], rows: list[int]) -> torch.Tensor | None:
+    """Routing records [N_i, S_i, layers, k] stacked, right-padded with -1 (a part without one: all -1)."""
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    length = max(p.shape[1] for p in known)
+    out = torch.full((sum(rows), length, *known[0].shape[2:]), -1, dtype=torch.long)
+    at = 0
+    for p, n in zip(parts, rows, strict=True):
+        if p is not None:
+            out[at : at + n, : p.shape[1]] = p
+        at += n
+    return out

@@ -63,6 +63,7 @@ class HFEngine:
                 temperature=params.temperature,
                 top_p=params.top_p if params.top_p < 1.0 else None,
                 top_k=params.top_k if params.top_k > 0 else None,
+                min_p=params.min_p if params.min_p > 0 else None,
             )
         was_training = model.training
         model.eval()

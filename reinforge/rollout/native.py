@@ -48,6 +48,7 @@ from reinforge.models.decoder import (
     run_pass,
 )
 from reinforge.models.lora import base_model
+from reinforge.models.quantize import quantize_weights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
@@ -64,8 +65,11 @@ class NativeEngine:
     """
 
     def __init__(self, policy: Policy, chat_template: str = "auto", max_batch_rows: int | None = None,
-                 prefill_tokens: int = 16384, cpu_kernels: bool = True):
+                 prefill_tokens: int = 16384, cpu_kernels: bool = True, quantization: str = "none",
+                 quantize_lm_head: bool = False):
         self.policy = policy
+        # The sampler's weight precision (rollout.quantization, models/quantize.py); the learner stays fp32.
+        self.quantization, self.quantize_lm_head = quantization, quantize_lm_head
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
         self.prefill_tokens = prefill_tokens
@@ -75,10 +79,13 @@ class NativeEngine:
         self._spare: KVCache | None = None
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
-        DecoderWeights.of(policy.model)
+        weights = self.decoder_weights()
+        # MoE layers: how many, and their experts per token (the routing record's shape, `routes`).
+        self.moe_layers = sum(lw.moe is not None for lw in weights.layers)
+        self.top_k = max((lw.moe.top_k for lw in weights.layers if lw.moe is not None), default=0)
         # Decoding on CPU in fp32 with SwiGLU MLPs: the fused layer kernel where it builds, else None.
         model = base_model(policy.model)
-        fusable = (cpu_kernels and model.device.type == "cpu" and model.dtype == torch.float32
+        fusable = (cpu_kernels and not self.moe_layers and model.device.type == "cpu" and model.dtype == torch.float32
                    and self.shape.head_dim in HEAD_DIMS
                    and getattr(model.config, "hidden_act", None) in ("silu", "swish"))
         self.kernels = load_cpu_kernels() if fusable else None
@@ -111,6 +118,11 @@ class NativeEngine:
         return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
                                tokenizer, policy_version)
 
+    def decoder_weights(self) -> DecoderWeights:
+        """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
+        `rollout.quantization` says, taken afresh by every session (each call sees the latest step)."""
+        return quantize_weights(DecoderWeights.of(self.policy.model), self.quantization, self.quantize_lm_head)
+
     def release(self, session: DecodeSession) -> None:
         """A finished session's cache memory is kept for the next one (on CPU; see `_spare`)."""
         if self.policy.model.device.type == "cpu":
@@ -129,21 +141,23 @@ class NativeEngine:
                 for row, g in zip(tokens, generated, strict=True)]
         return torch.tensor(hits, dtype=torch.bool, device=tokens.device)
 
-    def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor):
+    def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor,
+                 routes: list[torch.Tensor] | None = None):
         """Each prompt once: its keys/values per layer ([P, kv_heads, width, D], right-padded) and the
-        fp32 logits of its next token [P, V]."""
+        fp32 logits of its next token [P, V]. `routes`: gets each chunk's MoE experts [B, width, layers, k]."""
         width = max(len(p) for p in prompt_ids)
         rows_per_pass = max(1, self.prefill_tokens // width)
         keys: list[list[torch.Tensor]] = [[] for _ in w.layers]
         values: list[list[torch.Tensor]] = [[] for _ in w.layers]
         logits = [
-            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs)
+            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs, routes)
             for start in range(0, len(prompt_ids), rows_per_pass)
         ]
         return [torch.cat(k) for k in keys], [torch.cat(v) for v in values], torch.cat(logits)
 
     def _prefill_chunk(self, w: DecoderWeights, chunk: list[list[int]], width: int, keys: list[list[torch.Tensor]],
-                       values: list[list[torch.Tensor]], freqs: torch.Tensor) -> torch.Tensor:
+                       values: list[list[torch.Tensor]], freqs: torch.Tensor,
+                       routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Prefill prompts right-padded to `width`, appending each layer's keys/values; next-token logits [B, V]."""
         device = w.head.device
         ids = torch.full((len(chunk), width), self.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=device)
@@ -153,7 +167,11 @@ class NativeEngine:
         # Right padding: query i sees keys j <= i (within the sliding window, if any), of its own prompt
         # for every real token; padded queries are never read.
         geometry = pass_geometry(freqs, width, torch.zeros_like(lengths))
-        hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None)
+        layer_routes: list[torch.Tensor] | None = [] if routes is not None and self.moe_layers else None
+        hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None,
+                                routes=layer_routes)
+        if layer_routes is not None:
+            routes.append(torch.stack(layer_routes, dim=2))           # [B, width, layers, k]
         for layer in range(len(w.layers)):
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
@@ -167,9 +185,10 @@ class NativeEngine:
         return allowed & (query_pos - key_pos < self.shape.sliding_window)
 
     def _decode(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                freqs: torch.Tensor) -> torch.Tensor:
+                freqs: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """One token for each of the front slots: tokens [live] at positions [live] (their cache lengths).
-        Writes their keys/values and returns fp32 next-token logits [live, V]."""
+        Writes their keys/values and returns fp32 next-token logits [live, V]. `routes`: each MoE layer
+        appends the experts [live, 1, k] of these tokens."""
         live = tokens.shape[0]
         cache.reserve(int(positions.max()) + 1)
         if self.kernels is not None and cache.keys_last:
@@ -186,7 +205,7 @@ class NativeEngine:
             return out.reshape(live, 1, -1)
 
         hidden = decoder_layers(
-            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend
+            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend, routes
         )
         return hidden[:, 0].float() @ w.head.t()
 

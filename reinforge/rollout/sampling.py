@@ -1,4 +1,4 @@
-"""Sampling for the native engine: logit filters (temperature, top-k, top-p), token draws with the
+"""Sampling for the native engine: logit filters (temperature, top-k, top-p, min-p), token draws with the
 log-prob of each token under the distribution it was drawn from (after temperature and
 filtering), which the TIS / MIS corrections need, and the counter-based random streams they draw
 from.
@@ -16,11 +16,15 @@ import torch
 from reinforge.rollout.base import SamplingParams
 
 
-def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k, then nucleus (top-p) filtering of [B, V] scores: removed tokens get -inf.
+def filter_logits(scores: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Top-k, then nucleus (top-p), then min-p filtering of [B, V] scores: removed tokens get -inf.
 
     Top-p keeps the smallest set of most likely tokens whose mass reaches p
     (Holtzman et al., arXiv 1904.09751); the most likely token always stays.
+    Min-p keeps the tokens with p_k >= min_p * max_j p_j (Nguyen et al., arXiv 2407.01082; HF's
+    MinPLogitsWarper and vLLM's min_p, both after temperature): in logits, z_k >= max_j z_j + log min_p.
+    The ratio p_k / p_max does not change when top-k / top-p renormalise, so min-p after them keeps
+    the intersection of the sets, as HF's order (top-k, top-p, min-p) does.
     """
     if top_k > 0 and top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
@@ -33,6 +37,9 @@ def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         remove_sorted[..., 0] = False
         remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
+    if min_p > 0.0:
+        floor = scores.amax(dim=-1, keepdim=True) + torch.log(torch.tensor(min_p, dtype=scores.dtype))
+        scores = scores.masked_fill(scores < floor, float("-inf"))
     return scores
 
 
@@ -48,7 +55,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1)
     else:
-        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p, params.min_p)
         logprobs = torch.log_softmax(scores, dim=-1)
         tokens = _draw(logprobs.exp(), generator, uniforms)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
@@ -112,6 +119,7 @@ def sampler_top_k(logits: torch.Tensor, params: SamplingParams, k: int) -> tuple
     under the distribution `sample_tokens` draws from (softmax(filter(logits / T)); greedy: the
     untempered softmax), most likely first. A filtered-out token has log-prob -inf. For DPPO's top-K
     divergence (arXiv 2602.04879), which compares these with the learner's at the same ids."""
-    scores = logits if params.greedy else filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    scores = (logits if params.greedy
+              else filter_logits(logits / params.temperature, params.top_k, params.top_p, params.min_p))
     top = torch.topk(torch.log_softmax(scores, dim=-1), k, dim=-1)
     return top.indices, top.values

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reinforge.models.decoder import DecoderWeights, pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import pass_geometry, rotary_factors, run_pass
 from reinforge.models.lora import base_model
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
@@ -61,6 +61,9 @@ class FinishedRow:
     context: RowContext | None = None   # with `keep_context`: what `extend` continues from
     top_ids: torch.Tensor | None = None       # [L, K] long, the sampler's K most likely ids (record_top_k)
     top_logprobs: torch.Tensor | None = None  # [L, K] float, their log-probs under the sampling distribution
+    # [P + L, layers, k] long, MoE models: the experts each prompt token and each generated token went to in
+    # every MoE layer (-1 on the last token, which no pass reads); None: dense model, or an extended row
+    routes: torch.Tensor | None = None
 
 
 @dataclass
@@ -70,6 +73,7 @@ class PromptBlock:
     prompt_ids: list[list[int]]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    routes: torch.Tensor | None = None    # [P, width, layers, k] MoE experts of each prompt token; None: not recorded
 
 
 @dataclass
@@ -122,7 +126,7 @@ class DecodeSession:
         self.continuation = True    # False: `extend` prefills the whole sequence again (the baseline)
         self.model = base_model(engine.policy.model)
         self.device = self.model.device
-        self.weights = DecoderWeights.of(self.model)
+        self.weights = engine.decoder_weights()
         self.eos = torch.tensor(engine.policy.eos_token_ids, device=self.device)
         self.waiting: deque[WaitingRow] = deque()
         self.cache: KVCache | None = None
@@ -143,6 +147,11 @@ class DecodeSession:
         self.drawn = torch.zeros(slots, dtype=torch.long, device=d)      # its stream's draws before this turn
         self.tags: list[Any] = [None] * slots
         self.prompts: list[list[int]] = [[] for _ in range(slots)]
+        # MoE routing record (routing replay): each slot's generated tokens' experts [slots, max_new, layers, k]
+        # (-1 until the token is decoded) and its prompt's [P, layers, k]; None for a dense model.
+        moe = (engine.moe_layers, engine.top_k) if getattr(engine, "moe_layers", 0) else None
+        self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
+        self.prompt_routes: list[torch.Tensor | None] = [None] * slots
 
     @property
     def busy(self) -> bool:
@@ -190,22 +199,29 @@ class DecodeSession:
             tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
             top_ids, top_lps = ((None, None) if self.top_ids is None
                                 else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
+            routes = None if self.routes is None else self.routes[done].cpu()
             for i, (slot, n, stop) in enumerate(
                 zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
             ):
                 context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
+                prompt_routes = self.prompt_routes[slot]
+                row_routes = (None if routes is None or prompt_routes is None
+                              else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
                 finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
-                                            truncated=not stop, context=context,
+                                            truncated=not stop, context=context, routes=row_routes,
                                             top_ids=None if top_ids is None else top_ids[i, :n],
                                             top_logprobs=None if top_lps is None else top_lps[i, :n]))
             admitted = self._retire(done)
         if self.live:
             live = self.live
             g, pos = self.generated[:live], self.length[:live]
-            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs)
+            step_routes: list[torch.Tensor] | None = None if self.routes is None else []
+            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
             self.length[:live] += 1
             token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
             rows = torch.arange(live, device=self.device)
+            if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
+                self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
             self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
             top = self._top(logits)
             if top is not None:
@@ -267,7 +283,7 @@ class DecodeSession:
         """Tokens and sampler log-probs of logits [B, V] at draw `counters` of streams `keys`:
         `sample_tokens` with `keyed_uniforms`, or the fused CPU op for unfiltered sampling."""
         params, kernels = self.params, self.engine.kernels
-        if kernels is None or params.top_k or params.top_p < 1.0 or logits.device.type != "cpu":
+        if kernels is None or params.truncates or logits.device.type != "cpu":
             return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
         tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
         kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
@@ -282,10 +298,10 @@ class DecodeSession:
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
         """Continue with the model's current weights, labelled `version` (interrupt and recompute)."""
-        self.weights, self.version = DecoderWeights.of(self.model), version
+        self.weights, self.version = self.engine.decoder_weights(), version
         for block in {id(w.block): w.block for w in self.waiting}.values():
             fresh, _ = self._prefill(block.prompt_ids)
-            block.keys, block.values = fresh.keys, fresh.values
+            block.keys, block.values, block.routes = fresh.keys, fresh.values, fresh.routes
         if self.live:
             live = self.live
             # Each live row's prompt and tokens but the last (not yet cached), prefilled as one sequence.
@@ -294,6 +310,11 @@ class DecodeSession:
             block, _ = self._prefill(sequences)
             rows = torch.arange(live, device=self.device)
             self.cache.fill(rows, block.keys, block.values, rows)
+            if block.routes is not None:   # the new weights' experts for every token they recomputed
+                for s, q in enumerate(sequences):
+                    p = len(self.prompts[s])
+                    self.prompt_routes[s] = block.routes[s, :p]
+                    self.routes[s, : len(q) - p] = block.routes[s, p : len(q)]
 
     def _make_room(self, prompt_len: int) -> None:
         """The cache and rotary table for prompts of `prompt_len` tokens: made afresh when the session is
@@ -309,8 +330,9 @@ class DecodeSession:
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
 
     def _prefill(self, prompt_ids: list[list[int]]) -> tuple[PromptBlock, torch.Tensor]:
-        keys, values, logits = self.engine._prefill(self.weights, prompt_ids, self.freqs)
-        return PromptBlock(prompt_ids, keys, values), logits
+        routes: list[torch.Tensor] | None = None if self.routes is None else []
+        keys, values, logits = self.engine._prefill(self.weights, prompt_ids, self.freqs, routes)
+        return PromptBlock(prompt_ids, keys, values, None if routes is None else torch.cat(routes)), logits
 
     def _admit(self, into: torch.Tensor) -> None:
         """Start waiting rows in the free slots `into`."""
@@ -325,6 +347,10 @@ class DecodeSession:
             self.cache.fill(into[mine], block.keys, block.values, prompts)
         for slot, w in zip(into.tolist(), rows, strict=True):
             self.tags[slot], self.prompts[slot] = w.tag, w.block.prompt_ids[w.prompt]
+            self.prompt_routes[slot] = (None if w.block.routes is None
+                                        else w.block.routes[w.prompt, : len(self.prompts[slot])])
+        if self.routes is not None:
+            self.routes[into] = -1
         d = self.device
         self.tokens[into, 0] = self.last[into] = torch.tensor([w.token for w in rows], device=d)
         self.logprobs[into, 0] = torch.tensor([w.logprob for w in rows], device=d)
@@ -353,11 +379,13 @@ class DecodeSession:
             if len(holes):
                 self.cache.move(holes, movers)
                 for state in (self.tokens, self.logprobs, self.versions, self.keys,
-                              self.last, self.length, self.generated, self.drawn, self.top_ids, self.top_logprobs):
+                              self.last, self.length, self.generated, self.drawn, self.routes, self.top_ids,
+                              self.top_logprobs):
                     if state is not None:
                         state[holes] = state[movers]
                 for h, m in zip(holes.tolist(), movers.tolist(), strict=True):
                     self.tags[h], self.prompts[h] = self.tags[m], self.prompts[m]
+                    self.prompt_routes[h] = self.prompt_routes[m]
             self.live = live
         return bool(len(refill))
 
@@ -369,7 +397,7 @@ def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_
     trajectories = [
         Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions,
                                                                      row.top_ids, row.top_logprobs),),
-                   truncated=row.truncated, group=r // group_size)
+                   truncated=row.truncated, group=r // group_size, routes=row.routes)
         for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
     ]
     return collate(trajectories, tokenizer.pad_token_id or 0, policy_version,

@@ -27,6 +27,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.session import FinishedRow, rows_to_rollout
+from reinforge.telemetry.weight_sync import SamplerProbe, engine_logprobs
 
 InFlight = Literal["interrupt", "finish"]
 
@@ -87,6 +88,11 @@ class RolloutWorkers(Protocol):
         ...
 
     def times(self) -> WorkerTimes: ...
+
+    def probe(self, version: int, ids: torch.Tensor, timeout: float) -> list[SamplerProbe]:
+        """Each worker's log-probs of the probe `ids` [1, S] once it holds `version` (waiting up to `timeout`
+        seconds; past it, with the version it holds): telemetry/weight_sync.py."""
+        ...
 
     def close(self) -> None: ...
 
@@ -150,6 +156,8 @@ class LocalSampler:
         self.error: BaseException | None = None
         self._times = WorkerTimes()
         self._sync_seconds = 0.0
+        # The version the decoder holds and the tensors it decodes with: what `probe` scores.
+        self.applied: tuple[int, DecoderWeights] = (0, self.session.weights)
         self.thread = threading.Thread(target=self._run, name="reinforge-sampler", daemon=True)
         self.thread.start()
 
@@ -181,6 +189,19 @@ class LocalSampler:
     def times(self) -> WorkerTimes:
         with self.cond:
             return copy.copy(self._times)
+
+    def probe(self, version: int, ids: torch.Tensor, timeout: float,
+              name: str = "sampler thread") -> list[SamplerProbe]:
+        """The probe scored with the tensors the sampler thread decodes with, once it applied `version` (or
+        after `timeout` seconds, with what it holds then). Read-only: it runs in the caller's thread."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.applied[0] < version and self.error is None and (left := deadline - time.monotonic()) > 0:
+                self.cond.wait(left)
+            if self.error is not None:
+                raise RuntimeError("the rollout sampler thread failed") from self.error
+            held, weights = self.applied
+        return [SamplerProbe(name, engine_logprobs(weights, self.model, ids), held)]
 
     def close(self) -> None:
         with self.cond:
@@ -253,6 +274,9 @@ class LocalSampler:
             self.session.version = version
             self.session.weights = DecoderWeights.of(self.model)
         self._sync_seconds = time.perf_counter() - t0
+        with self.cond:
+            self.applied = (version, self.session.weights)
+            self.cond.notify_all()
 
     def _add(self, requests: list[GroupRequest]) -> None:
         ids = encode_prompts(self.tokenizer, [r.prompt for r in requests], self.chat_template)

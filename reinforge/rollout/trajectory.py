@@ -86,6 +86,9 @@ class Trajectory:
     segments: tuple[Segment, ...]
     truncated: bool                  # it ended at a length limit, not with a stop
     group: int                       # its prompt's index in the batch: the samples of one prompt share it
+    # [P + L, layers, k] long, MoE models: the experts every token went to in each MoE layer when it was
+    # sampled (-1: not recorded), for routing replay (learner/routing.py); None: not recorded
+    routes: torch.Tensor | None = None
     schema: int = field(default=SCHEMA_VERSION)
 
     def tokens(self) -> torch.Tensor:
@@ -148,6 +151,14 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
             at = end
     multi_turn = any(t.environment_tokens for t in trajectories)
     top_ids, top_logprobs = _collate_top(trajectories, width)
+    recorded = [t.routes for t in trajectories if t.routes is not None]
+    routes = None
+    if recorded:   # right-padded like build_sequences' input rows (prompt then completion), -1 where not recorded
+        length = max(len(t.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories)
+        routes = torch.full((len(trajectories), length, *recorded[0].shape[1:]), -1, dtype=torch.long)
+        for i, t in enumerate(trajectories):
+            if t.routes is not None:
+                routes[i, : len(t.routes)] = t.routes
     return Rollout(
         prompt_ids=[list(t.prompt_ids) for t in trajectories],
         completion_ids=completion_ids,
@@ -161,6 +172,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         loss_mask=loss_mask if multi_turn else None,
         sampler_top_ids=top_ids,
         sampler_top_logprobs=top_logprobs,
+        routes=routes,
     )
 
 
@@ -208,6 +220,7 @@ def split(rollout: Rollout, versions: torch.Tensor | None = None) -> list[Trajec
         if not segments:
             segments.append(Segment.sampled(rollout.completion_ids[r, :0], rollout.sampler_logprobs[r, :0],
                                             rollout.policy_version))
+        routes = None if rollout.routes is None else rollout.routes[r, : len(rollout.prompt_ids[r]) + n]
         out.append(Trajectory(prompt_ids=tuple(rollout.prompt_ids[r]), segments=tuple(segments),
-                              truncated=bool(rollout.truncated[r]), group=int(rollout.group_ids[r])))
+                              truncated=bool(rollout.truncated[r]), group=int(rollout.group_ids[r]), routes=routes))
     return out

@@ -5,12 +5,13 @@ them into the Config that users write; every field is documented once, here, whe
 declared (STYLE principle 7).
 
 The sections live in two modules, `training` (model, prompt, sft, rollout, train, critic,
-curation, dpo) and `run` (reward, eval, checkpoint, log, alerts, ray), on `base.Section`.
+curation, dpo) and `run` (reward, eval, analytics, checkpoint, log, alerts, ray), on `base.Section`.
 """
 
 from reinforge.settings.base import Section
 from reinforge.settings.run import (
     AlertConfig,
+    AnalyticsConfig,
     CheckpointConfig,
     EvalConfig,
     LogConfig,
@@ -27,6 +28,7 @@ from reinforge.settings.training import (
     DPOConfig,
     LoraConfig,
     ModelConfig,
+    MoEConfig,
     ProcessRewardTrainingConfig,
     PromptConfig,
     RewardModelTrainingConfig,
@@ -37,6 +39,7 @@ from reinforge.settings.training import (
 
 __all__ = [
     "AlertConfig",
+    "AnalyticsConfig",
     "CheckpointConfig",
     "CriticConfig",
     "CurationConfig",
@@ -46,6 +49,7 @@ __all__ = [
     "LogConfig",
     "LoraConfig",
     "ModelConfig",
+    "MoEConfig",
     "OverlongConfig",
     "PromptConfig",
     "RayConfig",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
@@ -32,6 +32,51 @@ class EvalConfig(Section):
         description="Held-out prompts of the evaluations during RL (the first ones of the held-out set); None: "
                     "eval.num_prompts.",
     )
+    token_budgets: list[int] = Field(
+        default_factory=list,
+        description=(
+            "Test-time scaling: held-out pass@1 when generation is cut at each of these numbers of new tokens "
+            "(metrics eval/pass@1@budget_B; the answer must be complete within B tokens). Computed from the "
+            "evaluation's own samples, each cut at B tokens: no extra generation (reinforge.eval.budget). Each "
+            "at most rollout.max_new_tokens; single-turn tasks only. []: off."
+        ),
+    )
+
+    @field_validator("token_budgets")
+    @classmethod
+    def _check_budgets(cls, budgets: list[int]) -> list[int]:
+        if any(b <= 0 for b in budgets):
+            raise ConfigError(f"eval.token_budgets={budgets}: every budget must be a positive number of tokens")
+        return sorted(set(budgets))
+
+
+class AnalyticsConfig(Section):
+    """What the run measures of its samples beyond rewards (reinforge.telemetry.reflection)."""
+
+    reflection_words: list[str] = Field(
+        default_factory=lambda: ["wait", "let me check", "verify", "double-check", "re-examine", "hmm"],
+        description=(
+            "Words and phrases counted in each RL step's samples, case-insensitive and as whole words ('waiting' "
+            "is not 'wait'), split by whether the verifier accepted the sample: metrics "
+            "reasoning/reflection_rate/{correct,incorrect}, reasoning/reflections_per_1k_tokens/..., "
+            "reasoning/reflection_words/<word> (docs/observability.md). []: off."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_words(self) -> AnalyticsConfig:
+        from reinforge.telemetry.reflection import word_key
+
+        keys: dict[str, str] = {}
+        for word in self.reflection_words:
+            key = word_key(word)
+            if not key:
+                raise ConfigError(f"analytics.reflection_words has {word!r}: each entry needs a letter or digit")
+            if key in keys:
+                raise ConfigError(f"analytics.reflection_words has {keys[key]!r} and {word!r}, which share the metric "
+                                  f"key reasoning/reflection_words/{key}: keep one")
+            keys[key] = word
+        return self
 
 
 class CheckpointConfig(Section):

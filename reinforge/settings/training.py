@@ -44,6 +44,27 @@ class LoraConfig(Section):
     )
 
 
+class MoEConfig(Section):
+    """The built-in model as a Mixture-of-Experts decoder (models/moe.py): each MLP becomes `experts`
+    SwiGLU experts behind a top-k router, built with transformers' own class for `architecture`."""
+
+    experts: int = Field(gt=1, description="Experts per layer; setting it (model.moe.experts=8) makes the model MoE.")
+    architecture: Literal["qwen2_moe", "mixtral", "qwen3_moe"] = Field(
+        "qwen2_moe",
+        description=(
+            "transformers architecture: qwen2_moe (with a sigmoid-gated shared expert), mixtral (always renormalises "
+            "the top-k gates) or qwen3_moe (per-head q/k norm, no shared expert)."
+        ),
+    )
+    top_k: int = Field(2, gt=0, description="Experts per token (num_experts_per_tok).")
+    expert_size: int = Field(128, gt=0, description="Each expert's MLP width (moe_intermediate_size).")
+    shared_expert_size: int = Field(256, gt=0, description="qwen2_moe only: the shared expert's MLP width.")
+    norm_topk_prob: bool = Field(
+        True,
+        description="Renormalise the top-k router probabilities to sum to 1 (qwen2_moe, qwen3_moe; mixtral always)",
+    )
+
+
 class ModelConfig(Section):
     path: str = Field(
         "builtin", description="'builtin' for the tiny built-in Qwen2, or a local Hugging Face causal-LM directory."
@@ -69,6 +90,13 @@ class ModelConfig(Section):
             "Where the policy (and its reference and critic) live and run: auto (the first CUDA device when there is "
             "one, else the CPU), cpu, cuda or cuda:N. Rollouts, rewards and advantages stay on the CPU; each forward "
             "moves its batch to the model."
+        ),
+    )
+    moe: MoEConfig | None = Field(
+        None,
+        description=(
+            "Built-in model only: a Mixture-of-Experts decoder (model.moe.experts=8 turns it on); train.routing_replay "
+            "replays the sampler's expert choices in the learner. None: dense MLPs."
         ),
     )
     lora: LoraConfig | None = Field(
@@ -196,6 +224,23 @@ class RolloutConfig(Section):
     record_top_k: int = Field(
         0, ge=0, description="Native engine: at each sampled position, record the K most likely token ids and their "
         "log-probs under the sampling distribution (DPPO's top-K divergence, policy_loss=dppo_topk_tv|kl); 0 = off.")
+    min_p: float = Field(
+        0.0, ge=0, le=1,
+        description="Min-p sampling: keep the tokens whose probability is at least min_p times the most likely "
+                    "token's, after temperature, as HF and vLLM define it (0.0 = off).",
+    )
+    quantization: Literal["none", "int8"] = Field(
+        "none",
+        description=(
+            "Native engine: the sampler's weight precision. int8: every q/k/v/o and MLP projection rounded to int8 per "
+            "output channel (fp32 scales) each time the engine takes the weights, dequantised in the matmul; the "
+            "learner stays fp32, so the sampler-learner mismatch (mismatch_kl, is_weight_max) widens as with "
+            "a quantised inference server (reinforge/models/quantize.py). none: the training weights as they are."
+        ),
+    )
+    quantize_lm_head: bool = Field(
+        False, description="rollout.quantization=int8: quantise the LM head too (false: it stays fp32)."
+    )
     max_new_tokens: int = Field(8, gt=0, description="Completion length limit; longer completions are truncated.")
     stop: list[str] = Field(
         default_factory=list,
@@ -227,6 +272,64 @@ class RolloutConfig(Section):
         description=(
             "Multi-turn on the native engine: a trajectory goes on from its cached keys/values after a tool result "
             "or reply (the prompt and earlier turns are not recomputed). false: each turn re-prefills its context."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_quantization(self) -> RolloutConfig:
+        if self.quantization != "none" and self.engine != "native":
+            raise ConfigError(f"rollout.quantization={self.quantization} is built for the native engine only: "
+                              "set rollout.engine=native, or rollout.quantization=none")
+        if self.quantize_lm_head and self.quantization == "none":
+            raise ConfigError("rollout.quantize_lm_head needs a quantised sampler: set rollout.quantization=int8")
+        return self
+
+
+class WeightSyncConfig(Section):
+    verify: bool = Field(
+        True,
+        description=(
+            "After every weight publication the sampler (the rollout engine, the async sampler thread, each Ray "
+            "worker, each learner rank's plain copy) scores a fixed probe sequence with the weights it samples "
+            "with; its log-probs must equal the learner's forward within `tolerance`, and an async worker must "
+            "hold the version just published. Else an alert (weight_sync) and the run stops. Metric "
+            "sync/probe_max_abs_diff."
+        ),
+    )
+    tolerance: float | None = Field(
+        None,
+        gt=0,
+        description="Largest |log-prob difference| on the probe that passes. None: 1e-4 for fp32 models, 5e-2 for "
+        "bf16/fp16 (the engine and the learner round differently).",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long an async worker may take to apply published weights before it counts as stale "
+        "(train.in_flight=finish applies them only once the samples in flight end).",
+    )
+
+
+class WatchdogConfig(Section):
+    enabled: bool = Field(
+        True,
+        description=(
+            "Hang watchdog: when no RL step ends for max(factor x median step time so far, min_seconds) "
+            "(first_step_seconds before the first one), every thread's stack and every child process's are "
+            "written to RUN_DIR/hang-<step>.txt and an alert (hang) names where each thread waits."
+        ),
+    )
+    factor: float = Field(10.0, gt=0, description="Hang limit as a multiple of the median step time so far.")
+    min_seconds: float = Field(300.0, gt=0, description="The hang limit is never below this many seconds.")
+    first_step_seconds: float = Field(
+        1800.0, gt=0, description="Hang limit before the first step has ended (no step time to scale yet)."
+    )
+    stop_after: int = Field(
+        0,
+        ge=0,
+        description=(
+            "0: after a dump keep waiting (dumping again each further limit without progress). N > 0: stop the "
+            "run after N dumps of one hang (the main thread is interrupted; a thread stuck in C code may not stop)."
         ),
     )
 
@@ -266,12 +369,30 @@ class TrainConfig(Section):
             "never holds [tokens x vocab] logits); 0: the plain full-logits path."
         ),
     )
+    truncated_logprobs: bool = Field(
+        True,
+        description=(
+            "With rollout.top_k / top_p / min_p: the learner's log-probs are of the same truncated distribution the "
+            "sampler drew from (renormalised over the tokens its own temperature-scaled logits keep), so the PPO / "
+            "TIS ratio is 1 on-policy. false: the full softmax, whose ratio to the sampler's is Z_kept < 1 "
+            "(reinforge/learner/truncation.py). No effect without truncation."
+        ),
+    )
     shared_prefix: bool = Field(
         True,
         description=(
             "Learner forward runs each prompt once for its group's completions (GRPO-style groups share a prompt): "
             "fewer FLOPs, same numbers. Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding window); "
             "false: the plain forward."
+        ),
+    )
+    routing_replay: bool = Field(
+        False,
+        description=(
+            "MoE models: the learner's routers take the experts the sampler chose for each token (recorded by the "
+            "native engine; routing replay, arXiv 2507.18071 sec. 4), with gates from the learner's own router "
+            "probabilities of those experts, renormalised as the architecture does. moe/routing_mismatch is logged "
+            "either way. Needs rollout.engine=native."
         ),
     )
     micro_batch_tokens: int | None = Field(
@@ -338,6 +459,10 @@ class TrainConfig(Section):
             "run stops, with a checkpoint of the last good weights."
         ),
     )
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig,
+                                          description="Weight-sync verification (docs/observability.md).")
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig,
+                                     description="Hang watchdog (docs/observability.md).")
 
 
 class CriticConfig(Section):

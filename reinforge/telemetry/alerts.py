@@ -40,6 +40,7 @@ import json
 import math
 import numbers
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,8 +277,13 @@ class AlertLog:
             with self.path.open("r+b") as f:
                 f.truncate(truncate_to)
         self._file = self.path.open("a")
+        self._lock = threading.Lock()      # the hang watchdog writes from its own thread
 
     def write(self, alerts: list[Alert]) -> None:
+        with self._lock:
+            self._write(alerts)
+
+    def _write(self, alerts: list[Alert]) -> None:
         for alert in alerts:
             record = alert.to_json()
             # Non-finite numbers as null keep every line valid JSON.

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from reinforge.eval.evaluate import EvalResult
 from reinforge.settings import AlertConfig, LogConfig
-from reinforge.telemetry.alerts import AlertLog, AlertMonitor
+from reinforge.telemetry.alerts import Alert, AlertLog, AlertMonitor
 from reinforge.telemetry.console import bar_safe_console
 from reinforge.telemetry.run_dir import RunDir
 from reinforge.telemetry.samples import (
@@ -40,7 +40,7 @@ TIMING_KEYS = frozenset({"tokens_per_s", "generation_seconds", "step_seconds"})
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:
     """A held-out evaluation as flat metrics (eval/pass@1, eval/greedy_accuracy, eval/pass@K, ...; for
-    a mix, eval/<domain>/pass@1 and eval/<domain>/greedy_accuracy)."""
+    a mix, eval/<domain>/pass@1 and eval/<domain>/greedy_accuracy; with eval.token_budgets, eval/pass@1@budget_B)."""
     return {
         "eval/pass@1": result.pass_at_1,
         "eval/greedy_accuracy": result.greedy_accuracy,
@@ -48,6 +48,7 @@ def eval_metrics(result: EvalResult) -> dict[str, float]:
         **{f"eval/pass@{k}": v for k, v in result.pass_at_k.items() if k != "1"},
         **{f"eval/{d}/{name}": figures[name] for d, figures in result.domains.items()
            for name in ("pass@1", "greedy_accuracy")},
+        **{f"eval/pass@1@budget_{b}": v for b, v in result.pass_at_budget.items()},
     }
 
 
@@ -79,6 +80,10 @@ class Recorder:
         if "step" in record:
             for sink in self.sinks:
                 sink.log(record["step"], record)
+
+    def alert(self, alerts: list[Alert]) -> None:
+        """Alerts raised outside the per-step monitor (weight sync, the hang watchdog): console and alerts.jsonl."""
+        self.alert_log.write(alerts)
 
     def log_eval(self, step: int, result: EvalResult) -> None:
         """The start (step 0) and final evaluation; the alerts see them too (the reward-hacking

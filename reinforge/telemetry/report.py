@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 
 from reinforge.telemetry.report_plots import (
+    PASS_AT_BUDGET_CAPTION,
     PASS_AT_K_CAPTION,
     PLOTS,
     SFT_CAPTION,
     flatten,
+    plot_pass_at_budget,
     plot_pass_at_k,
     plot_series,
     plot_sft_loss,
@@ -55,6 +57,8 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
     else:
         skipped.append(("pass@k of the start and final model",
                         "no run has finished: summary.json holds the start and final pass@k"))
+    if plot_pass_at_budget(runs, out_dir / "report-pass_at_budget.png"):
+        figures.append(("report-pass_at_budget.png", "pass@1 within a token budget", PASS_AT_BUDGET_CAPTION))
     path = out_dir / "report.html"
     path.write_text(_html(runs, figures, skipped))
     return path

@@ -49,6 +49,12 @@ PLOTS: tuple[PlotSpec, ...] = (
              (("response_length_mean", "all", "-"), ("response_length_correct_mean", "correct", "--"),
               ("response_length_incorrect_mean", "incorrect", ":")),
              "no run logged response_length_mean", zero_based=True, ceiling="rollout.max_new_tokens"),
+    PlotSpec("reflection", "Reflection words in the samples", "fraction of samples with one",
+             (("reasoning/reflection_rate/correct", "correct", "-"),
+              ("reasoning/reflection_rate/incorrect", "incorrect", "--")),
+             "no run logged reasoning/reflection_rate (analytics.reflection_words=[])", zero_based=True,
+             note="Samples containing any word of analytics.reflection_words ('wait', 'verify', ...), among those "
+                  "the verifier accepted and those it rejected; per-word counts per 1k tokens are in metrics.jsonl."),
     PlotSpec("clip_frac", "Clipped fraction of tokens", "fraction", (("clip_frac", "", "-"),),
              "no run logged clip_frac", zero_based=True),
     PlotSpec("kl", "KL to the reference model", "KL estimate", (("kl", "", "-"),),
@@ -75,6 +81,12 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
 # ---------------------------------------------------------------------------
 # Plots
 
+
+PASS_AT_BUDGET_CAPTION = (
+    "Held-out pass@1 when generation is cut at each budget of eval.token_budgets (the same samples, each "
+    "cut at B tokens). Dashed: the model at the start of RL; solid: after RL. A final curve that rises "
+    "later than the start's means RL made the model need more tokens to be right."
+)
 
 PASS_AT_K_CAPTION = (
     "Dashed: the model at the start of RL; solid: after RL (same held-out prompts and samples). "
@@ -168,7 +180,21 @@ def plot_series(spec: PlotSpec, runs: list[RunData], path: Path) -> str | None:
 
 
 def plot_pass_at_k(runs: list[RunData], path: Path) -> bool:
-    finished = [(i, r) for i, r in enumerate(runs) if r.summary is not None and "eval" in r.summary]
+    return _plot_start_final(runs, path, "pass@k", "k (samples per held-out prompt)", "pass@k",
+                             "pass@k of the start and final model")
+
+
+def plot_pass_at_budget(runs: list[RunData], path: Path) -> bool:
+    """Held-out pass@1 against the token budget (eval.token_budgets); False (and no file) when no run has it."""
+    return _plot_start_final(runs, path, "pass_at_budget", "token budget (new tokens, log scale)",
+                             "pass@1 within the budget", "pass@1 within a token budget (test-time scaling)")
+
+
+def _plot_start_final(runs: list[RunData], path: Path, field: str, xlabel: str, ylabel: str, title: str) -> bool:
+    """A curve {x: value} of each finished run's summary (eval.start/final.<field>), the start dashed and
+    the final solid, on a log2 x axis; False (and no file) when no finished run has one."""
+    finished = [(i, r) for i, r in enumerate(runs) if r.summary is not None and "eval" in r.summary
+                and any(r.summary["eval"].get(stage, {}).get(field) for stage in ("start", "final"))]
     if not finished:
         return False
     from matplotlib.lines import Line2D
@@ -181,7 +207,7 @@ def plot_pass_at_k(runs: list[RunData], path: Path) -> bool:
     for i, r in finished:
         for stage, style, marker in (("start", "--", "o"), ("final", "-", "s")):
             curve = sorted(
-                (int(k), v) for k, v in r.summary["eval"].get(stage, {}).get("pass@k", {}).items() if finite(v)
+                (int(k), v) for k, v in r.summary["eval"].get(stage, {}).get(field, {}).items() if finite(v)
             )
             ks.update(k for k, _ in curve)
             ax.plot([k for k, _ in curve], [v for _, v in curve], color=colors[i], linestyle=style,
@@ -194,9 +220,9 @@ def plot_pass_at_k(runs: list[RunData], path: Path) -> bool:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(k) for k in sorted(ks)])
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("k (samples per held-out prompt)")
-    ax.set_ylabel("pass@k")
-    ax.set_title("pass@k of the start and final model")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     _legend(ax, handles)
     fig.savefig(path, bbox_inches="tight")
     return True

@@ -1,0 +1,227 @@
+"""Weight-sync verification: after every weight publication, the sampler must compute what the learner computes.
+
+A sampler that silently keeps old weights trains nothing wrong-looking: rewards are noisy, losses are
+finite, and the run goes on against the initial policy (a LoRA adapter that never reached the
+inference engine did exactly this for two months in one verl user's run). This module owns the
+check that catches it: a fixed probe sequence (`probe_ids`, a few token ids) is scored by
+
+- the learner: the trained module's own forward (Hugging Face / peft / FSDP2 forward, `learner_logprobs`),
+- the sampler: the tensors the rollout engine actually decodes with (`engine_logprobs` runs the
+  native engine's decoder over a `DecoderWeights`, the object its sessions read; the HF engine's
+  model forward),
+
+and the largest |difference| of the fp32 next-token log-probs is the step's `sync/probe_max_abs_diff`.
+Where the sampler is another thread or process (train.mode=async: `LocalSampler`, Ray actors), each
+worker also reports the weight version it holds, which must be the one just published. A difference
+above `train.weight_sync.tolerance`, or a stale version, raises `WeightSyncError` (an alert, then the
+run stops: pipeline.py). Probe log-probs are used everywhere: every engine here can score a
+sequence, so no parameter checksum (which says nothing about adapters or the fused layout the engine
+really reads) is needed.
+
+Sensitivity: a publication that is skipped once changes the probe by one update's worth, which may be
+under the tolerance with a small learning rate; the version report catches a skipped apply at once,
+and a sampler that keeps old weights drifts past the tolerance within a few steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from reinforge.errors import RunStopped
+from reinforge.models.decoder import DecoderWeights, decoder_shape, pass_geometry, rotary_factors, run_pass
+from reinforge.models.lora import base_model
+from reinforge.telemetry.alerts import Alert
+
+PROBE_LENGTH = 8
+
+
+def probe_ids(vocab_size: int) -> torch.Tensor:
+    """[1, PROBE_LENGTH] long: fixed token ids spread over the vocabulary (the same for every run of a vocabulary)."""
+    return (torch.arange(PROBE_LENGTH, dtype=torch.long) * 7919 + 3)[None] % vocab_size
+
+
+def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[S - 1] fp32: log p(ids[t + 1] | ids[: t + 1]) from logits [1, S, V]."""
+    return F.log_softmax(logits[0, :-1].float(), dim=-1).gather(-1, ids[0, 1:, None].to(logits.device))[:, 0].cpu()
+
+
+@torch.no_grad()
+def learner_logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """[S - 1] the probe's log-probs under `model`'s own forward (eval mode: no dropout), on the CPU.
+    Under FSDP2 `model` is the sharded one and every rank must call it."""
+    was = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        return _next_token_logprobs(model(input_ids=ids.to(device)).logits, ids)
+    finally:
+        model.train(was)
+
+
+@torch.no_grad()
+def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """[S - 1] the probe's log-probs computed from `weights`, the tensors a native-engine session decodes
+    with (`model` gives only the architecture: shape and rotary table), on the CPU."""
+    model = base_model(model)
+    shape, s = decoder_shape(model), ids.shape[1]
+    freqs = rotary_factors(model, shape, s)
+    device = weights.head.device
+    geometry = pass_geometry(freqs, s, torch.zeros(1, dtype=torch.long, device=device))
+    hidden, _, _ = run_pass(shape, weights, ids.to(device), geometry, freqs, fused=False)
+    return _next_token_logprobs(hidden.float() @ weights.head.t(), ids)
+
+
+@dataclass(frozen=True)
+class SamplerProbe:
+    """What one sampler computed on the probe: who it is, the weight version it holds, its log-probs."""
+
+    name: str                    # "native engine", "sampler thread", "ray worker 1", "rank 2 engine copy"
+    logprobs: torch.Tensor       # [S - 1] fp32, CPU
+    version: int | None = None   # the version it holds (None: it reads the learner's tensors, no versions)
+
+
+def sampler_probe(engine, ids: torch.Tensor) -> SamplerProbe:
+    """The probe scored by a synchronous rollout engine, through the weights it samples with: the native
+    engine's `DecoderWeights` of its model (what its next session reads), the HF engine's model forward.
+    Wrappers (learner ranks' `SplitAcrossRanks`, agent rollouts) are unwrapped to the engine they drive."""
+    from reinforge.rollout.hf import HFEngine
+    from reinforge.rollout.native import NativeEngine
+
+    while not isinstance(engine, NativeEngine | HFEngine) and hasattr(engine, "engine"):
+        engine = engine.engine
+    if isinstance(engine, NativeEngine):
+        model = engine.policy.model
+        # The weights before rollout.quantization rounds them: int8 sampling is a gap by design, measured
+        # every step by the mismatch metrics and corrected by TIS/MIS, not a failed publication.
+        return SamplerProbe("native engine", engine_logprobs(DecoderWeights.of(model), model, ids))
+    if isinstance(engine, HFEngine):
+        return SamplerProbe("hf engine", learner_logprobs(engine.policy.model, ids))
+    raise NotImplementedError(
+        f"train.weight_sync.verify: no probe for a rollout engine of type {type(engine).__name__}; "
+        "set train.weight_sync.verify=false"
+    )
+
+
+class WeightSyncError(RunStopped):
+    """The sampler's weights are not the learner's; `alert` is what alerts.jsonl records."""
+
+    def __init__(self, alert: Alert):
+        super().__init__(alert.message)
+        self.alert = alert
+
+
+def compare(step: int, version: int, learner: torch.Tensor, probes: Sequence[SamplerProbe],
+            tolerance: float) -> tuple[float, Alert | None]:
+    """The largest |learner - sampler| over every probe, and the alert when a sampler holds another version
+    than `version` or differs by more than `tolerance` (None: all in sync)."""
+    diffs = [float((p.logprobs - learner).abs().max()) for p in probes]
+    worst = max(diffs, default=0.0)
+    stale = [p for p in probes if p.version is not None and p.version != version]
+    off = [(p, d) for p, d in zip(probes, diffs, strict=True) if not d <= tolerance]   # NaN is off
+    if not stale and not off:
+        return worst, None
+    parts = [f"{p.name} holds weight version {p.version}, not the published {version}" for p in stale]
+    parts += [f"{p.name}'s log-probs of the probe differ from the learner's by {d:.3g} (> {tolerance:g})"
+              for p, d in off if p not in stale]
+    message = (f"step {step}: weight sync failed: {'; '.join(parts)} (the sampler is not sampling from the "
+               "weights being trained; the run stops. Check how weights reach the engine: the publication, "
+               "LoRA adapters, learner ranks' plain copy)")
+    return worst, Alert(step, "weight_sync", message,
+                        {"probe_max_abs_diff": worst if math.isfinite(worst) else math.nan, "tolerance": tolerance,
+                         "version": float(version)})
+
+
+class WeightSyncCheck:
+    """The `after_update` hook of the loop, verified: publish, then probe learner and sampler(s).
+
+    `learner` is the module the optimizer steps (under learner ranks the sharded one); `samplers(version)`
+    returns the probes of everything that samples after the publication. `reduce_max` makes the largest
+    difference and the stale flag the same on every learner rank (so they all stop together); None in one
+    process. `metrics()` gives the latest check's figures, merged into the step's metrics.
+    """
+
+    def __init__(self, learner: torch.nn.Module, ids: torch.Tensor, tolerance: float,
+                 samplers: Callable[[int], list[SamplerProbe]],
+                 reduce_max: Callable[[float], float] | None = None):
+        self.learner, self.ids, self.tolerance, self.samplers, self.reduce_max = (
+            learner, ids, tolerance, samplers, reduce_max)
+        self.last: dict[str, float] = {}
+
+    def verify(self, step: int, version: int) -> None:
+        learner = learner_logprobs(self.learner, self.ids)
+        worst, alert = compare(step, version, learner, self.samplers(version), self.tolerance)
+        if self.reduce_max is not None:
+            failed = self.reduce_max(1.0 if alert is not None else 0.0)
+            worst = self.reduce_max(worst)
+            if alert is None and failed:
+                alert = Alert(step, "weight_sync", f"step {step}: weight sync failed on another learner rank "
+                              f"(largest probe difference {worst:.3g}); the run stops", {"probe_max_abs_diff": worst})
+        self.last = {"sync/probe_max_abs_diff": worst}
+        if alert is not None:
+            raise WeightSyncError(alert)
+
+    def metrics(self) -> dict[str, float]:
+        out, self.last = self.last, {}
+        return out
+
+    def after(self, publish: Callable[[torch.nn.Module], None], step: Callable[[], int],
+              version: Callable[[], int]) -> Callable[[torch.nn.Module], None]:
+        """The loop's `after_update`: `publish`, then the check of step `step()`, published version `version()`."""
+        def hook(model: torch.nn.Module) -> None:
+            publish(model)
+            self.verify(step(), version())
+        return hook
+
+    def on_step(self, on_step: Callable) -> Callable:
+        """The loop's `on_step`, with this check's figures merged into each step's metrics."""
+        def hook(record, state) -> None:
+            record.metrics.update(self.metrics())
+            on_step(record, state)
+        return hook
+
+
+def default_tolerance(model: torch.nn.Module) -> float:
+    """1e-4 for fp32 weights; 5e-2 for 16-bit ones, where the engine and the learner round differently."""
+    return 1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2
+
+
+def build_check(cfg, dp, samplers: Callable[[int], list[SamplerProbe]]) -> WeightSyncCheck | None:
+    """The check of `cfg` (train.weight_sync) for a learner `dp` (distributed.DataParallel), or None when off.
+    Under learner ranks each rank's plain copy (what the engine and the publication read) is probed too, and
+    the verdict is the same on every rank."""
+    if not cfg.verify:
+        return None
+    plain = dp.plain
+    ids = probe_ids(base_model(plain).config.vocab_size)
+    tolerance = cfg.tolerance if cfg.tolerance is not None else default_tolerance(plain)
+    reduce_max, rank = None, 0
+    if dp.sharded is not None:
+        import torch.distributed as dist
+
+        rank = dp.group.rank
+
+        def reduce_max(value: float) -> float:
+            t = torch.tensor([value], dtype=torch.float64, device=dp.group.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t)
+
+    def with_copy(version: int) -> list[SamplerProbe]:
+        if dp.sharded is None:
+            return samplers(version)
+        copy = SamplerProbe(f"rank {rank} plain copy", engine_logprobs(DecoderWeights.of(plain), plain, ids))
+        return [copy, *samplers(version)]
+
+    return WeightSyncCheck(dp.model, ids, tolerance, with_copy, reduce_max)
+
+
+def wire(check: WeightSyncCheck | None, publish: Callable, on_step: Callable, step: Callable[[], int],
+         version: Callable[[], int]) -> tuple[Callable, Callable]:
+    """(after_update, on_step) for the loop: verified and reporting when `check` is on, else as given."""
+    if check is None:
+        return publish, on_step
+    return check.after(publish, step, version), check.on_step(on_step)

@@ -1,0 +1,111 @@
+"""Weight-sync verification (telemetry/weight_sync.py): after every publication the sampler scores a fixed
+probe as the learner does. A normal run passes every step with a difference at float rounding; a run whose
+sampler keeps old weights (a skipped publication, a load that changes nothing, a LoRA adapter the engine
+ignores) stops at the first step with a weight_sync alert naming what did not sync."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.config import build_config
+from reinforge.errors import RunStopped
+from reinforge.models import decoder
+from reinforge.pipeline import run
+from reinforge.rollout.stream import LocalSampler
+from reinforge.telemetry.weight_sync import SamplerProbe, compare, probe_ids
+
+# Rewards that differ within a group from the first step on, so that every step updates the weights.
+VARIED = ["reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
+          "curation.filters=[]", "rollout.max_new_tokens=6"]
+
+
+def _run(micro, tmp_path, *extra):
+    cfg = build_config([*micro, "sft.steps=0", *VARIED, *extra, f"output_dir={tmp_path}"])
+    return run(cfg)
+
+
+def _lines(path: Path, name: str) -> list[dict]:
+    file = path / name
+    return [json.loads(x) for x in file.read_text().splitlines()] if file.exists() else []
+
+
+def test_compare_hand_numbers():
+    learner = torch.tensor([-1.0, -2.0, -0.5])
+    near = SamplerProbe("engine", torch.tensor([-1.0, -2.00005, -0.5]))
+    far = SamplerProbe("ray worker 1", torch.tensor([-1.0, -2.5, -0.25]), version=3)
+    worst, alert = compare(3, 3, learner, [near], 1e-4)
+    assert worst == pytest.approx(5e-5, abs=1e-7) and alert is None
+    worst, alert = compare(3, 3, learner, [near, far], 1e-4)
+    assert worst == 0.5 and alert.name == "weight_sync" and "ray worker 1's log-probs" in alert.message
+    _, alert = compare(4, 4, learner, [far], 1.0)       # within tolerance but one version behind
+    assert "ray worker 1 holds weight version 3, not the published 4" in alert.message
+    nan = SamplerProbe("engine", torch.tensor([float("nan"), -2.0, -0.5]))
+    assert compare(1, 1, learner, [nan], 1.0)[1] is not None
+    assert probe_ids(300).tolist() == [[(7919 * i + 3) % 300 for i in range(8)]]
+
+
+@pytest.mark.parametrize("extra", [["train.mode=sync"], ["recipe=areal"], ["train.mode=sync", "model.lora.r=4"]],
+                         ids=["sync", "async-thread", "lora"])
+def test_normal_runs_pass_the_check_every_step(micro_overrides, tmp_path, extra):
+    _run(micro_overrides, tmp_path, *extra, "train.lr=1e-2")
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2, 3]
+    assert all(0 <= x["sync/probe_max_abs_diff"] < 1e-5 for x in rl)
+    assert all(x["grad_norm"] > 0 for x in rl)      # the weights moved: the check compared new weights
+    assert not [a for a in _lines(tmp_path, "alerts.jsonl") if a["alert"] == "weight_sync"]
+
+
+def _stops(micro, tmp_path, match: str, *extra):
+    with pytest.raises(RunStopped, match=match):
+        _run(micro, tmp_path, *extra, "train.lr=1e-2")
+    alerts = [a for a in _lines(tmp_path, "alerts.jsonl") if a["alert"] == "weight_sync"]
+    assert len(alerts) == 1 and alerts[0]["step"] == 1 and match in alerts[0]["message"]
+    failed = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "failed"]
+    assert len(failed) == 1 and match in failed[0]["reason"]
+    assert not [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]   # no step logged past it
+
+
+def test_skipped_publication_to_the_sampler_thread_stops_the_run(micro_overrides, tmp_path, monkeypatch):
+    publish = LocalSampler.publish
+
+    def first_only(self, model, version):      # the initial weights go out; no update ever does
+        if version == 0:
+            publish(self, model, version)
+
+    monkeypatch.setattr(LocalSampler, "publish", first_only)
+    _stops(micro_overrides, tmp_path, "sampler thread holds weight version 0, not the published 1",
+           "recipe=areal", "train.weight_sync.timeout_s=0.5")
+
+
+def test_sampler_thread_that_loads_nothing_stops_the_run(micro_overrides, tmp_path, monkeypatch):
+    """The version arrives, the weights do not: only the probe can tell."""
+    load = LocalSampler._load
+
+    def label_only(self, weights, version):
+        load(self, {k: v for k, v in self.model.state_dict().items()}, version)
+
+    monkeypatch.setattr(LocalSampler, "_load", label_only)
+    _stops(micro_overrides, tmp_path, "sampler thread's log-probs of the probe differ", "recipe=areal")
+
+
+def test_engine_without_the_lora_adapter_stops_the_run(micro_overrides, tmp_path, monkeypatch):
+    """The native engine reads every projection through linear_weight; one that drops the adapter (W alone)
+    samples from the base model. At step 0 B = 0, so the first update is where it shows."""
+    def base_only(module):
+        base = getattr(module, "get_base_layer", lambda: module)()
+        return base.weight, base.bias
+
+    monkeypatch.setattr(decoder, "linear_weight", base_only)
+    _stops(micro_overrides, tmp_path, "native engine's log-probs of the probe differ", "train.mode=sync",
+           "model.lora.r=4", "train.shared_prefix=false")
+
+
+def test_the_check_can_be_turned_off(micro_overrides, tmp_path, monkeypatch):
+    monkeypatch.setattr(LocalSampler, "publish", lambda self, model, version: None)
+    _run(micro_overrides, tmp_path, "recipe=areal", "train.weight_sync.verify=false", "train.max_staleness=4",
+         "train.steps=1")
+    assert not any("sync/probe_max_abs_diff" in x for x in _lines(tmp_path, "metrics.jsonl"))
