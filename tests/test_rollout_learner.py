@@ -109,8 +109,11 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
         old = completion_token_stats(policy.model, seq).logprobs
     # Critic recipes get per-sequence advantages here (their GAE needs a critic, not built yet).
     estimator = "dr_grpo" if spec.needs_critic else spec.advantage
+    # The inputs some estimators declare: ReMax's greedy-completion rewards, REINFORCE++'s token mask and
+    # per-token KL penalty (their [N, T] advantages must split across micro-batches like the rest).
     advantages = AdvantagePipeline(estimator, {} if spec.needs_critic else spec.advantage_params)(
-        rewards, rollout.group_ids
+        rewards, rollout.group_ids, baselines=torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]),
+        mask=rollout.completion_mask, token_penalty=0.1 * rollout.completion_mask,
     )
     batch = LearnerBatch(
         sequences=seq, advantages=advantages.advantages,
