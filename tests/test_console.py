@@ -54,7 +54,9 @@ def test_config_of_one_section() -> None:
     assert re.findall(r"^(\S+) = (.*?)  \(", result.output, flags=re.MULTILINE) == [
         ("rollout.engine", "native"), ("rollout.max_batch_rows", "null"), ("rollout.cpu_kernels", "true"),
         ("rollout.temperature", "1.0"), ("rollout.top_p", "1.0"), ("rollout.top_k", "0"),
-        ("rollout.max_new_tokens", "8"), ("rollout.stop", "[]"), ("rollout.tools", "null"),
+        ("rollout.record_top_k", "0"), ("rollout.min_p", "0.0"), ("rollout.quantization", "none"),
+        ("rollout.quantize_lm_head", "false"), ("rollout.max_new_tokens", "8"), ("rollout.stop", "[]"),
+        ("rollout.tools", "null"),
         ("rollout.tool_parser", "auto"), ("rollout.tool_timeout_s", "10.0"), ("rollout.tool_max_chars", "4096"),
         ("rollout.max_tool_calls", "4"), ("rollout.max_turns", "8"), ("rollout.max_model_tokens", "null"),
         ("rollout.max_environment_tokens", "null"), ("rollout.continuation", "true")]

@@ -73,7 +73,9 @@ def test_a_sequence_batch_moves_every_tensor() -> None:
                             group_ids=torch.tensor([0, 1]))
     assert batch.to(torch.device("cpu")) is batch
     moved = batch.to(torch.device("meta"))
-    assert {f: getattr(moved, f).device.type for f in vars(moved)} == {f: "meta" for f in vars(batch)}
+    present = [f for f in vars(batch) if getattr(batch, f) is not None]      # routes, top-K: only when recorded
+    assert {f: getattr(moved, f).device.type for f in present} == {f: "meta" for f in present}
+    assert {"input_ids", "attention_mask", "group_ids"} <= set(present)
     assert moved.input_ids.shape == batch.input_ids.shape == (2, 4)
     without_groups = build_sequences([[1]], torch.tensor([[2]]), torch.tensor([[1.0]]), 0)
     assert without_groups.to(torch.device("meta")).group_ids is None
@@ -82,7 +84,8 @@ def test_a_sequence_batch_moves_every_tensor() -> None:
 # Models other than Llama-family: the engine and the learner forward are decided from config.json at
 # config check (issue 21.4), said in one line, and an explicit setting the model cannot run is refused.
 
-GPT2_NOTE = ("model: gpt2 is not Llama-family (llama, mistral, qwen2, qwen3); rollout uses the transformers engine "
+GPT2_NOTE = ("model: gpt2 is not Llama-family (llama, mistral, qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe); "
+             "rollout uses the transformers engine "
              "(rollout.engine=hf), learner uses the model's own forward (train.shared_prefix=false)")
 
 
@@ -131,19 +134,21 @@ def test_gpt2_trains_with_one_line_saying_what_runs_it(
         (
             "rollout.engine=native",
             "rollout.engine=native cannot run '{path}': gpt2 is not Llama-family (llama, mistral, qwen2, "
-            "qwen3); remove rollout.engine=native (the transformers engine is chosen for this model) "
-            "or set rollout.engine=hf",
+            "qwen3, qwen2_moe, mixtral, qwen3_moe); remove rollout.engine=native (the transformers engine is "
+            "chosen for this model) or set rollout.engine=hf",
         ),
         (
             "train.shared_prefix=true",
             "train.shared_prefix=true cannot run '{path}': gpt2 is not Llama-family (llama, mistral, "
-            "qwen2, qwen3); remove it (the model's own forward is chosen for this model) or set "
+            "qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe); remove it (the model's own forward is chosen for this "
+            "model) or set "
             "train.shared_prefix=false",
         ),
         (
             "recipe=areal",
             "train.mode=async samples with the native engine, which cannot run '{path}': gpt2 is not "
-            "Llama-family (llama, mistral, qwen2, qwen3); use train.mode=sync and a recipe that is not asynchronous",
+            "Llama-family (llama, mistral, qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe); use train.mode=sync and a "
+            "recipe that is not asynchronous",
         ),
     ],
 )
@@ -164,8 +169,8 @@ def test_gpt2_with_a_setting_it_cannot_run_is_one_config_error(tmp_path: Path, m
         ({"model_type": "qwen2"}, None, None),
         (
             {"model_type": "phi"},
-            "phi is not Llama-family (llama, mistral, qwen2, qwen3)",
-            "phi is not Llama-family (llama, mistral, qwen2, qwen3)",
+            "phi is not Llama-family (llama, mistral, qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe)",
+            "phi is not Llama-family (llama, mistral, qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe)",
         ),
         (
             {"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
@@ -220,7 +225,8 @@ def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> N
     cfg = build_config([f"model={tmp_path}"])
     assert (cfg.rollout.engine, cfg.train.shared_prefix, cfg.train.logprob_chunk_size) == ("hf", False, 0)
     assert architecture_plan(tmp_path).note("hf", False, None, 0) == (
-        "model: gemma2 is not Llama-family (llama, mistral, qwen2, qwen3); rollout uses the transformers engine "
+        "model: gemma2 is not Llama-family (llama, mistral, qwen2, qwen3, qwen2_moe, mixtral, qwen3_moe); "
+        "rollout uses the transformers engine "
         "(rollout.engine=hf), learner uses the model's own forward (train.shared_prefix=false) with full logits "
         "(train.logprob_chunk_size=0: gemma2 soft-caps its logits after the LM head)")
     with pytest.raises(ConfigError) as err:

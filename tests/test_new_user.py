@@ -328,7 +328,8 @@ def test_a_trl_or_verl_config_file_gets_every_unknown_key_at_once(tmp_path) -> N
         "3 unknown config keys: 'model_name_or_path'; did you mean 'model.path'? (TRL's GRPOConfig name; a local "
         "folder; nothing is downloaded) | 'num_generations'; did you mean 'train.group_size'? (TRL's GRPOConfig "
         "name) | "
-        "'trian'; did you mean 'train'? (valid: alerts, backend, checkpoint, critic, curation, dpo, eval, log, model, "
+        "'trian'; did you mean 'train'? (valid: alerts, analytics, backend, checkpoint, critic, curation, dpo, eval, "
+        "log, model, "
         "objective, output_dir, prm, prompt, ray, recipe, reward, rm, rollout, seed, sft, task, threads, train)"
     )
     (tmp_path / "verl.yaml").write_text("data:\n  train_files: t.parquet\n  max_response_length: 64\n"

@@ -4,6 +4,7 @@ in the run directory naming its frame, and a hang alert; with stop_after the run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from reinforge.config import build_config
 from reinforge.errors import RunStopped
 from reinforge.pipeline import run
 from reinforge.rewards.bounded import BoundedPool
-from reinforge.telemetry.watchdog import child_stacks, hang_limit
+from reinforge.telemetry.watchdog import _descendants, child_stacks, hang_limit
 from reinforge.user_rewards import register
 
 CALLS = {"n": 0}
@@ -73,10 +74,12 @@ def test_stop_after_stops_a_hung_run(micro_overrides, tmp_path):
 
 def test_child_worker_stacks_come_back():
     """A bounded-call worker registers a SIGUSR1 handler: its stack, mid-call, is read back."""
+    # Other tests of this process (pytest-xdist runs several per worker) may have children of their own.
+    before = set(_descendants(os.getpid()))
     pool = BoundedPool(max_workers=1)
     try:
         assert pool.call(pow, (2, 3), timeout_s=30.0).value == 8        # started and registered
-        stacks = child_stacks()
+        stacks = {pid: text for pid, text in child_stacks().items() if pid not in before}
         assert len(stacks) == 1
         (text,) = stacks.values()
         assert "_serve" in text and "bounded.py" in text
