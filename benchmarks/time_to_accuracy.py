@@ -147,10 +147,12 @@ class Stop(Exception):
     """Ends reinforge's loop from its on_step."""
 
 
-def side_config(args: argparse.Namespace) -> Config:
+def side_config(args: argparse.Namespace, side: str | None = None) -> Config:
+    """The RL stage's config of `reinforge train` from the start model; --reinforge settings only for that side."""
     return build_config([
         f"model.path={Path(args.start_model) / 'model'}", "sft.enabled=false", f"seed={args.seed}",
         f"threads={args.threads}", "log.progress=false", f"train.steps={args.max_steps}", *args.overrides,
+        *(args.reinforge if side == "reinforge" else []),
     ])
 
 
@@ -199,7 +201,7 @@ def run_trl(cfg: Config, task, spec, curve: Curve, every: int, output_dir: str) 
 
 
 def run_side(args: argparse.Namespace) -> dict:
-    cfg = side_config(args)
+    cfg = side_config(args, args.side)
     task, spec = prepare(cfg)
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -237,6 +239,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=400, help="RL steps per side before giving up")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of one reinforge and one TRL child")
     parser.add_argument("--only", choices=SIDES, help="run one side (the other's figures are null)")
+    parser.add_argument("--reinforge", action="append", default=[], metavar="KEY=VALUE",
+                        help="a reinforge setting TRL has no knob for, on the reinforge side only (not the default "
+                             "recipe then: the JSON lists them)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)          # the child processes
     parser.add_argument("--threshold", type=float, help=argparse.SUPPRESS)        # set by the parent
     parser.add_argument("overrides", nargs="*", help="reinforge config overrides (key=value) for both sides")
@@ -256,7 +261,8 @@ def main() -> None:
     sides = (args.only,) if args.only else SIDES
     argv = ["--start-model", args.start_model, "--threshold", str(threshold), "--seed", str(args.seed),
             "--threads", str(args.threads), "--eval-every", str(args.eval_every), "--max-seconds",
-            str(args.max_seconds), "--max-steps", str(args.max_steps), *args.overrides]
+            str(args.max_seconds), "--max-steps", str(args.max_steps),
+            *(f"--reinforge={setting}" for setting in args.reinforge), *args.overrides]
     runs = alternate(__file__, argv, sides, args.rounds)
     for run_ in (r for side in sides for r in runs[side]):
         run_["curve"].insert(0, [0.0, 0, round(start, 4)])
@@ -279,7 +285,8 @@ def main() -> None:
         "reinforge_seconds_each": [r["seconds"] for r in runs.get("reinforge", [])],
         "trl_seconds_each": [r["seconds"] for r in runs.get("trl", [])],
         "seed": args.seed, "rounds": args.rounds, "eval_every": args.eval_every, "threads": args.threads,
-        "recipe": cfg.recipe, "engine": cfg.rollout.engine, "overrides": args.overrides,
+        "recipe": cfg.recipe, "engine": cfg.rollout.engine,
+        "overrides": args.overrides, "reinforge_only": args.reinforge,
         "prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.train.group_size,
         "mini_batches": cfg.train.mini_batches, "max_new_tokens": cfg.rollout.max_new_tokens, "lr": cfg.train.lr,
         "trl_loss": trl_loss(objective_spec(cfg)),

@@ -85,14 +85,15 @@ def quiet(trainer):
 
 def alternate(script: str, argv: list[str], sides: tuple[str, ...], rounds: int) -> dict[str, list[dict]]:
     """`rounds` rounds of one child process per side, in turn: `script argv --side SIDE`, each child's
-    last stdout line its JSON. Child processes, not threads of one process: torch ops issued from a
-    second Python thread ran ~1.8x slower here, for either framework."""
+    last stdout line its JSON; their stderr (progress, warnings, a traceback) goes to this process's.
+    Child processes, not threads of one process: torch ops issued from a second Python thread ran
+    ~1.8x slower here, for either framework."""
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in sides:
-            child = subprocess.run([sys.executable, script, *argv, "--side", side], capture_output=True, text=True)
+            child = subprocess.run([sys.executable, script, *argv, "--side", side], stdout=subprocess.PIPE, text=True)
             if child.returncode != 0:
-                raise RuntimeError(f"the {side} child failed:\n{child.stderr[-4000:]}")
+                raise RuntimeError(f"the {side} child failed (exit {child.returncode}; its stderr is above)")
             runs[side].append(json.loads(child.stdout.strip().splitlines()[-1]))
     return runs
 
