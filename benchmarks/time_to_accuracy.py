@@ -52,7 +52,9 @@ them), with `--threads` torch threads.
 
 key=value: reinforge config overrides for both sides (e.g. train.prompts_per_step=16), applied before
 the mirroring. The last line of stdout is one JSON object: reinforge_seconds, trl_seconds, ratio
-(reinforge / trl), threshold, start_pass1 and both curves ([seconds, step, pass@1] per evaluation).
+(reinforge / trl), threshold, start_pass1 and both curves ([seconds, step, pass@1] per evaluation);
+*_seconds_interpolated and ratio_interpolated place each crossing on the straight line between the
+evaluations around it.
 A side that does not reach the threshold within --max-seconds of training (or --max-steps) has
 seconds null, and the ratio is null.
 """
@@ -141,6 +143,19 @@ class Curve:
 
     def over_time(self) -> bool:
         return self.clock.seconds() >= self.max_seconds
+
+
+def crossing(curve: list[list], threshold: float) -> float | None:
+    """Seconds at which the curve's straight line between evaluations first reaches the threshold: the
+    first evaluation at or past it, moved back towards the one before in proportion; None if none did.
+    A step of the evaluation grid (every 5 steps) is ~20% of the time to threshold here, and which
+    evaluation first crosses can hang on 0.001 of pass@1: the interpolation makes the ratio less coarse."""
+    if curve and curve[0][2] >= threshold:
+        return curve[0][0]
+    for (t0, _, p0), (t1, _, p1) in zip(curve, curve[1:], strict=False):
+        if p1 >= threshold:
+            return t0 + (threshold - p0) / (p1 - p0) * (t1 - t0)
+    return None
 
 
 class Stop(Exception):
@@ -272,11 +287,20 @@ def main() -> None:
         return round(statistics.median(reached), 3) if reached and None not in reached else None
 
     reinforge_s, trl_s = seconds("reinforge"), seconds("trl")
+
+    def interpolated(side: str) -> float | None:
+        times = [crossing(r["curve"], threshold) for r in runs.get(side, [])]
+        return round(statistics.median(times), 3) if times and None not in times else None
+
+    reinforge_i, trl_i = interpolated("reinforge"), interpolated("trl")
     cfg = side_config(args)
     result = {
         "reinforge_seconds": reinforge_s, "trl_seconds": trl_s,
         "ratio": round(reinforge_s / trl_s, 4) if reinforge_s and trl_s else None,
         "threshold": threshold, "start_pass1": round(start, 4),
+        # the same, the crossing interpolated between evaluations (`crossing`)
+        "reinforge_seconds_interpolated": reinforge_i, "trl_seconds_interpolated": trl_i,
+        "ratio_interpolated": round(reinforge_i / trl_i, 4) if reinforge_i and trl_i else None,
         # [seconds, step, pass@1] at each evaluation of the first round; every round's under *_curves
         "reinforge_curve": runs["reinforge"][0]["curve"] if "reinforge" in runs else None,
         "trl_curve": runs["trl"][0]["curve"] if "trl" in runs else None,

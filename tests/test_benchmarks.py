@@ -169,3 +169,15 @@ def test_trl_settings_mirror_the_default_recipe():
         assert "policy loss" in str(err)
     else:
         raise AssertionError("gspo mapped to a TRL loss")
+
+
+def test_time_to_accuracy_interpolates_the_crossing():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("time_to_accuracy", BENCHMARKS / "time_to_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    curve = [[0.0, 0, 0.6], [2.0, 5, 0.7], [4.0, 10, 0.8]]
+    # 0.75 lies halfway from 0.7 (2 s) to 0.8 (4 s): 3 s; a threshold met at the start: 0 s.
+    assert module.crossing(curve, 0.75) == 3.0 and module.crossing(curve, 0.5) == 0.0
+    assert module.crossing(curve, 0.8) == 4.0 and module.crossing(curve, 0.81) is None
