@@ -48,7 +48,7 @@ both clocks. Each side runs in a child process of its own, one at a time (`--rou
 them), with `--threads` torch threads.
 
     .venv-bench/bin/python benchmarks/time_to_accuracy.py [--start-model DIR] [--seed 0] [--threads 2] \
-        [--eval-every 5] [--gain 0.15] [--max-seconds 900] [--max-steps 400] [--rounds 1] [key=value ...]
+        [--eval-every 1] [--gain 0.15] [--max-seconds 900] [--max-steps 400] [--rounds 1] [key=value ...]
 
 key=value: reinforge config overrides for both sides (e.g. train.prompts_per_step=16), applied before
 the mirroring. The last line of stdout is one JSON object: reinforge_seconds, trl_seconds, ratio
@@ -148,7 +148,7 @@ class Curve:
 def crossing(curve: list[list], threshold: float) -> float | None:
     """Seconds at which the curve's straight line between evaluations first reaches the threshold: the
     first evaluation at or past it, moved back towards the one before in proportion; None if none did.
-    A step of the evaluation grid (every 5 steps) is ~20% of the time to threshold here, and which
+    A step of a coarse evaluation grid (--eval-every 5) is ~20% of the time to threshold here, and which
     evaluation first crosses can hang on 0.001 of pass@1: the interpolation makes the ratio less coarse."""
     if curve and curve[0][2] >= threshold:
         return curve[0][0]
@@ -248,7 +248,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="folder of the SFT-only run (its model/); default: a folder per seed in the temp dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads of each side")
-    parser.add_argument("--eval-every", type=int, default=5, help="RL steps between evaluations")
+    parser.add_argument("--eval-every", type=int, default=1,
+                        help="RL steps between evaluations (each ~0.3 s here, outside both clocks)")
     parser.add_argument("--gain", type=float, default=0.15, help="threshold = start pass@1 + gain")
     parser.add_argument("--max-seconds", type=float, default=900.0, help="training seconds per side before giving up")
     parser.add_argument("--max-steps", type=int, default=400, help="RL steps per side before giving up")
