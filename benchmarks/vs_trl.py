@@ -50,30 +50,31 @@ The last line of stdout is one JSON object: reinforge_s_per_step, trl_s_per_step
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-import transformers
 
 from reinforge.config import Config, build_config
 from reinforge.loops.loop import StepRecord
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
-from reinforge.pipeline import prepare, seed_everything
+from reinforge.pipeline import objective_spec, prepare, seed_everything
 from reinforge.rewards.arithmetic import verify_integer
 from reinforge.rollout import build_engine
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.trainers import run_rl
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trl_common import alternate, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402
+
 PROMPTS_PER_STEP, GROUP_SIZE, MAX_NEW_TOKENS, TEMPERATURE, LR = 8, 8, 16, 1.0, 5e-5
-RECIPE, TRL_LOSS = "dr_grpo", {"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.2, "beta": 0.0}
+RECIPE = "dr_grpo"
 SIDES = ("reinforge", "trl")
 
 
@@ -131,7 +132,7 @@ def reinforge_config(args: argparse.Namespace) -> Config:
 def trl_trainer(cfg: Config, model, dataset, clock: StepClock, rewards: list[dict], output_dir: str):
     """TRL's GRPOTrainer on the same problem. TRL is imported here, not at the top: the reinforge
     side runs (and is tested, tests/test_benchmarks.py) in the project's venv, which has no TRL."""
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     class TRLStepClock(TrainerCallback):
@@ -145,21 +146,9 @@ def trl_trainer(cfg: Config, model, dataset, clock: StepClock, rewards: list[dic
         rewards.append(batch_stats(values, [len(ids) for ids in completion_ids]))
         return values
 
-    tc = cfg.train
-    args = GRPOConfig(
-        output_dir=output_dir, seed=cfg.seed, use_cpu=True, bf16=False, gradient_checkpointing=False,
-        max_steps=tc.steps, per_device_train_batch_size=tc.prompts_per_step * tc.group_size,  # completions
-        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=tc.group_size, num_iterations=1,
-        max_completion_length=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-        learning_rate=tc.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        adam_beta1=0.9, adam_beta2=0.99, weight_decay=tc.weight_decay, max_grad_norm=tc.grad_clip,
-        report_to="none", save_strategy="no", logging_steps=10**9, disable_tqdm=True, dataloader_num_workers=0,
-        **TRL_LOSS,
-    )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
-                          processing_class=build_char_tokenizer(), callbacks=[TRLStepClock()])
-    trainer.remove_callback(PrinterCallback)   # it would print the end-of-training log line to stdout
-    return trainer
+    args = GRPOConfig(**trl_grpo_args(cfg, objective_spec(cfg), output_dir))
+    return quiet(GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
+                             processing_class=build_char_tokenizer(), callbacks=[TRLStepClock()]))
 
 
 def batch_stats(rewards: list[float], lengths: list[float]) -> dict[str, float]:
@@ -220,12 +209,7 @@ def main() -> None:
         return
 
     passed = list(sys.argv[1:])
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(args.rounds):
-        for side in SIDES:
-            child = subprocess.run([sys.executable, __file__, *passed, "--side", side],
-                                   check=True, capture_output=True, text=True)
-            runs[side].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    runs = alternate(__file__, passed, SIDES, args.rounds)
     times = {side: [t for run in runs[side] for t in run["times"]] for side in SIDES}
     reinforge_s, trl_s = statistics.median(times["reinforge"]), statistics.median(times["trl"])
     first = runs["reinforge"][0]
@@ -235,7 +219,7 @@ def main() -> None:
         "ratio": round(reinforge_s / trl_s, 4),
         "engine": first["engine"], "shared_prefix": args.shared_prefix, "steps": args.steps, "rounds": args.rounds,
         "threads": {side: sorted({run["threads"] for run in runs[side]}) for side in SIDES},
-        "recipe": RECIPE, "trl_loss": TRL_LOSS,
+        "recipe": RECIPE, "trl_loss": trl_loss(objective_spec(reinforge_config(args))),
         "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": TEMPERATURE, "dtype": "float32", "model_params": first["model_params"],
         "reinforge_steps_s": [round(t, 4) for t in times["reinforge"]],
@@ -245,7 +229,7 @@ def main() -> None:
            for key in ("step_seconds", "generation_seconds")},
         **{f"{side}_{key}": round(statistics.fmean(run[key] for run in runs[side]), 4)
            for side in SIDES for key in ("reward_mean", "zero_variance_groups", "response_length_mean")},
-        "torch": torch.__version__, "transformers": transformers.__version__, "trl": importlib.metadata.version("trl"),
+        **versions(),
     }
     print(json.dumps(result))
 

@@ -136,3 +136,59 @@ def test_quantized_rollouts_measure_the_int8_gap(tmp_path):
     assert out["int8_head+tis"]["mean"]["mismatch_kl"] > 1e-7
     assert out["int8_head+tis"]["mean"]["is_weight_max"] > 1.0
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_time_to_accuracy_reinforge_side_clocks_training_and_not_evaluation(tmp_path):
+    # A 2-step SFT start model; a threshold of start - 1 is reached at the first evaluation, whose
+    # clock reading is the side's seconds; 4 prompts x 8 samples a step, 8 x 2 held-out samples.
+    out = run_script("time_to_accuracy.py", "--only", "reinforge", "--start-model", str(tmp_path / "start"),
+                     "--max-steps", "2", "--eval-every", "1", "--threads", "1", "--gain", "-1", "sft.steps=2",
+                     "sft.num_examples=512", "sft.batch_size=16", "train.prompts_per_step=4", "eval.num_prompts=8",
+                     "eval.num_samples=2")
+    assert out["threshold"] == round(out["start_pass1"] - 1, 4)
+    curve = out["reinforge_curve"]
+    assert [point[1] for point in curve] == [0, 1] and curve[0] == [0.0, 0, out["start_pass1"]]
+    assert out["reinforge_seconds"] == round(curve[1][0], 3) > 0
+    assert out["trl_seconds"] is None and out["ratio"] is None
+    # pass@1 of 8 prompts x 2 samples is a multiple of 1/16.
+    assert all(round(p * 16, 6) == round(p * 16) for _, _, p in curve)
+
+
+def test_trl_settings_mirror_the_default_recipe():
+    import importlib.util
+
+    from reinforge.config import build_config
+    from reinforge.pipeline import objective_spec
+
+    spec = importlib.util.spec_from_file_location("trl_common", BENCHMARKS / "trl_common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = build_config([])
+    assert module.trl_loss(objective_spec(cfg)) == {"loss_type": "grpo", "scale_rewards": "group", "epsilon": 0.2,
+                                                    "epsilon_high": 0.2, "beta": 0.04}
+    args = module.trl_grpo_args(cfg, objective_spec(cfg), "out")
+    # One reinforge step: 32 prompts x 8 samples in 2 mini-batches = 2 TRL optimizer steps of 128 rows.
+    assert (args["per_device_train_batch_size"], args["steps_per_generation"], args["num_generations"]) == (128, 2, 8)
+    assert args["max_steps"] == 2 * cfg.train.steps and args["gradient_accumulation_steps"] == 1
+    assert (args["max_completion_length"], args["learning_rate"], args["max_grad_norm"]) == (8, 5e-5, 1.0)
+    dr = build_config(["recipe=dr_grpo"])
+    assert module.trl_loss(objective_spec(dr)) == {"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.2,
+                                                   "epsilon_high": 0.2, "beta": 0.0}
+    try:        # GSPO's sequence-level ratio is not TRL's token-level clip
+        module.trl_loss(objective_spec(build_config(["recipe=gspo"])))
+    except ValueError as err:
+        assert "policy loss" in str(err)
+    else:
+        raise AssertionError("gspo mapped to a TRL loss")
+
+
+def test_time_to_accuracy_interpolates_the_crossing():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("time_to_accuracy", BENCHMARKS / "time_to_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    curve = [[0.0, 0, 0.6], [2.0, 5, 0.7], [4.0, 10, 0.8]]
+    # 0.75 lies halfway from 0.7 (2 s) to 0.8 (4 s): 3 s; a threshold met at the start: 0 s.
+    assert module.crossing(curve, 0.75) == 3.0 and module.crossing(curve, 0.5) == 0.0
+    assert module.crossing(curve, 0.8) == 4.0 and module.crossing(curve, 0.81) is None
