@@ -39,6 +39,10 @@ two logits cross the boundary, a measure-zero set), so almost everywhere
 i.e. the full-softmax gradient [k = y] - p(k) plus d(-log Z_K)/dz_k = (p(k) - pi^K(k) [k in K]) / T:
 the score function of the truncated policy, which is the policy gradient of the truncated policy
 (the REINFORCE identity holds for pi^K as for any distribution). Tokens outside K get no gradient.
+The learner computes log p(y) - log Z_K (`kept_log_mass`), so a sampled token that has left the
+learner's K after an update (only off-policy: a later mini-batch or epoch) scores p(y) / Z_K rather
+than 0: its ratio stays finite, where log 0 would zero it and make its gradient NaN-prone, and PPO's
+clip bounds it as it bounds any token. On-policy (the ratio at the sampler's weights) y is always in K.
 
 The entropy the learner reports (and an entropy bonus) stays that of the full distribution, and the
 reference's log-probs (the KL penalty) stay full too: a reference truncated by its own logits could
