@@ -11,6 +11,7 @@ import torch
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
 from reinforge.learner.forward import ForwardPlan, token_stats
+from reinforge.learner.reference import Reference
 from reinforge.learner.routing import moe_routers
 from reinforge.learner.sequences import build_sequences
 from reinforge.models import build_tiny_moe
@@ -122,6 +123,19 @@ def test_replay_makes_learner_logprobs_the_samplers(arch: str) -> None:
     # The router still learns under replay: its gates carry the gradient.
     replayed.logprobs.sum().backward()
     assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in moe_routers(policy.model))
+
+
+def test_the_reference_routes_by_its_own_router_under_replay() -> None:
+    """The KL penalty is to the reference's own distribution: its forward does not take the policy's
+    sampled experts even when the policy's does (ForwardPlan.for_reference)."""
+    policy = tiny("qwen2_moe")
+    _near_ties(policy, 1e-6)
+    rollout, seq = sample(policy)
+    reference = Reference.of(policy.model)
+    plan = ForwardPlan(routing_replay=True)
+    own = token_stats(policy.model, seq, 1.0, ForwardPlan(routing_replay=False)).logprobs.detach()
+    torch.testing.assert_close(reference.logprobs(seq, 1.0, plan), own, atol=1e-6, rtol=0)
+    assert ((own - rollout.sampler_logprobs) * seq.completion_mask).abs().max() > 1e-2   # replay would differ
 
 
 def test_config_builtin_moe() -> None:

@@ -135,7 +135,7 @@ def test_config_switch_and_the_untruncated_reference() -> None:
     cfg = build_config(["rollout.top_p=0.9", "rollout.min_p=0.05"])
     plan = ForwardPlan.from_config(cfg.train, cfg.rollout)
     assert plan.truncation == Truncation(top_k=0, top_p=0.9, min_p=0.05)
-    assert plan.untruncated().truncation is None
+    assert plan.for_reference().truncation is None
     assert ForwardPlan.from_config(cfg.train).truncation is None            # no rollout: SFT, critics
     off = build_config(["rollout.top_p=0.9", "train.truncated_logprobs=false"])
     assert ForwardPlan.from_config(off.train, off.rollout).truncation is None

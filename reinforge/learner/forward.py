@@ -44,9 +44,11 @@ class ForwardPlan:
                    chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix, truncation=truncation,
                    routing_replay=train.routing_replay)
 
-    def untruncated(self) -> ForwardPlan:
-        """This plan scoring the full distribution: the reference's log-probs (learner/truncation.py)."""
-        return replace(self, truncation=None)
+    def for_reference(self) -> ForwardPlan:
+        """This plan for the reference model's log-probs: the full distribution (learner/truncation.py)
+        and the reference's own routing (an MoE reference is not forced onto the policy's sampled
+        experts, learner/routing.py): the KL penalty is to the reference's own distribution."""
+        return replace(self, truncation=None, routing_replay=False)
 
     def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Indices into `rows` (default: all rows of `batch`) of each micro-batch. With a shared prefix,

@@ -47,7 +47,7 @@ class Reference:
 
     def logprobs(self, seq: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:
         """log pi_ref of the completion tokens, [N, T], under the full distribution (learner/truncation.py)."""
-        return token_logprobs(self.model, seq, temperature, plan.untruncated())
+        return token_logprobs(self.model, seq, temperature, plan.for_reference())
 
     def after_update(self, policy: torch.nn.Module) -> None:
         """Called once per RL step, after the policy update: the EMA reference moves toward the policy."""
@@ -88,7 +88,7 @@ class AdapterReference(Reference):
 
     def logprobs(self, seq: SequenceBatch, temperature: float, plan: ForwardPlan) -> torch.Tensor:
         with self._as_reference():
-            return token_logprobs(self.model, seq, temperature, plan.untruncated())
+            return token_logprobs(self.model, seq, temperature, plan.for_reference())
 
     @contextmanager
     def _as_reference(self) -> Iterator[None]:
