@@ -13,7 +13,9 @@ prompts, with one torch thread:
 - int8: rollout.quantization=int8 (q/k/v/o and MLP projections per-channel int8, LM head fp32);
 - int8_head: also the LM head in int8 (rollout.quantize_lm_head=true);
 - int8_head+tis / int8_head+mis: the same sampler, and the token-level TIS (cap 2) / MIS ([0.5, 2])
-  correction on the learner's loss (objective.correction).
+  correction on the learner's loss (objective.correction);
+- int8_head+decoupled: the same sampler, and AReaL's decoupled PPO (objective.policy_loss=decoupled_ppo):
+  PPO's clip around the learner's pi_old, the sampler entering through the weight pi_old / mu only.
 
 Per step it records reward, response length, entropy (the learner's, of the full distribution) and
 the sampler-learner mismatch at pi_old (mismatch_kl, is_weight_max, mismatch_abs_diff_max; the
@@ -39,6 +41,11 @@ VARIANTS = {
     "int8_head": {"rollout.quantization": "int8", "rollout.quantize_lm_head": True},
     "int8_head+tis": {"rollout.quantization": "int8", "rollout.quantize_lm_head": True, "objective.correction": "tis"},
     "int8_head+mis": {"rollout.quantization": "int8", "rollout.quantize_lm_head": True, "objective.correction": "mis"},
+    # AReaL's decoupled PPO in the synchronous loop: the clip around the learner's pi_old (the proximal
+    # policy) and the int8 sampler entering only through the detached weight pi_old / mu (cap 5)
+    "int8_head+decoupled": {"rollout.quantization": "int8", "rollout.quantize_lm_head": True,
+                            "objective.policy_loss": "decoupled_ppo",
+                            "objective.policy_params": {"eps": 0.2, "w_max": 5.0}},
 }
 FIGURES = ["reward_mean", "response_length_mean", "entropy", "mismatch_kl", "is_weight_max", "mismatch_abs_diff_max"]
 
