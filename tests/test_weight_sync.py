@@ -34,17 +34,30 @@ def _lines(path: Path, name: str) -> list[dict]:
 
 
 def test_compare_hand_numbers():
-    learner = torch.tensor([-1.0, -2.0, -0.5])
-    near = SamplerProbe("engine", torch.tensor([-1.0, -2.00005, -0.5]))
-    far = SamplerProbe("ray worker 1", torch.tensor([-1.0, -2.5, -0.25]), version=3)
-    worst, alert = compare(3, 3, learner, [near], 1e-4)
-    assert worst == pytest.approx(5e-5, abs=1e-7) and alert is None
-    worst, alert = compare(3, 3, learner, [near, far], 1e-4)
-    assert worst == 0.5 and alert.name == "weight_sync" and "ray worker 1's log-probs" in alert.message
+    # Two probe positions over a 3-token vocabulary: the learner's next-token distributions.
+    learner = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]).log()
+    # TV at position 1: 1/2 (|0.1 - 0.1004| + |0.1 - 0.0996| + 0) = 4e-4; position 0 equal: the max is 4e-4.
+    near = SamplerProbe("engine", torch.tensor([[0.5, 0.3, 0.2], [0.1004, 0.0996, 0.8]]).log())
+    # TV at position 0: 1/2 (0.2 + 0.1 + 0.1) = 0.2.
+    far = SamplerProbe("ray worker 1", torch.tensor([[0.3, 0.4, 0.3], [0.1, 0.1, 0.8]]).log(), version=3)
+    worst, alert = compare(3, 3, learner, [near], 1e-3)
+    assert worst == pytest.approx(4e-4, abs=1e-7) and alert is None
+    worst, alert = compare(3, 3, learner, [near, far], 1e-3)
+    assert worst == pytest.approx(0.2, abs=1e-6) and alert.name == "weight_sync"
+    assert "ray worker 1's next-token distributions on the probe differ from the learner's by total variation 0.2" \
+        in alert.message
     _, alert = compare(4, 4, learner, [far], 1.0)       # within tolerance but one version behind
     assert "ray worker 1 holds weight version 3, not the published 4" in alert.message
-    nan = SamplerProbe("engine", torch.tensor([float("nan"), -2.0, -0.5]))
+    # A very unlikely token's log-prob off by 1e-3 (the size fp32 rounding reaches on a confident model's
+    # probe tokens) is a TV of ~1e-12: not a failed sync.
+    confident = torch.tensor([[1.0 - 2e-9, 1e-9, 1e-9]]).log()
+    rounded = confident.clone()
+    rounded[0, 1] += 1e-3
+    assert compare(1, 1, confident, [SamplerProbe("engine", rounded)], 1e-3)[1] is None
+    nan = SamplerProbe("engine", torch.tensor([[float("nan"), 0.3, 0.2], [0.1, 0.1, 0.8]]).log())
     assert compare(1, 1, learner, [nan], 1.0)[1] is not None
+    other_vocab = SamplerProbe("engine", torch.tensor([[0.5, 0.5], [0.5, 0.5]]).log())
+    assert compare(1, 1, learner, [other_vocab], 1.0)[1] is not None
     assert probe_ids(300).tolist() == [[(7919 * i + 3) % 300 for i in range(8)]]
 
 
@@ -54,7 +67,7 @@ def test_normal_runs_pass_the_check_every_step(micro_overrides, tmp_path, extra)
     _run(micro_overrides, tmp_path, *extra, "train.lr=1e-2")
     rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
     assert [x["step"] for x in rl] == [1, 2, 3]
-    assert all(0 <= x["sync/probe_max_abs_diff"] < 1e-5 for x in rl)
+    assert all(0 <= x["sync/probe_tv"] < 1e-5 for x in rl)
     assert all(x["grad_norm"] > 0 for x in rl)      # the weights moved: the check compared new weights
     assert not [a for a in _lines(tmp_path, "alerts.jsonl") if a["alert"] == "weight_sync"]
 
@@ -89,7 +102,7 @@ def test_sampler_thread_that_loads_nothing_stops_the_run(micro_overrides, tmp_pa
         load(self, {k: v for k, v in self.model.state_dict().items()}, version)
 
     monkeypatch.setattr(LocalSampler, "_load", label_only)
-    _stops(micro_overrides, tmp_path, "sampler thread's log-probs of the probe differ", "recipe=areal")
+    _stops(micro_overrides, tmp_path, "sampler thread's next-token distributions on the probe differ", "recipe=areal")
 
 
 def test_engine_without_the_lora_adapter_stops_the_run(micro_overrides, tmp_path, monkeypatch):
@@ -100,7 +113,7 @@ def test_engine_without_the_lora_adapter_stops_the_run(micro_overrides, tmp_path
         return base.weight, base.bias
 
     monkeypatch.setattr(decoder, "linear_weight", base_only)
-    _stops(micro_overrides, tmp_path, "native engine's log-probs of the probe differ", "train.mode=sync",
+    _stops(micro_overrides, tmp_path, "native engine's next-token distributions on the probe differ", "train.mode=sync",
            "model.lora.r=4", "train.shared_prefix=false")
 
 
@@ -108,4 +121,4 @@ def test_the_check_can_be_turned_off(micro_overrides, tmp_path, monkeypatch):
     monkeypatch.setattr(LocalSampler, "publish", lambda self, model, version: None)
     _run(micro_overrides, tmp_path, "recipe=areal", "train.weight_sync.verify=false", "train.max_staleness=4",
          "train.steps=1")
-    assert not any("sync/probe_max_abs_diff" in x for x in _lines(tmp_path, "metrics.jsonl"))
+    assert not any("sync/probe_tv" in x for x in _lines(tmp_path, "metrics.jsonl"))

@@ -90,7 +90,7 @@ class RolloutWorkers(Protocol):
     def times(self) -> WorkerTimes: ...
 
     def probe(self, version: int, ids: torch.Tensor, timeout: float) -> list[SamplerProbe]:
-        """Each worker's log-probs of the probe `ids` [1, S] once it holds `version` (waiting up to `timeout`
+        """Each worker's next-token log-probs at the probe `ids` [1, S] once it holds `version` (waiting up to `timeout`
         seconds; past it, with the version it holds): telemetry/weight_sync.py."""
         ...
 

@@ -291,16 +291,17 @@ class WeightSyncConfig(Section):
         description=(
             "After every weight publication the sampler (the rollout engine, the async sampler thread, each Ray "
             "worker, each learner rank's plain copy) scores a fixed probe sequence with the weights it samples "
-            "with; its log-probs must equal the learner's forward within `tolerance`, and an async worker must "
-            "hold the version just published. Else an alert (weight_sync) and the run stops. Metric "
-            "sync/probe_max_abs_diff."
+            "with; its next-token distributions must equal the learner's forward within `tolerance` (total "
+            "variation), and an async worker must hold the version just published. Else an alert (weight_sync) "
+            "and the run stops. Metric sync/probe_tv."
         ),
     )
     tolerance: float | None = Field(
         None,
         gt=0,
-        description="Largest |log-prob difference| on the probe that passes. None: 1e-4 for fp32 models, 5e-2 for "
-        "bf16/fp16 (the engine and the learner round differently).",
+        description="Largest total variation between the sampler's and the learner's next-token distributions on the "
+        "probe that passes. None: 1e-3 for fp32 models (rounding gives ~1e-6), 5e-2 for bf16/fp16 (the engine and "
+        "the learner round differently).",
     )
     timeout_s: float = Field(
         60.0,
