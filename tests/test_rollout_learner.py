@@ -194,9 +194,24 @@ def test_pi_old_from_the_update_forward_equals_a_separate_pass(policy, recipe: s
     stats = policy_update(model, opt, warmup_constant(opt, 0), in_place_batch, spec, settings,
                           torch.Generator().manual_seed(0))
     torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="ppo_epochs = mini_batches = 1"):
-        policy_update(model, opt, warmup_constant(opt, 0), in_place_batch, spec,
-                      dataclasses.replace(settings, mini_batches=2), torch.Generator().manual_seed(0))
+    # Several optimizer steps per batch (2 epochs x 2 mini-batches): pi_old taken in place (the first
+    # mini-batch from its forward, the rest from one pass before the first step) is the pi_old of a
+    # separate pass, so the four steps end at the same weights with the same metrics.
+    several = dataclasses.replace(settings, mini_batches=2, ppo_epochs=2)
+    ends = []
+    for batch in (LearnerBatch(old_logprobs=old, **common), LearnerBatch(old_logprobs=None, **common)):
+        model = copy.deepcopy(policy.model)
+        opt = build_optimizer(model, lr=1e-2)
+        stats = policy_update(model, opt, warmup_constant(opt, 0), batch, spec, several,
+                              torch.Generator().manual_seed(0))
+        assert stats.optimizer_steps == 4
+        torch.testing.assert_close(stats.old_logprobs, old, atol=1e-6, rtol=0)
+        ends.append(([p.detach() for p in model.parameters()], stats.metrics))
+    (given, given_metrics), (taken, taken_metrics) = ends
+    assert max(float((a - b).abs().max()) for a, b in zip(given, taken, strict=True)) < 1e-5
+    start = [p.detach() for p in policy.model.parameters()]
+    assert max(float((a - b).abs().max()) for a, b in zip(given, start, strict=True)) > 1e-3   # the steps moved
+    assert taken_metrics["clip_frac"] == pytest.approx(given_metrics["clip_frac"], abs=1e-6)
 
 
 def _small_batch(policy, seed: int) -> tuple[LearnerBatch, object]:

@@ -100,8 +100,9 @@ class LearnerBatch:
 
     sequences: SequenceBatch
     advantages: torch.Tensor                 # [N] or [N, T]
-    # [N, T] learner log-probs before this update (fixed over epochs). None: the update has one
-    # optimizer step, so pi_old is the policy of that step's own forward; it is taken there, detached.
+    # [N, T] learner log-probs before this update (fixed over epochs). None: the update takes them itself,
+    # the first mini-batch's from its own forward (no step has been taken yet), the other rows' from one
+    # no-grad forward before the first optimizer step (`policy_update`).
     old_logprobs: torch.Tensor | None
     sampler_logprobs: torch.Tensor           # [N, T] rollout engine's log-probs
     group_ids: torch.Tensor                  # [N]
@@ -204,20 +205,27 @@ def policy_update(
     if settings.forward.shared_prefix and isinstance(model, FSDPModule):
         raise NotImplementedError("the shared-prompt learner forward reads every layer's weights directly, past FSDP's "
                                   "per-layer all-gathers; set train.shared_prefix=false")
-    if batch.old_logprobs is None and settings.ppo_epochs * settings.mini_batches != 1:
-        raise ValueError("old_logprobs=None (pi_old from the update's own forward) needs ppo_epochs = mini_batches = 1")
-    # pi_old: given, or filled in by the first (and only) step's forward
-    old_all = torch.zeros_like(batch.sequences.completion_mask) if batch.old_logprobs is None else batch.old_logprobs
+    # pi_old: given, or taken here at the weights before the first optimizer step. The first mini-batch's
+    # rows take it from their own forward (detached: the same function at the same weights, one forward
+    # less for them; TRL does the same with num_iterations=1), the other mini-batches' rows from one
+    # no-grad forward before that step. Either way it is fixed over all epochs.
+    lazy = batch.old_logprobs is None
+    old_all = torch.zeros_like(batch.sequences.completion_mask) if lazy else batch.old_logprobs
     share, means = batch.share, _Means()
     steps = skipped = 0
-    for _ in range(settings.ppo_epochs):
+    for epoch in range(settings.ppo_epochs):
         order = share.order(batch.rows, generator)
-        for chunk in torch.tensor_split(order, settings.mini_batches):
+        chunks = torch.tensor_split(order, settings.mini_batches)
+        if lazy and epoch == 0 and len(chunks) > 1:
+            _fill_old_logprobs(model, batch, share.mine(torch.cat(chunks[1:])), old_all, settings)
+        for i, chunk in enumerate(chunks):
             mb = share.mine(chunk)                    # this process's rows of the mini-batch
             if not share.any_rows(mb):
                 continue
             optimizer.zero_grad(set_to_none=True)
-            finite = share.all_finite(_accumulate(model, batch, mb, old_all, spec, settings, means, generator))
+            take_old = lazy and epoch == 0 and i == 0
+            finite = share.all_finite(_accumulate(model, batch, mb, old_all, spec, settings, means, generator,
+                                                  take_old))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
             if not (finite and math.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
@@ -235,12 +243,27 @@ def policy_update(
     return UpdateStats(optimizer_steps=steps, skipped_steps=skipped, metrics=metrics, old_logprobs=old_all)
 
 
+def _fill_old_logprobs(model: torch.nn.Module, batch: LearnerBatch, rows: torch.Tensor, old_all: torch.Tensor,
+                       settings: UpdateSettings) -> None:
+    """pi_old of `rows` (this process's) into `old_all`, from a no-grad forward at the current weights."""
+    device, forward = model_device(model), settings.forward
+
+    def record(local: torch.Tensor) -> None:
+        seq = batch.sequences.rows(rows[local]).to(device)
+        with torch.no_grad():
+            logprobs = token_stats(model, seq, settings.temperature, forward).logprobs
+        old_all[rows[local], : logprobs.shape[1]] = logprobs.to(old_all.device, old_all.dtype)
+
+    batch.share.run_passes(forward.micro_batches(batch.sequences, rows), record,
+                           lambda seq: token_stats(model, seq, settings.temperature, forward).logprobs)
+
+
 def _accumulate(
     model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
-    settings: UpdateSettings, means: _Means, generator: torch.Generator | None = None,
+    settings: UpdateSettings, means: _Means, generator: torch.Generator | None = None, take_old: bool = False,
 ) -> bool:
     """The gradient of mini-batch `mb`'s loss into `.grad`, micro-batch by micro-batch; whether the loss was finite.
-    A `None` pi_old (`old_all` zeros) is taken from these forwards: no step has been taken yet."""
+    `take_old`: pi_old of these rows is taken from these forwards (no step has been taken yet on the batch)."""
     device, forward, temperature = model_device(model), settings.forward, settings.temperature
     mask_all = batch.sequences.completion_mask
     weights = loss_weights(
@@ -250,7 +273,8 @@ def _accumulate(
         max_length=settings.max_length,
         reduce=batch.share,
     )  # [M, T]
-    selected = _batch_selection(model, batch, mb, old_all, spec, settings, generator)  # [M, T] bool or None
+    selected = _batch_selection(model, batch, mb, None if take_old else old_all, spec, settings,
+                                generator)  # [M, T] bool or None
     finite = True
 
     def run(local: torch.Tensor) -> None:
@@ -260,7 +284,7 @@ def _accumulate(
         seq = batch.sequences.rows(rows).to(device)
         width = seq.completion_ids.shape[1]
         stats = token_stats(model, seq, temperature, forward)
-        if batch.old_logprobs is None:
+        if take_old:
             old_all[rows, :width] = stats.logprobs.detach().to(old_all.device)
         out = objective_loss(
             spec,
@@ -287,14 +311,14 @@ def _accumulate(
 
 
 def _batch_selection(
-    model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor, spec: ObjectiveSpec,
+    model: torch.nn.Module, batch: LearnerBatch, mb: torch.Tensor, old_all: torch.Tensor | None, spec: ObjectiveSpec,
     settings: UpdateSettings, generator: torch.Generator | None,
 ) -> torch.Tensor | None:
     """[M, T] bool: the token selection of a policy loss that needs one over the whole mini-batch
     (covariance.BATCH_SELECTIONS, e.g. KL-Cov's top-k by covariance), from a no-grad forward of all
     of `mb`'s rows at the current weights, before any of its micro-batches' gradient passes; None for
     the other losses. Computed once and sliced like the aggregation weights, it does not depend on
-    micro-batching. A `None` pi_old is this policy (no step has been taken on the batch yet)."""
+    micro-batching. A `None` old_all: pi_old is this policy (no step has been taken on the batch yet)."""
     select = BATCH_SELECTIONS.get(spec.policy_loss)
     if select is None:
         return None
@@ -311,7 +335,7 @@ def _batch_selection(
     batch.share.run_passes(forward.micro_batches(batch.sequences, mb), record,
                            lambda seq: token_stats(model, seq, settings.temperature, forward).logprobs)
     current = current.to(mask_all.dtype)
-    anchors = {"old": None if batch.old_logprobs is None else old_all[mb], "sampler": batch.sampler_logprobs[mb]}
+    anchors = {"old": None if old_all is None else old_all[mb], "sampler": batch.sampler_logprobs[mb]}
     anchor = anchors[spec.ratio_anchor]
     advantages = batch.advantages[mb]
     if advantages.dim() == 1:

@@ -237,8 +237,9 @@ class Learner:
             policy, policy.model, spec, update, sampling, dp,
         )
         self.max_nonfinite_steps = max_nonfinite_steps
-        self.old_before_update = (update.ppo_epochs * update.mini_batches > 1
-                                  or (spec.kl_placement == "in_reward" and spec.needs_reference))
+        # pi_old before the update only where the reward needs it (a KL in the reward); else the update takes
+        # it itself at the same weights, partly from its own forward (learner/update.py policy_update)
+        self.old_before_update = spec.kl_placement == "in_reward" and spec.needs_reference
         self.samples: StepSamples | None = None   # the latest step's batch with its advantages (samples.jsonl)
 
     def step(self, state: RLState, curated: CuratedBatch) -> dict[str, float]:
@@ -256,8 +257,8 @@ class Learner:
             self.update.forward,
         )
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
-        #    With one optimizer step per batch and no KL in the reward, pi_old is the policy of that
-        #    step's own forward: the update takes it there (one forward less; TRL does the same
+        #    With no KL in the reward, the update takes pi_old itself before its first optimizer step,
+        #    the first mini-batch's from that step's own forward (less forward work; TRL does the same
         #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL).
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,

@@ -54,9 +54,16 @@ def reflection_patterns(words: Sequence[str]) -> list[re.Pattern[str]]:
 
 
 def count_reflections(texts: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> torch.Tensor:
-    """[N, W] long: non-overlapping occurrences of word w in text r."""
-    return torch.tensor([[len(p.findall(text)) for p in patterns] for text in texts], dtype=torch.long).view(
-        len(texts), len(patterns))
+    """[N, W] long: non-overlapping occurrences of word w in text r. One search of all the words first:
+    most samples hold none, and each RL step counts every sample."""
+    counts = torch.zeros(len(texts), len(patterns), dtype=torch.long)
+    if not patterns:
+        return counts
+    any_word = re.compile("|".join(f"(?:{p.pattern})" for p in patterns), re.IGNORECASE)
+    for r, text in enumerate(texts):
+        if any_word.search(text):
+            counts[r] = torch.tensor([len(p.findall(text)) for p in patterns])
+    return counts
 
 
 def reflection_metrics(counts: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor,
