@@ -16,7 +16,7 @@ from reinforge.errors import RunStopped
 from reinforge.models import decoder
 from reinforge.pipeline import run
 from reinforge.rollout.stream import LocalSampler
-from reinforge.telemetry.weight_sync import SamplerProbe, compare, probe_ids
+from reinforge.telemetry.weight_sync import SamplerProbe, compare, default_tolerance, probe_ids
 
 # Rewards that differ within a group from the first step on, so that every step updates the weights.
 VARIED = ["reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
@@ -122,3 +122,8 @@ def test_the_check_can_be_turned_off(micro_overrides, tmp_path, monkeypatch):
     _run(micro_overrides, tmp_path, "recipe=areal", "train.weight_sync.verify=false", "train.max_staleness=4",
          "train.steps=1")
     assert not any("sync/probe_tv" in x for x in _lines(tmp_path, "metrics.jsonl"))
+
+
+def test_default_tolerance_follows_the_precision_of_the_weights():
+    fp32, bf16 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.bfloat16)
+    assert default_tolerance(fp32) == 1e-3 and default_tolerance(bf16) == 5e-2

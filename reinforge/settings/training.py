@@ -300,8 +300,8 @@ class WeightSyncConfig(Section):
         None,
         gt=0,
         description="Largest total variation between the sampler's and the learner's next-token distributions on the "
-        "probe that passes. None: 1e-3 for fp32 models (rounding gives ~1e-6), 5e-2 for bf16/fp16 (the engine and "
-        "the learner round differently).",
+        "probe that passes. None: 1e-3 for fp32 models (rounding gives ~1e-6), 5e-2 for bf16/fp16 and for fp32 on a "
+        "GPU with TF32 matmuls (the engine and the learner round differently).",
     )
     timeout_s: float = Field(
         60.0,
