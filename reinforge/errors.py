@@ -20,3 +20,14 @@ class ConfigError(UserError, ValueError):
 
 class RunStopped(RuntimeError):
     """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run, after saving what could be saved. The message is the one
+    line to print (the step, what was saved, the resume command); `signum` the signal, whose
+    128 + signum the command line exits with (130 for Ctrl-C, 143 for SIGTERM). A KeyboardInterrupt,
+    so that code catching Exception does not swallow it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
