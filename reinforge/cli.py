@@ -129,7 +129,7 @@ def pipeline(
     import time
     from pathlib import Path
 
-    from reinforge.errors import RunStopped
+    from reinforge.errors import RunInterrupted, RunStopped
     from reinforge.multistage import run_pipeline
 
     target = Path(out) if out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(name).stem}"
@@ -138,8 +138,13 @@ def pipeline(
         console.print(f"[bold]stage {k + 1}[/]: {escape(Path(cfg.output_dir).name)} (recipe {cfg.recipe}, "
                       f"sft {'on' if cfg.sft.enabled and cfg.sft.steps else 'off'}, {cfg.train.steps} RL steps)")
 
-    with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
-        result = run_pipeline(name, overrides or [], target, on_stage=announce)
+    try:
+        with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
+            result = run_pipeline(name, overrides or [], target, on_stage=announce)
+    except RunInterrupted as err:     # the stage saved its step: the same command goes on from there
+        error_console.print(escape(f"{err.stopped} (stage {err.run_dir}); go on with the same command and "
+                                   f"--out {target}"), soft_wrap=True, highlight=False)
+        raise typer.Exit(code=128 + err.signum) from None
     table = Table(title=f"pipeline {result.name}: held-out evaluation after each stage")
     for column in ("stage", "recipe", "RL steps", "pass@1", "greedy accuracy"):
         table.add_column(column, justify="left" if column in ("stage", "recipe") else "right")

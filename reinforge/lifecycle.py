@@ -74,19 +74,23 @@ class Progress:
 
 
 class Interrupts:
-    """SIGINT and SIGTERM while a run goes (see the module docstring). Installed in the main thread of a
-    single process only (`enabled`): learner ranks must all stop at the same step, and signal handlers
-    exist only in the main thread. A signal the shell set to be ignored (a background job) stays ignored.
+    """SIGINT and SIGTERM while a run goes (see the module docstring), a context around the run after its
+    run directory exists. Installed in the main thread of a single process only (`enabled`): learner ranks
+    must all stop at the same step, and signal handlers exist only in the main thread. A signal the shell
+    set to be ignored (a background job) stays ignored.
 
-    `received` holds the first signal; during RL (`deferring`) the loop checks it after each step.
-    `force()`: true when the hang watchdog sent the SIGINT to stop a hung step (then it stops at once)."""
+    The pipeline tells it where the run is (`rl_started`, `step_done`, `saved`, `final`); a
+    KeyboardInterrupt that leaves the context is logged (`log`, an "interrupted" line of metrics.jsonl)
+    and becomes RunInterrupted, whose message says where it stopped, what was saved and how to resume."""
 
-    def __init__(self, progress: Progress, notify: Callable[[str], None], *, enabled: bool = True):
-        self.progress, self.notify = progress, notify
+    def __init__(self, run_dir: str | Path, saved: int | None, notify: Callable[[str], None],
+                 log: Callable[[dict], None], *, enabled: bool = True):
+        self.progress = Progress(Path(run_dir), "start" if saved is None else "rl", saved or 0, saved)
+        self.notify, self.log = notify, log
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.received: int | None = None
-        self.deferring = False
-        self.force: Callable[[], bool] = lambda: False
+        self.received: int | None = None     # the first signal
+        self.deferring = False               # during RL: the first signal waits for the end of the step
+        self.force: Callable[[], bool] = lambda: False    # the hang watchdog sent the SIGINT: stop at once
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Interrupts:
@@ -96,10 +100,14 @@ class Interrupts:
                     self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, err, traceback) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            stop = err if isinstance(err, RunInterrupted) else self.stop()
+            self.log({"stage": "interrupted", "step": self.progress.step, "reason": str(stop)})  # the report shows it
+            raise stop from None
 
     def _handle(self, signum: int, frame) -> None:
         if self.force():
@@ -112,6 +120,29 @@ class Interrupts:
                 return
         raise KeyboardInterrupt
 
+    def rl_started(self, force: Callable[[], bool]) -> None:
+        self.progress.phase, self.deferring, self.force = "rl", True, force
+
+    def saved(self, step: int) -> None:
+        """A checkpoint of `step` is written."""
+        self.progress.saved = step
+
+    def step_done(self, step: int, save: Callable[[], None]) -> None:
+        """RL step `step` ended (logged, evaluated, checkpointed if due): after a signal, `save` it unless
+        saved already, and stop."""
+        self.progress.step = step
+        if self.received is not None:
+            if self.progress.saved != step:
+                save()
+            raise self.stop()
+
+    def final(self) -> None:
+        """RL is over (its last step saved): a signal now stops at once, and one that came late stops here."""
+        self.deferring = False
+        if self.received is not None:
+            raise self.stop()
+        self.progress.phase = "final"
+
     def stop(self) -> RunInterrupted:
         """The exception that ends the run now, its message the one line to print."""
         p = self.progress
@@ -121,8 +152,7 @@ class Interrupts:
         if p.phase == "rl" and p.saved != p.step:
             where = f"in step {p.step + 1} (stopped at once, the step unfinished)"
         saved = f"saved step {p.saved}" if p.saved is not None else "nothing saved (checkpoints start with RL)"
-        return RunInterrupted(f"interrupted {where}; {saved}; resume with `reinforge train --resume {p.run_dir}`",
-                              signum)
+        return RunInterrupted(f"interrupted {where}; {saved}", str(p.run_dir), signum)
 
 
 def resume_line(step: int | None, steps: int, checkpoint: Path | None, run_dir: Path) -> str:

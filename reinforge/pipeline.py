@@ -34,16 +34,9 @@ from reinforge.distributed import (
     torchrun_world_size,
 )
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
-from reinforge.errors import ConfigError, RunInterrupted, RunStopped
+from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
-from reinforge.lifecycle import (
-    Interrupts,
-    Progress,
-    check_can_train,
-    data_description,
-    resume_line,
-    split_notes,
-)
+from reinforge.lifecycle import Interrupts, check_can_train, data_description, resume_line, split_notes
 from reinforge.loops.baselines import takes_baselines
 from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
@@ -284,10 +277,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     # Only rank 0 writes; when it cannot (a run already there), every rank stops.
     run_dir, recorder = on_rank_0(group, lambda: _writers(cfg, saved, overwrite=overwrite or resume)) \
         or (_Muted(cfg.output_dir),) * 2
-    at = saved.step if saved is not None else None
-    progress = Progress(Path(run_dir.path), "rl" if saved is not None else "start", at or 0, at)
     # SIGINT / SIGTERM: during RL the step finishes and is saved first (lifecycle.py); one process only.
-    interrupts = Interrupts(progress, lambda line: recorder.console.print(escape(line)), enabled=group.world_size == 1)
+    interrupts = Interrupts(run_dir.path, saved.step if saved is not None else None,
+                            lambda line: recorder.console.print(escape(line)), recorder.log,
+                            enabled=group.world_size == 1)
     try:
         with interrupts:
             # The engine reads the policy's weights at every call, so it can be built before SFT
@@ -297,15 +290,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
                                  cfg.task.environment_reward) or engine
             hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
-            hooks.progress = progress
-            rl = _train(cfg, hooks, engine, spec, saved, run_dir, interrupts)
-            if interrupts.received is not None:    # a signal after the last step's check: stop there
-                raise interrupts.stop()
+            hooks.interrupts = interrupts
+            rl = _train(cfg, hooks, engine, spec, saved, run_dir)
+            interrupts.final()
             summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)
-    except KeyboardInterrupt as err:     # a signal: the line that says where, what was saved, how to resume
-        stop = err if isinstance(err, RunInterrupted) else interrupts.stop()
-        recorder.log({"stage": "interrupted", "step": progress.step, "reason": str(stop)})   # the report shows it
-        raise stop from None
     finally:
         recorder.close()
         run_dir.close()
@@ -365,7 +353,7 @@ class _Hooks:
     held_out: list
     sft_summary: dict | None
     start: EvalResult               # the held-out evaluation of the model RL starts from
-    progress: Progress | None = None    # the step of the newest checkpoint goes here (an interrupt's line)
+    interrupts: Interrupts | None = None    # told of each checkpoint (the line an interrupt ends with)
 
     def checkpoint(self, state: RLState) -> Path:
         rl_state = state.state_dict()     # on every rank: learner ranks gather the optimizer's state
@@ -382,8 +370,8 @@ class _Hooks:
         # policy.model is the plain model; learner ranks copy the trained shards into it after every update
         try:
             path = self.store.save(state.step, {"model": self.policy.model.state_dict(), "rl": rl_state}, record).path
-            if self.progress is not None:
-                self.progress.saved = state.step
+            if self.interrupts is not None:
+                self.interrupts.saved(state.step)
             return path
         except CheckpointWriteError as err:     # disk full: one line, exit 2, the previous checkpoint intact
             raise RunStopped(str(err)) from None
@@ -423,7 +411,7 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
 
 
 def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpec | PreferenceSpec,
-           saved: LoadedCheckpoint | None, run_dir: RunDir, interrupts: Interrupts) -> RLResult:
+           saved: LoadedCheckpoint | None, run_dir: RunDir) -> RLResult:
     """The training stage after SFT (TRAINERS); a guard's stop or failed reward code is RunStopped, a
     signal the end of the step, its checkpoint and RunInterrupted."""
     group, recorder = hooks.group, hooks.recorder
@@ -436,15 +424,11 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
         hooks.on_step(record, state)
         if watchdog is not None:
             watchdog.beat(record.step)     # progress: a step ended
-        if record.stage == "rl":
-            interrupts.progress.step = record.step
-            if interrupts.received is not None:      # SIGINT / SIGTERM during the step: save it and stop
-                if interrupts.progress.saved != record.step:
-                    hooks.checkpoint(state)
-                raise interrupts.stop()
+        if record.stage == "rl" and hooks.interrupts is not None:    # after SIGINT / SIGTERM: save it and stop
+            hooks.interrupts.step_done(record.step, lambda: hooks.checkpoint(state))
 
-    interrupts.progress.phase, interrupts.deferring = "rl", True
-    interrupts.force = lambda: watchdog is not None and watchdog.stopped is not None
+    if hooks.interrupts is not None:
+        hooks.interrupts.rl_started(force=lambda: watchdog is not None and watchdog.stopped is not None)
 
     try:
         return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
@@ -472,7 +456,6 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
             recorder.log({"stage": "failed", "reason": str(err)})
         raise RunStopped(f"{err}; full traceback in {log}") from None
     finally:
-        interrupts.deferring = False     # after RL (the final evaluation) a signal stops at once
         if watchdog is not None:
             watchdog.close()
 
@@ -481,8 +464,6 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
             t_start: float) -> dict:
     """The final evaluation, the exported model and summary.json; the summary."""
     recorder = hooks.recorder
-    if hooks.progress is not None:
-        hooks.progress.phase = "final"      # an interrupt from here on stops at once: the last step is saved
     if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
         recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
         if rl.steps == 0 and cfg.train.steps > 0:   # nothing trained: not a finished run (no model, no summary)

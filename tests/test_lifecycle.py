@@ -23,12 +23,14 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.telemetry.recorder import TIMING_KEYS
-from reinforge.telemetry.report import load_runs, run_table, write_report
+from reinforge.telemetry.report import load_runs, run_table
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
 REWARDS = "reward.functions=[{name: verifier}, {name: lifecycle_fixtures:interrupting_length}]"
 # 9 RL steps of 4 prompts x 4 samples (a batch of 16), a checkpoint every 3.
+# A user's data file, scored by string equality (no verifier worker process to start).
+DATASET = ["sft.enabled=false", "task.name=dataset", "task.options.verifier=exact"]
 NINE_STEPS = [*MICRO, "train.steps=9", "checkpoint.every=3", "checkpoint.keep_last=5", REWARDS]
 
 
@@ -68,7 +70,7 @@ def test_fewer_prompts_than_a_step_is_refused_before_the_model_loads(tmp_path: P
 def test_a_data_file_smaller_than_a_step_names_its_split_and_the_fix(tmp_path: Path) -> None:
     out = tmp_path / "run"
     data = _data(tmp_path / "d.jsonl", 4)      # the hash split holds 1 of the 4 rows out
-    result = runner.invoke(app, ["train", *MICRO, "sft.enabled=false", "task.name=dataset",
+    result = runner.invoke(app, ["train", *MICRO, *DATASET,
                                  f"task.options.path={data}", f"output_dir={out}"])
     assert result.exit_code == 2, result.output
     assert _error_lines(result.output) == [
@@ -77,7 +79,7 @@ def test_a_data_file_smaller_than_a_step_names_its_split_and_the_fix(tmp_path: P
         "train 0 steps; set train.prompts_per_step=3 or less, or give it more data"]
     assert not out.exists()
     # The fix the line names works.
-    fixed = runner.invoke(app, ["train", *MICRO, "sft.enabled=false", "task.name=dataset", f"task.options.path={data}",
+    fixed = runner.invoke(app, ["train", *MICRO, *DATASET, f"task.options.path={data}",
                                 "train.prompts_per_step=3", f"output_dir={out}"])
     assert fixed.exit_code == 0, fixed.output
     assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
@@ -177,6 +179,7 @@ def test_a_signal_before_rl_stops_at_once_with_nothing_saved(tmp_path: Path, mon
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_real_process_exits_143_after_saving(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "INTERRUPT_AT": "SIGTERM 4 16",
@@ -233,7 +236,7 @@ def test_a_run_shorter_than_samples_every_writes_its_last_steps_samples(tmp_path
 
 def test_an_automatic_split_of_a_users_file_is_said_once_with_its_key(tmp_path: Path) -> None:
     data = _data(tmp_path / "d.jsonl", 30)
-    result = runner.invoke(app, ["train", *MICRO, "sft.enabled=false", "task.name=dataset", f"task.options.path={data}",
+    result = runner.invoke(app, ["train", *MICRO, *DATASET, f"task.options.path={data}",
                                  f"output_dir={tmp_path / 'run'}"])
     assert result.exit_code == 0, result.output
     note = [x for x in result.output.splitlines() if "held out" in x]
@@ -242,7 +245,7 @@ def test_an_automatic_split_of_a_users_file_is_said_once_with_its_key(tmp_path: 
                     "evaluates on a file of your own instead)"]
     held = tmp_path / "held.jsonl"
     _data(held, 6)
-    own = runner.invoke(app, ["train", *MICRO, "sft.enabled=false", "task.name=dataset", f"task.options.path={data}",
+    own = runner.invoke(app, ["train", *MICRO, *DATASET, f"task.options.path={data}",
                               f"task.options.eval_path={held}", f"output_dir={tmp_path / 'own'}"])
     assert own.exit_code == 0 and "held out" not in own.output
 
@@ -251,7 +254,7 @@ STOPS = [f"</step {i}>" for i in range(12)]     # a long value: 12 stop strings
 
 
 def test_the_settings_that_differ_show_reward_functions_by_name_and_cut_long_values(tmp_path: Path) -> None:
-    from reinforge.telemetry.report import SETTING_CHARS, _differing_settings
+    from reinforge.telemetry.report import SETTING_CHARS, _differing_settings, _html
 
     runs = []
     for name, extra in (("a", ["reward.functions=[{name: verifier}]"]),
@@ -264,8 +267,23 @@ def test_the_settings_that_differ_show_reward_functions_by_name_and_cut_long_val
     assert header[0] == "setting" and len(header) == 3
     by_key = {row[0]: row[1:] for row in rows}
     assert by_key["reward.functions"] == ["verifier", "verifier, 0.5 × length_penalty(target=2)"]
-    page = write_report(runs, tmp_path / "report").read_text()
+    page = _html(load_runs(runs), [], [])      # the page without its plots
     assert "verifier, 0.5 × length_penalty(target=2)" in page and "&#x27;weight&#x27;" not in page
     long = json.dumps(STOPS)
     assert by_key["rollout.stop"] == ["[]", long] and len(long) > SETTING_CHARS
     assert f'<td title="{html.escape(long)}">{html.escape(long[: SETTING_CHARS - 1])}…</td>' in page
+
+
+def test_an_interrupted_pipeline_stage_says_how_to_go_on_and_the_same_command_does(tmp_path: Path,
+                                                                                  interrupt_at) -> None:
+    out = tmp_path / "out"
+    command = ["pipeline", "r1_zero", *MICRO, "train.steps=4", REWARDS, "--out", str(out)]
+    interrupt_at("SIGINT 2 16")
+    result = runner.invoke(app, command)
+    assert result.exit_code == 130, result.output
+    assert result.output.splitlines()[-1] == (
+        f"interrupted at step 2; saved step 2 (stage {out / '1-rl'}); go on with the same command and --out {out}")
+    interrupt_at("none 0 0")
+    again = runner.invoke(app, command)
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "1-rl" / "summary.json").read_text())["resumed_from_step"] == 2
