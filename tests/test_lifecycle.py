@@ -177,6 +177,11 @@ def test_a_signal_before_rl_stops_at_once_with_nothing_saved(tmp_path: Path, mon
         "interrupted before RL step 1 (in SFT or the start evaluation); nothing saved (checkpoints start with RL); "
         f"resume with `reinforge train --resume {out}`")
     assert not (out / "checkpoints").exists()
+    monkeypatch.undo()
+    resumed = runner.invoke(app, ["train", "--resume", str(out)])      # starts the run over, in place
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resume: no checkpoint in {out} yet (checkpoints start with RL): starting the run over" in resumed.output
+    assert [r["stage"] for r in _lines(out / "metrics.jsonl")].count("interrupted") == 0
 
 
 @pytest.mark.slow
