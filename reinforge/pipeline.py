@@ -468,6 +468,8 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
         recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
         if rl.steps == 0 and cfg.train.steps > 0:   # nothing trained: not a finished run (no model, no summary)
             raise RunStopped(f"RL trained 0 steps: {rl.stopped}")
+        if hooks.group.rank == 0:     # on the console too, not only in metrics.jsonl
+            recorder.console.print(escape(f"RL ended at step {rl.steps} of {cfg.train.steps}: {rl.stopped}"))
     final = hooks.start if cfg.train.steps == 0 else \
         _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)", hooks.policy)   # an SFT-only run
     recorder.log_eval(rl.steps, final)

@@ -102,6 +102,22 @@ def test_a_run_that_trains_no_step_stops_instead_of_looking_finished(tmp_path: P
     assert row[header.index("status")] == f"stopped: {reason}"
 
 
+def test_rl_that_ends_early_says_so_on_the_console_and_in_the_report(tmp_path: Path) -> None:
+    # Every prompt leaves the pool after its first group (an easy reward): 8 prompts last two steps of 4.
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *MICRO, "train.num_prompts=8", "train.steps=5",
+                                 "curation.retire_pass_rate=0.5",
+                                 "reward.functions=[{name: format, params: {pattern: '.', mode: search}}]",
+                                 f"output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("RL ended")]
+    assert line == ("RL ended at step 2 of 5: only 0 of the 8 train prompts are left in the pool "
+                    "(curation.retire_pass_rate), fewer than train.prompts_per_step=4: raise the threshold or "
+                    "train.num_prompts")
+    header, (row,) = run_table(load_runs([out]))
+    assert row[header.index("status")] == "done (RL ended early, at step 2)"
+
+
 # ---------------------------------------------------------------- SIGINT / SIGTERM
 
 @pytest.fixture
