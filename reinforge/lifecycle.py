@@ -46,8 +46,8 @@ def check_can_train(train_prompts: int, num_prompts: int, prompts_per_step: int,
 
 
 def data_description(task) -> str | None:
-    """"'FILE' (K of its N rows held out for evaluation: task.options.eval_fraction)" for a task read from a
-    data file, what the messages above name; None for a generated task."""
+    """A task's data file as `check_can_train` names it, with the rows the hash split held out: 'FILE' (K of
+    its N rows held out for evaluation: task.options.eval_fraction); None for a generated task."""
     path, sizes = getattr(task, "path", None), getattr(task, "split_sizes", None)
     if path is None or sizes is None:
         return None
