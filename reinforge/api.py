@@ -9,7 +9,8 @@ red line, this raises as an exception with that same message: `ConfigError`
 (a `ValueError`) for bad input, `FileExistsError` for a run already in
 output_dir, `NotImplementedError` for a recipe whose systems are missing,
 `RunStopped` when a guard stopped the run, and an `OSError` whose message is
-the CLI's for a full disk or a denied permission.
+the CLI's for a full disk or a denied permission. Ctrl-C (or SIGTERM) during
+RL saves the step and raises `RunInterrupted` (a KeyboardInterrupt).
 
 Arguments TRL users know:
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,19 +92,24 @@ def train(
     Every key=value setting, with its documentation and default: `reinforge config` (one section:
     `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
     """
-    from reinforge.errors import RunStopped
+    from reinforge.errors import RunInterrupted, RunStopped
     from reinforge.pipeline import resume_config, run
 
-    with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
-        if resume is not None:
-            if overrides or config:
-                raise ConfigError(
-                    "--resume continues a run with its own config.yaml; start a new run to change settings"
-                )
-            cfg = resume_config(resume)
-        else:
-            cfg = build_config(overrides or [], config)
-        result = run(cfg, resume=resume is not None, overwrite=overwrite)
+    try:
+        with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
+            if resume is not None:
+                if overrides or config:
+                    raise ConfigError(
+                        "--resume continues a run with its own config.yaml; start a new run to change settings"
+                    )
+                cfg = resume_config(resume)
+            else:
+                cfg = build_config(overrides or [], config)
+            result = run(cfg, resume=resume is not None, overwrite=overwrite)
+    except KeyboardInterrupt as err:     # SIGINT / SIGTERM: where it stopped, what was saved; exit 128 + signal
+        line = str(err) if isinstance(err, RunInterrupted) else "interrupted before training started"
+        error_console.print(escape(line), soft_wrap=True, highlight=False)
+        raise typer.Exit(code=128 + (err.signum if isinstance(err, RunInterrupted) else signal.SIGINT)) from None
     if os.environ.get("RANK", "0") == "0":      # under torchrun, every rank ran the job: rank 0 reports it
         _print_summary(result.output_dir, result.summary)
 
@@ -123,7 +129,7 @@ def pipeline(
     import time
     from pathlib import Path
 
-    from reinforge.errors import RunStopped
+    from reinforge.errors import RunInterrupted, RunStopped
     from reinforge.multistage import run_pipeline
 
     target = Path(out) if out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(name).stem}"
@@ -132,8 +138,13 @@ def pipeline(
         console.print(f"[bold]stage {k + 1}[/]: {escape(Path(cfg.output_dir).name)} (recipe {cfg.recipe}, "
                       f"sft {'on' if cfg.sft.enabled and cfg.sft.steps else 'off'}, {cfg.train.steps} RL steps)")
 
-    with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
-        result = run_pipeline(name, overrides or [], target, on_stage=announce)
+    try:
+        with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
+            result = run_pipeline(name, overrides or [], target, on_stage=announce)
+    except RunInterrupted as err:     # the stage saved its step: the same command goes on from there
+        error_console.print(escape(f"{err.stopped} (stage {err.run_dir}); go on with the same command and "
+                                   f"--out {target}"), soft_wrap=True, highlight=False)
+        raise typer.Exit(code=128 + err.signum) from None
     table = Table(title=f"pipeline {result.name}: held-out evaluation after each stage")
     for column in ("stage", "recipe", "RL steps", "pass@1", "greedy accuracy"):
         table.add_column(column, justify="left" if column in ("stage", "recipe") else "right")

@@ -20,3 +20,14 @@ class ConfigError(UserError, ValueError):
 
 class RunStopped(RuntimeError):
     """The run stopped itself (a guard); the message says why and where its last good checkpoint is."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run, after saving what could be saved. The message is the one
+    line to print: `stopped` (the step and what was saved), then the resume command for `run_dir`;
+    `signum` the signal, whose 128 + signum the command line exits with (130 for Ctrl-C, 143 for
+    SIGTERM). A KeyboardInterrupt, so that code catching Exception does not swallow it."""
+
+    def __init__(self, stopped: str, run_dir: str, signum: int):
+        super().__init__(f"{stopped}; resume with `reinforge train --resume {run_dir}`")
+        self.stopped, self.run_dir, self.signum = stopped, run_dir, signum

@@ -11,6 +11,7 @@ what is duplicated, what is sharded, what is refused); only rank 0 writes.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from reinforge.distributed import (
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.lifecycle import Interrupts, check_can_train, data_description, resume_line, split_notes
 from reinforge.loops.baselines import takes_baselines
 from reinforge.loops.dpo import preference_pairs
 from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
@@ -233,6 +235,12 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
     """
     t_start = time.perf_counter()
     task, spec = prepare(cfg)
+    if isinstance(spec, ObjectiveSpec) and cfg.train.steps > 0:     # each RL step draws distinct prompts
+        check_can_train(len(task.train_split(cfg.train.num_prompts)), cfg.train.num_prompts,
+                        cfg.train.prompts_per_step, data_description(task))
+    if os.environ.get("RANK", "0") == "0":    # under torchrun, rank 0 says it
+        for note in split_notes(task):       # what of the user's file is held out, once, with its key
+            Console(stderr=True).print(escape(note), soft_wrap=True, highlight=False)
     if cfg.backend == "ray" and cfg.train.mode == "sync":     # Ray launches the learner ranks, which run this job
         from reinforge.distributed.ray_learners import (
             run_learner_group,  # Ray is imported only when asked for
@@ -263,19 +271,29 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg.recipe))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
     saved = _load_checkpoint(store, group, policy) if resume else None
+    if resume and group.rank == 0:
+        Console(stderr=True).print(escape(resume_line(saved and saved.step, cfg.train.steps, saved and saved.path,
+                                                      Path(cfg.output_dir))), soft_wrap=True, highlight=False)
     # Only rank 0 writes; when it cannot (a run already there), every rank stops.
     run_dir, recorder = on_rank_0(group, lambda: _writers(cfg, saved, overwrite=overwrite or resume)) \
         or (_Muted(cfg.output_dir),) * 2
+    # SIGINT / SIGTERM: during RL the step finishes and is saved first (lifecycle.py); one process only.
+    interrupts = Interrupts(run_dir.path, saved.step if saved is not None else None,
+                            lambda line: recorder.console.print(escape(line)), recorder.log,
+                            enabled=group.world_size == 1)
     try:
-        # The engine reads the policy's weights at every call, so it can be built before SFT
-        # (rejection-sampling SFT samples from the model it then trains).
-        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-        # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
-        engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
-                             cfg.task.environment_reward) or engine
-        hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
-        rl = _train(cfg, hooks, engine, spec, saved, run_dir)
-        summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)
+        with interrupts:
+            # The engine reads the policy's weights at every call, so it can be built before SFT
+            # (rejection-sampling SFT samples from the model it then trains).
+            engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+            # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
+            engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
+                                 cfg.task.environment_reward) or engine
+            hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
+            hooks.interrupts = interrupts
+            rl = _train(cfg, hooks, engine, spec, saved, run_dir)
+            interrupts.final()
+            summary = _finish(cfg, hooks, rl, saved, run_dir, t_start)
     finally:
         recorder.close()
         run_dir.close()
@@ -335,6 +353,7 @@ class _Hooks:
     held_out: list
     sft_summary: dict | None
     start: EvalResult               # the held-out evaluation of the model RL starts from
+    interrupts: Interrupts | None = None    # told of each checkpoint (the line an interrupt ends with)
 
     def checkpoint(self, state: RLState) -> Path:
         rl_state = state.state_dict()     # on every rank: learner ranks gather the optimizer's state
@@ -350,7 +369,10 @@ class _Hooks:
         }
         # policy.model is the plain model; learner ranks copy the trained shards into it after every update
         try:
-            return self.store.save(state.step, {"model": self.policy.model.state_dict(), "rl": rl_state}, record).path
+            path = self.store.save(state.step, {"model": self.policy.model.state_dict(), "rl": rl_state}, record).path
+            if self.interrupts is not None:
+                self.interrupts.saved(state.step)
+            return path
         except CheckpointWriteError as err:     # disk full: one line, exit 2, the previous checkpoint intact
             raise RunStopped(str(err)) from None
 
@@ -390,7 +412,8 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
 
 def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpec | PreferenceSpec,
            saved: LoadedCheckpoint | None, run_dir: RunDir) -> RLResult:
-    """The training stage after SFT (TRAINERS); a guard's stop or failed reward code is RunStopped."""
+    """The training stage after SFT (TRAINERS); a guard's stop or failed reward code is RunStopped, a
+    signal the end of the step, its checkpoint and RunInterrupted."""
     group, recorder = hooks.group, hooks.recorder
     ranks = {"group": group} if group.world_size > 1 else {}    # RL only (check_data_parallel)
     recorder.start_rl(saved.step if saved is not None else 0)   # the bar is up before the first step
@@ -401,6 +424,11 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
         hooks.on_step(record, state)
         if watchdog is not None:
             watchdog.beat(record.step)     # progress: a step ended
+        if record.stage == "rl" and hooks.interrupts is not None:    # after SIGINT / SIGTERM: save it and stop
+            hooks.interrupts.step_done(record.step, lambda: hooks.checkpoint(state))
+
+    if hooks.interrupts is not None:
+        hooks.interrupts.rl_started(force=lambda: watchdog is not None and watchdog.stopped is not None)
 
     try:
         return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
@@ -438,6 +466,10 @@ def _finish(cfg: Config, hooks: _Hooks, rl: RLResult, saved: LoadedCheckpoint | 
     recorder = hooks.recorder
     if rl.stopped:     # RL ended early (every prompt retired): say so, then evaluate as usual
         recorder.log({"stage": "stopped", "step": rl.steps, "reason": rl.stopped})
+        if rl.steps == 0 and cfg.train.steps > 0:   # nothing trained: not a finished run (no model, no summary)
+            raise RunStopped(f"RL trained 0 steps: {rl.stopped}")
+        if hooks.group.rank == 0:     # on the console too, not only in metrics.jsonl
+            recorder.console.print(escape(f"RL ended at step {rl.steps} of {cfg.train.steps}: {rl.stopped}"))
     final = hooks.start if cfg.train.steps == 0 else \
         _evaluate(cfg, hooks.evaluator, hooks.task, hooks.held_out, "eval (final)", hooks.policy)   # an SFT-only run
     recorder.log_eval(rl.steps, final)

@@ -114,7 +114,10 @@ def test_report_of_two_runs_overlays_both(tmp_path: Path, micro_overrides) -> No
     _check_images(page, tmp_path / "report")
     assert _row(page, "grpo seed 0")[4] == "done" and _row(page, "dr_grpo seed 1")[4] == "done"
     differ = page.split("<h2>Settings that differ</h2>")[1].split("</table>")[0]
-    assert "<th>recipe</th>" in differ and "<th>seed</th>" in differ and "output_dir" not in differ
+    # One row per setting, one column per run.
+    assert "<th>grpo seed 0</th><th>dr_grpo seed 1</th>" in differ and "output_dir" not in differ
+    assert "<tr><td>recipe</td><td>grpo</td><td>dr_grpo</td></tr>" in differ
+    assert "<tr><td>seed</td><td>0</td><td>1</td></tr>" in differ
     assert "report-kl.png" in _images(page)  # grpo has a KL term; dr_grpo has none, and the plot still shows grpo's
 
 

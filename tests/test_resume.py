@@ -205,7 +205,7 @@ def test_nonfinite_updates_are_skipped_and_the_run_stops_with_the_last_good_weig
         (2.0, 2.0, 0), (2.0, 4.0, 0), (2.0, 6.0, 0)]
     assert _lines(out / "metrics.jsonl")[-1]["stage"] == "stopped"
     from reinforge.telemetry.report import load_runs, run_table
-    assert run_table(load_runs([out]))[1][0][4] == "stopped at step 3"
+    assert run_table(load_runs([out]))[1][0][4] == f"stopped: {_lines(out / 'metrics.jsonl')[-1]['reason']}"
     saved = CheckpointStore(out / "checkpoints", 2).latest()
     assert saved.step == 3
     state = saved.tensors()

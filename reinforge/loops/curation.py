@@ -50,6 +50,9 @@ class PoolExhausted(RuntimeError):
 def pool_exhausted(pool: PromptStream, prompts_per_step: int) -> str:
     """Why RL cannot go on: fewer prompts left than a step needs, so a batch would repeat them (and
     training on a handful of hard prompts over and over undoes what RL learned)."""
+    if not pool.retired:     # nothing retired: the train split itself is smaller than a step
+        return (f"the train split has {pool.size} prompts, fewer than train.prompts_per_step={prompts_per_step}: "
+                f"set train.prompts_per_step={pool.size} or less, or give it more prompts (train.num_prompts, data)")
     return (
         f"only {pool.size} of the {len(pool.examples)} train prompts are left in the pool (curation.retire_pass_rate), "
         f"fewer than train.prompts_per_step={prompts_per_step}: raise the threshold or train.num_prompts"

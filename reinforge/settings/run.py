@@ -100,9 +100,10 @@ class LogConfig(Section):
         10,
         ge=0,
         description=(
-            "Every this many RL steps, write a few of the step's samples (prompt, completion, each reward function's "
-            "value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and W&B (a table); the "
-            "report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not scored samples)."
+            "Every this many RL steps, and at the last step, write a few of the step's samples (prompt, completion, "
+            "each reward function's value, total reward, advantage) to RUN_DIR/samples.jsonl, TensorBoard (text) and "
+            "W&B (a table); the report shows the last ones. 0: never. RL recipes only (DPO steps have pairs, not "
+            "scored samples)."
         ),
     )
     samples_per_step: int = Field(

@@ -224,6 +224,21 @@ class DatasetTask(Task):
 
     # ----------------------------------------------------------------- splits
 
+    @property
+    def split_sizes(self) -> dict[str, int]:
+        """Rows in each split ("train", "eval")."""
+        return {split: len(rows) for split, rows in self._splits.items()}
+
+    def split_note(self) -> str | None:
+        """One line saying how much of `path` the hash split holds out for evaluation, with the keys that
+        decide it; None with eval_path (the user chose the held-out file)."""
+        if self.eval_path is not None:
+            return None
+        held, total = self.split_sizes["eval"], self.split_sizes["train"] + self.split_sizes["eval"]
+        return (f"dataset '{self.path}': {held} of its {total} rows ({held / max(total, 1):.0%}) are held out for "
+                f"evaluation, the rest trained on (task.options.eval_fraction={self.eval_fraction:g}, a split by a "
+                "hash of each prompt; task.options.eval_path=FILE evaluates on a file of your own instead)")
+
     def _take(self, split: Split, n: int) -> list[Example]:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")

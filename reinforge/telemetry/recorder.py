@@ -115,13 +115,14 @@ class Recorder:
 
     def step(self, step: int, metrics: dict[str, float], samples: StepSamples | None = None) -> None:
         """One RL step: alerts first (so they print above the bar), then every sink, then the bar.
-        `samples`: the step's batch; every log.samples_every steps a few rows go to samples.jsonl."""
+        `samples`: the step's batch; every log.samples_every steps, and at the last step (so that a run
+        shorter than log.samples_every has some too), a few rows go to samples.jsonl."""
         self.alert_log.write(self.monitor.check(step, metrics))
         self.run_dir.log({"stage": "rl", "step": step, **metrics})
         for sink in self.sinks:
             sink.log(step, metrics)
         every = self.log_cfg.samples_every
-        if samples is not None and every and step % every == 0:
+        if samples is not None and every and (step % every == 0 or step == self.rl_steps):
             records = pick_samples(step, samples, self.log_cfg.samples_per_step)
             self.samples.write(records)
             for sink in self.sinks:

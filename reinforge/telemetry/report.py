@@ -91,6 +91,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; }
 figcaption { font-size: 0.85em; color: #555; max-width: 800px; }
 code { font-size: 0.9em; }
+table.settings td { max-width: 28em; overflow-wrap: anywhere; }
 """
 
 
@@ -116,29 +117,79 @@ def run_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in runs:
         cells = [r.label, str(r.recipe or "?"), str(r.seed if r.seed is not None else "?"), str(r.rl_steps)]
-        stopped = next((x for x in r.records if x.get("stage") == "stopped"), None)
         if r.summary is None:
-            status = "running" if r.rl_steps > 0 or not r.records else "running (SFT)"
-            if stopped is not None:     # a guard ended it (the reason is in metrics.jsonl)
-                status = f"stopped at step {stopped.get('step')}"
-            if any(x.get("stage") == "failed" for x in r.records):   # a reward function raised (RUN_DIR/error.log)
-                status = f"failed in step {r.rl_steps + 1}"
-            cells += [status, *["running"] * (4 + len(ks))]
+            cells += [run_status(r), *["running"] * (4 + len(ks))]
         else:
             ev = r.summary.get("eval", {})
             start, final = ev.get("start", {}), ev.get("final", {})
-            cells += ["done", fmt(start.get("pass@1")), fmt(final.get("pass@1")), fmt(start.get("greedy_accuracy")),
+            done = "done" if not r.summary.get("rl_stopped") else f"done (RL ended early, at step {r.rl_steps})"
+            cells += [done, fmt(start.get("pass@1")), fmt(final.get("pass@1")), fmt(start.get("greedy_accuracy")),
                       fmt(final.get("greedy_accuracy")), *(fmt(final.get("pass@k", {}).get(str(k))) for k in ks)]
         rows.append(cells)
     return header, rows
 
 
+def run_status(r: RunData) -> str:
+    """The status of a run without summary.json: running, or why it ended (metrics.jsonl's last word on it)."""
+    status = "running" if r.rl_steps > 0 or not r.records else "running (SFT)"
+    for x in r.records:
+        stage = x.get("stage")
+        if stage == "stopped":          # a guard ended it, or RL could not train a step
+            status = f"stopped: {x.get('reason')}"
+        elif stage == "failed":         # a reward function raised (RUN_DIR/error.log), the watchdog, weight sync
+            status = f"failed in step {r.rl_steps + 1}"
+        elif stage == "interrupted":    # SIGINT / SIGTERM: saved, resumable
+            status = f"interrupted at step {x.get('step')}"
+    return status
+
+
+# A setting's value longer than this is cut in the table (the whole value shows on hover).
+SETTING_CHARS = 80
+
+
+def setting_text(key: str, value: object) -> str:
+    """A config value as the table of differing settings shows it: reward functions by name or import path
+    (with their weight and parameters), other lists and mappings as JSON, None as null."""
+    if key == "reward.functions" and isinstance(value, list):
+        return ", ".join(_reward_text(f) for f in value) or "none"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def _reward_text(function: object) -> str:
+    if not isinstance(function, dict):
+        return str(function)
+    text = str(function.get("name")).removeprefix("reinforge.user_rewards:")     # a notebook's function: its name
+    params = function.get("params") or {}
+    if params:
+        text += "(" + ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items()) + ")"
+    if function.get("weight", 1.0) != 1.0:
+        text = f"{function['weight']:g} × {text}"
+    if function.get("domains"):
+        text += f" on {', '.join(map(str, function['domains']))}"
+    return text
+
+
 def _differing_settings(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
+    """One row per setting that differs, one column per run (a few runs side by side, however many settings)."""
     flat = [flatten(r.config) for r in runs]
     keys = sorted({k for f in flat for k in f} - {"output_dir"})
     differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flat}) > 1]
-    rows = [[r.label, *(str(f.get(k, "-")) for k in differ)] for r, f in zip(runs, flat, strict=True)]
-    return ["run", *differ], rows
+    rows = [[k, *(setting_text(k, f[k]) if k in f else "-" for f in flat)] for k in differ]
+    return ["setting", *(r.label for r in runs)], rows
+
+
+def _settings_table(header: list[str], rows: list[list[str]]) -> str:
+    """The differing settings: long values cut to SETTING_CHARS (whole in the cell's tooltip) and wrapped."""
+    def cell(text: str) -> str:
+        shown = text if len(text) <= SETTING_CHARS else text[: SETTING_CHARS - 1] + "…"
+        title = f' title="{html.escape(text)}"' if shown != text else ""
+        return f"<td{title}>{html.escape(shown)}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in rows)
+    return f'<table class="settings"><tr>{head}</tr>{body}</table>'
 
 
 def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: list[tuple[str, str]]) -> str:
@@ -162,7 +213,7 @@ def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: lis
         diff_header, diff_rows = _differing_settings(runs)
         parts.append("<h2>Settings that differ</h2>")
         parts.append(
-            _table(diff_header, diff_rows) if len(diff_header) > 1 else "<p>none: the runs share every setting</p>"
+            _settings_table(diff_header, diff_rows) if diff_rows else "<p>none: the runs share every setting</p>"
         )
     parts.append("<h2>Plots</h2>")
     for name, title, caption in figures:
@@ -174,8 +225,8 @@ def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: lis
         parts.append("</ul>")
     parts.append("<h2>Samples</h2>")
     parts.append("<p>What the model wrote at the last step that logged samples (RUN_DIR/samples.jsonl, every "
-                 "<code>log.samples_every</code> steps): each reward function's value, the total reward and the "
-                 "advantage (null: a reward function raised or declined the sample).</p>")
+                 "<code>log.samples_every</code> steps and at the last step): each reward function's value, the total "
+                 "reward and the advantage (null: a reward function raised or declined the sample).</p>")
     for r in runs:
         parts.append(f"<h3>{html.escape(r.label)}</h3>")
         if r.samples:
@@ -186,7 +237,7 @@ def _html(runs: list[RunData], figures: list[tuple[str, str, str]], skipped: lis
                   fmt(x.get("reward")), fmt(x.get("advantage"))] for x in r.samples], numeric_from=3))
         else:
             parts.append("<p>no samples logged (log.samples_every=0, a DPO run, or no RL step has reached "
-                         "log.samples_every yet)</p>")
+                         "log.samples_every or the last step yet)</p>")
     parts.append("<h2>Alerts</h2>")
     for r in runs:
         parts.append(f"<h3>{html.escape(r.label)}</h3>")

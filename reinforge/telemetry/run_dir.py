@@ -9,6 +9,9 @@
 
 A directory that already holds a run is never overwritten by accident: a new
 run there needs `overwrite=True` (`--overwrite`), a continued one `resume=True`.
+One exception: a run that failed to start (stopped before its first RL step,
+with nothing to resume and nothing but what a run writes) does not block the
+retry: a new run there replaces it, and one line says so.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from reinforge.errors import ConfigError
 from reinforge.models import Policy, save_policy
 from reinforge.settings import RolloutConfig
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def default_output_dir(recipe: str) -> Path:
@@ -54,22 +63,52 @@ def holds_run(path: Path) -> bool:
     return (path / "config.yaml").exists() or (path / "metrics.jsonl").exists()
 
 
+# What a run writes before its first RL step (besides an empty checkpoints/ or one a crash left half-written).
+_START_FILES = {"config.yaml", "metrics.jsonl", "alerts.jsonl", "error.log", "tensorboard", "wandb"}
+
+
+def failed_start(path: Path) -> bool:
+    """Whether `path` holds only a run that stopped before its first RL step: no checkpoint, no RL step
+    in metrics.jsonl, no summary or model, and no file a run does not write (so nothing of the user's)."""
+    for entry in path.iterdir():
+        if entry.name == "checkpoints":
+            if any(not p.name.startswith(".tmp-") for p in entry.iterdir()):
+                return False
+        elif entry.name not in _START_FILES and not (entry.name.startswith("hang-") and entry.suffix == ".txt"):
+            return False
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                if json.loads(line).get("stage") == "rl":
+                    return False
+            except (json.JSONDecodeError, AttributeError):
+                return False       # not a file a run wrote
+    return True
+
+
 class RunDir:
     def __init__(self, path: str | Path, config_yaml: str, sampling: RolloutConfig, *, resume: bool = False,
-                 overwrite: bool = False):
+                 overwrite: bool = False, report: Callable[[str], None] = _stderr_line):
         """`config_yaml`: the resolved config, written as RUN_DIR/config.yaml (a new run only);
-        `sampling`: the run's rollout settings, the exported model's generation defaults."""
+        `sampling`: the run's rollout settings, the exported model's generation defaults; `report`: where
+        the line about replacing a failed start goes."""
         self.path = Path(path)
         self.sampling = sampling
         if resume:
             if not (self.path / "config.yaml").is_file():
                 raise ConfigError(f"--resume: '{self.path}' holds no run (no config.yaml)")
         elif holds_run(self.path):
-            if not overwrite:
+            if overwrite:
+                shutil.rmtree(self.path)
+            elif failed_start(self.path):     # the retry of a start that failed: nothing in it to keep
+                report(f"output_dir '{self.path}' holds a run that stopped before its first RL step (nothing to "
+                       "resume): replacing it")
+                shutil.rmtree(self.path)
+            else:
                 raise FileExistsError(f"output_dir '{self.path}' already holds a run: continue it with "
                                       f"`reinforge train --resume {self.path}`, replace it with --overwrite, "
                                       "or choose another output_dir")
-            shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         if not resume:
             (self.path / "config.yaml").write_text(config_yaml)

@@ -1,8 +1,8 @@
 """What the model writes: a few samples of an RL step, as RUN_DIR/samples.jsonl lines.
 
-Every `log.samples_every` RL steps the recorder takes `log.samples_per_step`
-rows of the step's trained batch (`StepSamples`, what the learner saw) and
-writes one JSON line per row:
+Every `log.samples_every` RL steps, and at the last step of the run, the
+recorder takes `log.samples_per_step` rows of the step's trained batch
+(`StepSamples`, what the learner saw) and writes one JSON line per row:
 
     step              the RL step
     prompt            the example's prompt (before the chat template)
