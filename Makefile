@@ -46,3 +46,17 @@ $(LOWER_STAMP): pyproject.toml requirements/lower.txt
 test-lower: $(LOWER_STAMP)
 	$(LOWER_VENV)/bin/python -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
 	$(LOWER_VENV)/bin/python -m pytest -n 2 -q $(ARGS)
+
+# The wheels a GPU machine without network needs besides its image (requirements/gpu-bundle.txt),
+# for CPython 3.12 on manylinux x86_64, into gpu-bundle/ (ignored; under 64 MiB so that it can be
+# carried to the machine). benchmarks/gpu_install.sh installs them there; docs/gpu.md has the command.
+GPU_BUNDLE ?= gpu-bundle
+
+gpu-bundle:
+	rm -rf $(GPU_BUNDLE)/wheels && mkdir -p $(GPU_BUNDLE)/wheels
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d $(GPU_BUNDLE)/wheels -r requirements/gpu-bundle.txt
+	@size=$$(du -sk $(GPU_BUNDLE) | cut -f1); echo "$(GPU_BUNDLE): $$(ls $(GPU_BUNDLE)/wheels | wc -l) wheels, $$size KiB"; \
+	    test $$size -lt 65536 || { echo "$(GPU_BUNDLE) is over 64 MiB" >&2; exit 1; }
