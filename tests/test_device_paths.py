@@ -40,6 +40,9 @@ NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# Log-probs of two fp32 computations of the same tokens (other kernels, other summation orders): logits reach
+# 49 here (<eos>'s, boosted), where fp32 rounding through a few layers is ~1e-5; a wrong weight or mask is >1e-2.
+FP32_TOL = 3e-4
 
 
 def tiny(device: str, dtype: torch.dtype, **sizes) -> Policy:
@@ -83,13 +86,15 @@ def test_native_greedy_decoding_is_transformers_argmax(device: str, dtype: torch
     if dtype == torch.float32:
         hf = HFEngine(policy).generate(PROMPTS, 1, params)
         assert _rows(native) == _rows(hf)
-        torch.testing.assert_close(native.sampler_logprobs, hf.sampler_logprobs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(native.sampler_logprobs, hf.sampler_logprobs, atol=FP32_TOL, rtol=0)
         assert float(gap.max()) == 0.0
     else:
-        assert float(gap.max()) < 0.05
+        # A flip needs the top two logits within rounding: bf16's spacing is 1/16 at 8-16 and 1/4 at 32-64,
+        # where <eos>'s logit reaches (eos_prone); a token that is not transformers' argmax by more shows a bug.
+        assert float(gap.max()) < 0.3
         assert float((gap == 0).float().mean()) > 0.9
     # The engine's recorded log-probs are transformers' log-softmax of the same tokens.
-    tol = 1e-4 if dtype == torch.float32 else 0.1
+    tol = FP32_TOL if dtype == torch.float32 else 0.15
     assert float((native.sampler_logprobs - chosen)[mask].abs().max()) < tol
 
 
@@ -108,7 +113,7 @@ def test_sampled_tokens_follow_the_key_on_any_device(device: str, dtype: torch.d
     assert reference.lengths.float().std() > 0
     if dtype == torch.float32:
         assert all(same)
-        torch.testing.assert_close(here.sampler_logprobs, reference.sampler_logprobs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(here.sampler_logprobs, reference.sampler_logprobs, atol=FP32_TOL, rtol=0)
     else:
         assert sum(same) >= 0.6 * len(same)
 
@@ -130,7 +135,7 @@ def test_sampler_and_learner_logprobs_agree(device: str, dtype: torch.dtype) -> 
         learner = token_logprobs(policy.model, seq, 1.0, plan).cpu()
         diff = (learner - rollout.sampler_logprobs)[mask].abs()
         if dtype == torch.float32:
-            assert float(diff.max()) < 1e-4
+            assert float(diff.max()) < FP32_TOL
         else:
             assert float(diff.mean()) < 0.02 and float(diff.max()) < 0.15
 
@@ -221,7 +226,7 @@ def test_lora_sampler_equals_learner_and_only_adapters_move(micro_overrides, dev
     learner = token_logprobs(policy.model, seq, 1.0, ForwardPlan(chunk_size=0)).cpu()
     mask = rollout.completion_mask.bool()
     diff = (learner - rollout.sampler_logprobs)[mask].abs()
-    assert float(diff.max()) < (1e-4 if dtype == torch.float32 else 0.15)
+    assert float(diff.max()) < (FP32_TOL if dtype == torch.float32 else 0.15)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     batch = LearnerBatch(sequences=seq, advantages=torch.randn(seq.input_ids.shape[0], generator=g),
                          old_logprobs=None, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids)
