@@ -131,9 +131,10 @@ def sig(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """The median seconds of `repeats` calls of fn after one warm-up call."""
-    fn()
+def timed(fn: Callable[[], object], device: torch.device, repeats: int, warm_up: bool = True) -> float:
+    """The median seconds of `repeats` calls of fn (after one warm-up call unless `warm_up` is False)."""
+    if warm_up:
+        fn()
     seconds = []
     for _ in range(repeats):
         synchronize(device)
@@ -241,9 +242,13 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
     new_tokens = {k: statistics.median(t for _, t in v) for k, v in runs.items()}
     native_rate = new_tokens["long"] / seconds["long"]
     step_s = (seconds["long"] - seconds["short"]) / (long - short)
-    decode_rate = rows / step_s
+    # None when timing noise outweighs the extra tokens (a busy CPU in a dry run)
+    decode_rate = rows / step_s if step_s > 0 else None
     one = [native(prompt_ids[:1], 1, tokens) for tokens in (short, long)]
     step_ms_1_row = 1e3 * (one[1][0] - one[0][0]) / (long - short)
+
+    def rounded(x, digits=1):
+        return None if x is None else round(x, digits)
 
     # transformers' own `generate`, sampling as the engine does, without the per-step scores that
     # reinforge's HF engine keeps for its log-probs ([rows, vocabulary] fp32 a step: 20 GB here).
@@ -260,7 +265,7 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
         return int(mask.sum())
 
     hf_tokens = generate()                                            # warm-up, and the tokens it makes
-    hf_s = timed(generate, device, size["repeats"])
+    hf_s = timed(generate, device, size["repeats"], warm_up=False)
     hf_rate = hf_tokens / hf_s
 
     # The bound: each decode step reads every weight once and, per row, the keys and values of its
@@ -275,9 +280,9 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
             "prompt_length": size["prompt_length"], "max_new_tokens": long,
             "native_tokens_per_s": round(native_rate, 1), "hf_generate_tokens_per_s": round(hf_rate, 1),
             "native_vs_generate": round(native_rate / hf_rate, 3),
-            "native_decode_tokens_per_s": round(decode_rate, 1), "decode_step_ms": round(1e3 * step_s, 3),
-            "step_ms_1_row": round(step_ms_1_row, 3),
-            "bandwidth_bound_tokens_per_s": round(bound_rate, 1), "decode_vs_bound": sig(decode_rate / bound_rate, 3),
+            "native_decode_tokens_per_s": rounded(decode_rate), "decode_step_ms": round(1e3 * step_s, 3),
+            "step_ms_1_row": round(step_ms_1_row, 3), "bandwidth_bound_tokens_per_s": round(bound_rate, 1),
+            "decode_vs_bound": None if decode_rate is None else sig(decode_rate / bound_rate, 3),
             "step_bytes": int(step_bytes), "native_seconds": round(seconds["long"], 4), "hf_seconds": round(hf_s, 4)}
 
 
