@@ -192,3 +192,45 @@ def test_time_to_accuracy_interpolates_the_crossing():
     # 0.75 lies halfway from 0.7 (2 s) to 0.8 (4 s): 3 s; a threshold met at the start: 0 s.
     assert module.crossing(curve, 0.75) == 3.0 and module.crossing(curve, 0.5) == 0.0
     assert module.crossing(curve, 0.8) == 4.0 and module.crossing(curve, 0.81) is None
+
+
+def test_gpu_check_dry_run_runs_every_part_on_the_cpu():
+    """benchmarks/gpu_check.py, the check for a lent GPU, at tiny shapes on the CPU: every part's code runs
+    and its figures are the ones its line says they are derived from."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--dry-run",
+                           "--tests-k", "chunked_head and fp32"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in done.stdout.strip().splitlines()]
+    parts = {line["part"]: line for line in lines}
+    assert list(parts) == ["card", "cuda_tests", "rollout", "learner", "default_job", "summary"]
+    assert all(line["device"].startswith("cpu") and line.get("ok", True) for line in lines)
+    assert parts["summary"]["ok"] and parts["summary"]["failed"] == []
+    card, tests, rollout, learner, job = (parts[p] for p in ["card", "cuda_tests", "rollout", "learner", "default_job"])
+    assert card["bf16_matmul_tflops"] > 0 and card["copy_bandwidth_gbs"] > 0
+    # The device's test cases are deselected on a CPU; the CPU case the -k picks ran and passed.
+    assert (tests["marker"], tests["passed"], tests["failed"], tests["skipped"]) == ("not cuda", 1, 0, 0)
+    # 4 prompts x 2 samples, every row to 12 new tokens (a random model at a 512 vocabulary rarely ends).
+    assert rollout["rows"] == 8 and rollout["max_new_tokens"] == 12
+    ratio = rollout["native_tokens_per_s"] / rollout["hf_generate_tokens_per_s"]
+    assert abs(rollout["native_vs_generate"] - ratio) <= 2e-3 * ratio     # of the unrounded rates
+    bound = rollout["rows"] / (rollout["step_bytes"] / (card["copy_bandwidth_gbs"] * 1e9))
+    assert abs(rollout["bandwidth_bound_tokens_per_s"] - bound) <= 1e-3 * bound
+    assert learner["rows"] == 8 and learner["batch_tokens"] > learner["completion_tokens"] > 0
+    assert abs(learner["mfu_measured"] - learner["model_tflops"] / learner["measured_bf16_tflops"]) \
+        <= 2e-3 * learner["mfu_measured"]
+    assert learner["mfu_datasheet"] is None                  # no data-sheet rate for a CPU
+    assert job["rl_steps"] == job["rl_steps_done"] == 3 and 0.0 <= job["pass@1_after"] <= 1.0
+    assert job["eval_pass@1"] == [job["pass@1_before"], job["pass@1_after"]]
+
+
+def test_gpu_check_a_part_over_its_budget_fails_alone(monkeypatch, capsys):
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_check
+
+    monkeypatch.setitem(gpu_check.BUDGETS, "rollout", 0.001)
+    code = gpu_check.main(["--device", "cpu", "--dry-run", "--parts", "rollout,learner"])
+    lines = {x["part"]: x for x in map(json.loads, capsys.readouterr().out.strip().splitlines())}
+    assert code == 1
+    assert not lines["rollout"]["ok"] and lines["rollout"]["error"] == "OutOfTime: over its budget of 0 s"
+    assert lines["learner"]["ok"] and lines["card"]["ok"]             # the card is measured for the others
+    assert (lines["summary"]["ok"], lines["summary"]["failed"]) == (False, ["rollout"])

@@ -1,0 +1,256 @@
+"""The GPU path, checked against the CPU in fp32 and bf16: the native engine against transformers, the
+sampler's log-probs against the learner's, LoRA, the chunked LM head, an update's gradient, and the
+weight-sync probe. Every test takes the device as a parameter: the `cpu` cases run in the default suite
+(so the checks cannot rot), the `cuda` cases are marked `cuda` and skip without a CUDA device
+(`pytest -m cuda` on a GPU machine; benchmarks/gpu_check.py runs them).
+
+Tolerances for bf16 are bounds on bf16 rounding (8 bits of mantissa: a relative error of 2^-9 = 2e-3 per
+rounding, accumulated over a few layers), not fitted numbers; the CPU's bf16 cases sit well inside them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from test_native_engine import PROMPTS, eos_prone
+
+from reinforge.config import ModelConfig, build_config
+from reinforge.learner import (
+    ForwardPlan,
+    LearnerBatch,
+    UpdateSettings,
+    build_optimizer,
+    build_sequences,
+    completion_token_stats,
+    policy_update,
+    token_logprobs,
+    warmup_constant,
+)
+from reinforge.learner.logprobs import chunked_token_logprobs_and_entropy
+from reinforge.models import Policy, build_tiny_qwen2, load_policy
+from reinforge.objectives import compute_advantages, resolve_spec
+from reinforge.pipeline import run
+from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.telemetry.weight_sync import default_tolerance
+
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# Log-probs of two fp32 computations of the same tokens (other kernels, other summation orders): logits reach
+# 49 here (<eos>'s, boosted), where fp32 rounding through a few layers is ~1e-5; a wrong weight or mask is >1e-2.
+FP32_TOL = 3e-4
+
+
+def tiny(device: str, dtype: torch.dtype, **sizes) -> Policy:
+    """test_native_engine's Qwen2 (hidden 64, two layers, <eos> made likely so that rows end at different
+    lengths), initialised on the CPU in fp32 and moved: the same weights, rounded, on every device."""
+    shape = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, **sizes)
+    policy = eos_prone(build_tiny_qwen2(ModelConfig(**shape), seed=0))
+    return Policy(policy.model.to(device=device, dtype=dtype), policy.tokenizer)
+
+
+def _rows(rollout) -> list[list[int]]:
+    return [rollout.completion_ids[r][rollout.completion_mask[r].bool()].tolist() for r in range(rollout.num_rows)]
+
+
+def _teacher_forced(policy: Policy, rollout) -> torch.Tensor:
+    """[N, T, V] fp32 log-softmax of transformers' own forward at each completion position (CPU)."""
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id)
+    device = policy.model.device
+    with torch.no_grad():
+        logits = policy.model(input_ids=seq.input_ids.to(device), attention_mask=seq.attention_mask.to(device)).logits
+    t = seq.completion_ids.shape[1]
+    rows = torch.arange(seq.input_ids.shape[0])[:, None]
+    at = seq.starts[:, None] - 1 + torch.arange(t)[None, :]          # the position predicting each completion token
+    return torch.log_softmax(logits.float().cpu()[rows, at.clamp(max=logits.shape[1] - 1)], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_native_greedy_decoding_is_transformers_argmax(device: str, dtype: torch.dtype) -> None:
+    """Greedy tokens and their log-probs: in fp32 the native engine's are `generate`'s exactly; in bf16 each
+    native token is transformers' argmax up to bf16 rounding (near-ties may flip, nothing else)."""
+    policy = tiny(device, dtype)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    native = NativeEngine(policy).generate(PROMPTS, 1, params)
+    assert len(set(native.lengths.tolist())) > 1          # rows really ended at different steps
+    logp = _teacher_forced(policy, native)
+    mask = native.completion_mask.bool()
+    chosen = logp.gather(2, native.completion_ids[..., None]).squeeze(2)
+    gap = (logp.max(dim=2).values - chosen)[mask]          # 0 where native's token is transformers' argmax
+    if dtype == torch.float32:
+        hf = HFEngine(policy).generate(PROMPTS, 1, params)
+        assert _rows(native) == _rows(hf)
+        torch.testing.assert_close(native.sampler_logprobs, hf.sampler_logprobs, atol=FP32_TOL, rtol=0)
+        assert float(gap.max()) == 0.0
+    else:
+        # A flip needs the top two logits within rounding: bf16's spacing is 1/16 at 8-16 and 1/4 at 32-64,
+        # where <eos>'s logit reaches (eos_prone); a token that is not transformers' argmax by more shows a bug.
+        assert float(gap.max()) < 0.3
+        assert float((gap == 0).float().mean()) > 0.9
+    # The engine's recorded log-probs are transformers' log-softmax of the same tokens.
+    tol = FP32_TOL if dtype == torch.float32 else 0.15
+    assert float((native.sampler_logprobs - chosen)[mask].abs().max()) < tol
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_tokens_follow_the_key_on_any_device(device: str, dtype: torch.dtype) -> None:
+    """Each prompt's samples are drawn by inverse CDF from uniforms keyed on the CPU: the same key gives the
+    CPU-fp32 tokens on this device, every row in fp32; in bf16 a row departs where rounding moves a CDF
+    boundary across one of its 12 uniforms (5-25% of the rows on the CPU over ten key sets; a sampler whose
+    draws were not the keyed ones would keep almost no row of 12 tokens over this vocabulary)."""
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    reference = NativeEngine(tiny("cpu", torch.float32)).generate(PROMPTS, 8, params, group_keys=keys)
+    here = NativeEngine(tiny(device, dtype)).generate(PROMPTS, 8, params, group_keys=keys)
+    same = [a == b for a, b in zip(_rows(reference), _rows(here), strict=True)]
+    assert reference.lengths.float().std() > 0
+    if dtype == torch.float32:
+        assert all(same)
+        torch.testing.assert_close(here.sampler_logprobs, reference.sampler_logprobs, atol=FP32_TOL, rtol=0)
+    else:
+        assert sum(same) >= 0.6 * len(same)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampler_and_learner_logprobs_agree(device: str, dtype: torch.dtype) -> None:
+    """The importance ratio's two sides: the engine's recorded log-probs and the learner's (the RL loop's
+    forward plan: shared prompt, chunked fp32 head) on the same tokens. In bf16 the engine and the learner
+    round differently; the mismatch stays at bf16 rounding."""
+    policy = tiny(device, dtype)
+    torch.manual_seed(0)
+    rollout = NativeEngine(policy).generate(PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=8))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+    mask = rollout.completion_mask.bool()
+    assert int(mask.sum()) > 40
+    for plan in (ForwardPlan(shared_prefix=True, chunk_size=16), ForwardPlan(chunk_size=0)):
+        learner = token_logprobs(policy.model, seq, 1.0, plan).cpu()
+        diff = (learner - rollout.sampler_logprobs)[mask].abs()
+        if dtype == torch.float32:
+            assert float(diff.max()) < FP32_TOL
+        else:
+            assert float(diff.mean()) < 0.02 and float(diff.max()) < 0.15
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunked_head_equals_the_naive_log_softmax(device: str, dtype: torch.dtype) -> None:
+    """Log-probs, entropies and their gradients through the chunked fp32 head equal the full [M, V]
+    log-softmax in fp32 of the same (rounded) inputs: the fp32 head makes bf16 inputs exact here too."""
+    g = torch.Generator().manual_seed(1)
+    m, h, v = 37, 16, 501
+    hidden = torch.randn(m, h, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    weight = (0.3 * torch.randn(v, h, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+    targets = torch.randint(0, v, (m,), generator=g).to(device)
+    a, b = torch.randn(m, generator=g).to(device), torch.randn(m, generator=g).to(device)
+
+    def grads(logprobs, entropy):
+        hidden.grad = weight.grad = None
+        (logprobs * a + entropy * b).sum().backward()
+        return logprobs.detach(), entropy.detach(), hidden.grad.float(), weight.grad.float()
+
+    logp_all = torch.log_softmax(hidden.float() @ weight.float().t() / 0.7, dim=-1)
+    naive = grads(logp_all.gather(1, targets[:, None]).squeeze(1), -(logp_all.exp() * logp_all).sum(dim=-1))
+    chunked = grads(*chunked_token_logprobs_and_entropy(hidden, weight, None, targets, temperature=0.7, chunk_size=7,
+                                                        fp32_head=True))
+    # Gradients are returned in the inputs' dtype: bf16 rounds them once more.
+    for name, n, c in zip(["logprobs", "entropy", "d hidden", "d weight"], naive, chunked, strict=True):
+        rounding = 1e-5 if dtype == torch.float32 or name in ("logprobs", "entropy") else 1e-2
+        err = float((c - n).abs().max()) / max(1.0, float(n.abs().max()))
+        assert err < rounding, f"{name}: {err:.3g}"
+
+
+def _update_gradient(policy: Policy, batch: LearnerBatch) -> torch.Tensor:
+    """The flat fp32 gradient (on the CPU) of one dr_grpo update of `policy` on `batch` (lr 0: weights kept)."""
+    model = copy.deepcopy(policy.model)
+    opt = build_optimizer(model, lr=1e-3)
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    settings = UpdateSettings(ppo_epochs=1, mini_batches=1, grad_clip=1e9, temperature=1.0,
+                              forward=ForwardPlan(shared_prefix=True, chunk_size=16), max_length=8)
+    policy_update(model, opt, warmup_constant(opt, 0), batch, resolve_spec("dr_grpo"), settings,
+                  torch.Generator().manual_seed(0))
+    return torch.cat([p.grad.float().flatten().cpu() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_gradient_on_the_device_is_the_cpu_fp32_one(device: str, dtype: torch.dtype) -> None:
+    """One policy update's gradient on this device and dtype against the same update in fp32 on the CPU:
+    within fp32 rounding in fp32; in bf16 (weights, activations and gradients rounded to 8 bits) the whole
+    vector's relative error was 0.037 on the CPU, and a wrong term or scale moves it by far more than 0.1."""
+    reference = tiny("cpu", torch.float32)
+    torch.manual_seed(1)
+    rollout = NativeEngine(reference).generate(PROMPTS[:4], 4, SamplingParams(max_new_tokens=8))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          reference.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+    with torch.no_grad():
+        old = completion_token_stats(reference.model, seq).logprobs
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1])
+    batch = LearnerBatch(sequences=seq, advantages=compute_advantages("dr_grpo", rewards, rollout.group_ids),
+                         old_logprobs=old, sampler_logprobs=old, group_ids=rollout.group_ids)
+    expected = _update_gradient(reference, batch)
+    got = _update_gradient(Policy(copy.deepcopy(reference.model).to(device=device, dtype=dtype), reference.tokenizer),
+                           batch)
+    relative = float((got - expected).norm() / expected.norm())
+    assert float(expected.norm()) > 1e-3
+    assert relative < (1e-4 if dtype == torch.float32 else 0.1), relative
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_lora_sampler_equals_learner_and_only_adapters_move(micro_overrides, device: str, dtype: torch.dtype) -> None:
+    """LoRA on the device: the native engine computes with W + (alpha / r) B A as the learner's peft forward
+    does, and an update moves the adapters and nothing else."""
+    cfg = build_config([*micro_overrides, "model.lora.r=4", f"model.device={device}",
+                        f"model.dtype={DTYPE_NAMES[dtype]}"])
+    policy = load_policy(cfg.model, seed=0)
+    g = torch.Generator().manual_seed(100)
+    with torch.no_grad():                  # non-zero B, so that an engine ignoring the adapters would show
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    assert policy.model.device.type == device
+    torch.manual_seed(0)
+    rollout = NativeEngine(policy).generate(PROMPTS[:4], 4, SamplingParams(temperature=1.0, max_new_tokens=8))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+    learner = token_logprobs(policy.model, seq, 1.0, ForwardPlan(chunk_size=0)).cpu()
+    mask = rollout.completion_mask.bool()
+    diff = (learner - rollout.sampler_logprobs)[mask].abs()
+    assert float(diff.max()) < (FP32_TOL if dtype == torch.float32 else 0.15)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    batch = LearnerBatch(sequences=seq, advantages=torch.randn(seq.input_ids.shape[0], generator=g),
+                         old_logprobs=None, sampler_logprobs=rollout.sampler_logprobs, group_ids=rollout.group_ids)
+    opt = build_optimizer(policy.model, lr=1e-2)
+    policy_update(policy.model, opt, warmup_constant(opt, 0), batch, resolve_spec("dr_grpo"),
+                  UpdateSettings(forward=ForwardPlan(shared_prefix=True, chunk_size=16), max_length=8),
+                  torch.Generator().manual_seed(0))
+    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert moved and all("lora_" in n for n in moved)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_sync_probe_passes_every_step_of_a_run_on_the_device(micro_overrides, tmp_path, device: str,
+                                                                     dtype: torch.dtype) -> None:
+    """A micro run on the device: the learner's and the engine's next-token distributions on the probe
+    agree after every update (well inside the dtype's default tolerance), and the weights moved."""
+    cfg = build_config([*micro_overrides, "sft.steps=0", f"model.device={device}", f"model.dtype={DTYPE_NAMES[dtype]}",
+                        "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
+                        "curation.filters=[]", "rollout.max_new_tokens=6", "train.lr=1e-2", f"output_dir={tmp_path}"])
+    run(cfg)
+    rl = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [x for x in rl if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2, 3]
+    tolerance = default_tolerance(torch.nn.Linear(1, 1).to(device=device, dtype=dtype))
+    assert all(0 <= x["sync/probe_tv"] < tolerance / 10 for x in rl), [x["sync/probe_tv"] for x in rl]
+    assert all(x["grad_norm"] > 0 for x in rl)
