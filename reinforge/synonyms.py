@@ -276,7 +276,10 @@ VERL_NAMES: dict[str, Synonym] = {
     "algorithm.adv_estimator": Synonym(
         "objective.advantage",
         VERL,
-        "gae is recipe=ppo (a critic); REINFORCE++, its baseline variant and ReMax are recipes",
+        "gae is recipe=ppo (a critic) with objective.whiten_advantages=true; REINFORCE++, its baseline variant, "
+        "ReMax and OPO are recipes; grpo_passk is max_loo (the best sample's margin, not recipe=passk); gpg is "
+        "recipe=gpg, whose alpha is the paper's B / (B - M), M the samples of all-equal groups, not verl's "
+        "B / (samples with a non-zero reward)",
         {
             "gae": "recipe=ppo",
             "reinforce_plus_plus": "recipe=reinforce_pp",
@@ -284,6 +287,8 @@ VERL_NAMES: dict[str, Synonym] = {
             "remax": "recipe=remax",
             "grpo": "objective.advantage=grpo",
             "rloo": "objective.advantage=rloo",
+            "grpo_passk": "objective.advantage=max_loo",     # verl's: best-of-group margin, not Chen et al.'s
+            "opo": "recipe=opo",
         },
     ),
     "algorithm.norm_adv_by_std_in_grpo": Synonym(
