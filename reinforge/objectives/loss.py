@@ -91,6 +91,9 @@ def check_spec(spec: ObjectiveSpec) -> None:
     """Raise ValueError (with a suggestion) for any name or parameter of `spec` that does not resolve."""
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
     check_params(policy_fn, spec.policy_params, f"policy loss {spec.policy_loss!r}", reserved=POLICY_INPUTS)
+    if spec.whiten_advantages and spec.advantage not in CRITIC_ADVANTAGES:
+        raise ValueError(f"whiten_advantages whitens a critic's GAE advantages; advantage {spec.advantage!r} is "
+                         "normalised by its own estimator (grpo: group std, lite_ppo / scalerl: batch std)")
     if spec.advantage in CRITIC_ADVANTAGES:
         if spec.value is None:
             raise ValueError(f"advantage {spec.advantage!r} needs a critic: set the objective's value settings")
@@ -161,7 +164,7 @@ def shaped_rewards(
     if spec.kl_placement != "in_reward" or not spec.needs_reference or spec.kl_normalization != "none":
         return rewards
     return rewards - sequence_kl_penalty(old_logprobs, _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
-                                         mask, spec.kl_coef, spec.kl_estimator)
+                                         mask, spec.kl_coef, spec.kl_estimator, spec.kl_clamp)
 
 
 def advantage_kl_shift(
@@ -176,7 +179,7 @@ def advantage_kl_shift(
         return None
     return centred_kl_penalty(_required(old_logprobs, "old_logprobs (KL in the reward)"),
                               _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
-                              mask, spec.kl_coef, spec.kl_estimator)
+                              mask, spec.kl_coef, spec.kl_estimator, spec.kl_clamp)
 
 
 def _required(tensor: Tensor | None, what: str) -> Tensor:
@@ -249,7 +252,8 @@ def objective_loss(
 
     if spec.needs_reference or ref_logprobs is not None:
         kl = kl_terms(spec.kl_estimator or "k3", logprobs,
-                      _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})"))
+                      _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})"),
+                      spec.kl_clamp)
         if spec.kl_placement == "in_loss":
             loss = loss + spec.kl_coef * (weights * kl).sum()
         metrics["kl"] = masked_mean(kl.detach(), mask)

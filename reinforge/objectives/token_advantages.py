@@ -18,18 +18,19 @@ from reinforge.objectives.common import Groups
 from reinforge.objectives.value import gae, outcome_token_rewards
 
 
-def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, unbiased: bool = False) -> Tensor:
     """(x - mean) / sqrt(max(var, eps)) over the valid tokens of the whole batch, 0 off the mask.
 
     mean and var are over all tokens with mask 1 (every sequence of the batch together), var
     without Bessel's correction: OpenRLHF's global advantage normalisation, the reference
-    implementation of REINFORCE++ (its rsqrt of var clamped at 1e-8). A batch of equal values
+    implementation of REINFORCE++ (its rsqrt of var clamped at 1e-8); `unbiased=True` divides
+    by count - 1 instead, as verl's masked_whiten of GAE advantages does. A batch of equal values
     gives 0 everywhere, not NaN.
     """
     valid = mask.bool()
     count = valid.sum().clamp(min=1)
     mean = torch.where(valid, values, 0.0).sum() / count
-    var = torch.where(valid, (values - mean) ** 2, 0.0).sum() / count
+    var = torch.where(valid, (values - mean) ** 2, 0.0).sum() / ((count - 1).clamp(min=1) if unbiased else count)
     return torch.where(valid, (values - mean) * var.clamp(min=eps).rsqrt(), 0.0)
 
 
