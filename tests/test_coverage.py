@@ -8,9 +8,12 @@ import math
 
 import pytest
 import torch
+from learning import MIN_PASS_RATE, constant_answer_task, held_out_pass_rates
 
+from reinforge.config import build_config
 from reinforge.objectives import RECIPE_OBJECTIVES, RECIPES, compute_advantages, resolve_spec
 from reinforge.objectives.advantages import AdvantagePipeline
+from reinforge.pipeline import run
 
 F64 = torch.float64
 
@@ -142,3 +145,17 @@ def test_coverage_recipes_compose_their_parts():
     assert all(RECIPES[name].claim for name in ("passk", "w_reinforce", "opo"))
     spec = resolve_spec("passk", advantage_params={"k": 8})
     assert dict(spec.advantage_params) == {"k": 8}
+
+
+# ---------------------------------------------------------------- learning (tests/learning.py's task)
+
+
+@pytest.mark.parametrize("recipe", ["passk", "opo"])
+def test_held_out_pass_rate_rises_under_the_coverage_recipes(tmp_path, recipe):
+    # Measured (seed 0, 16 steps): passk 0.000 -> 0.95, opo 0.000 -> 1.00 (grpo: 0.92).
+    # w_reinforce is left out on purpose: from a pass rate of ~1/40 its 0.1 weight on the rare correct
+    # samples does not learn this task in 48 steps (0.000 -> 0.000; with positive_weight=1.0, 0.000 -> 0.75).
+    out = tmp_path / "run"
+    run(build_config([*constant_answer_task(tmp_path), f"recipe={recipe}", f"output_dir={out}"]))
+    start, final = held_out_pass_rates(out)
+    assert start <= 0.05 and final >= start + MIN_PASS_RATE
