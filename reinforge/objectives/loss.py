@@ -251,9 +251,8 @@ def objective_loss(
     metrics = {"policy_loss": masked_mean(token_loss.detach(), mask)}
 
     if spec.needs_reference or ref_logprobs is not None:
-        kl = kl_terms(spec.kl_estimator or "k3", logprobs,
-                      _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})"),
-                      spec.kl_clamp)
+        ref = _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})")
+        kl = kl_terms(spec.kl_estimator or "k3", logprobs, ref, spec.kl_clamp)
         if spec.kl_placement == "in_loss":
             loss = loss + spec.kl_coef * (weights * kl).sum()
         metrics["kl"] = masked_mean(kl.detach(), mask)
