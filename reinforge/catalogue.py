@@ -135,7 +135,14 @@ def objective_section(spec: ObjectiveSpec) -> dict:
         section["reference"] = spec.reference
         if spec.reference == "ema":
             section["reference_ema"] = spec.reference_ema
+        if spec.kl_clamp is not None:
+            section["kl_clamp"] = spec.kl_clamp
     section["entropy_coef"] = spec.entropy_coef
+    if spec.entropy_advantage:
+        section["entropy_advantage"] = spec.entropy_advantage
+        section["entropy_advantage_kappa"] = spec.entropy_advantage_kappa
+    if spec.whiten_advantages:
+        section["whiten_advantages"] = True
     if spec.nll_coef:
         section["nll_coef"] = spec.nll_coef
     if spec.value is not None:

@@ -40,6 +40,7 @@ from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import ObjectiveSpec, ValueSpec, stale_params
 from reinforge.objectives.surrogate import POLICY_INPUTS
+from reinforge.objectives.token_advantages import entropy_shaped_advantages
 from reinforge.objectives.value import CRITIC_ADVANTAGES, positive_nll
 
 
@@ -121,6 +122,8 @@ def check_spec(spec: ObjectiveSpec) -> None:
     if spec.kl_normalization != "none" and spec.kl_placement != "in_reward":
         raise ValueError("kl_normalization=on_policy centres a KL placed in the reward: set kl_placement=in_reward "
                          "(a KL in the loss minus a constant has the same gradient)")
+    if spec.entropy_advantage > 0 and spec.entropy_advantage_kappa <= 1:
+        raise ValueError(f"entropy_advantage_kappa must be > 1, got {spec.entropy_advantage_kappa}")
     if spec.kl_coef < 0 or spec.nll_coef < 0:
         raise ValueError(f"kl_coef and nll_coef must be >= 0, got {spec.kl_coef} and {spec.nll_coef}")
     if not 0.0 <= spec.reference_ema <= 1.0:
@@ -182,6 +185,16 @@ def advantage_kl_shift(
                               mask, spec.kl_coef, spec.kl_estimator, spec.kl_clamp)
 
 
+def _token_advantages(spec: ObjectiveSpec, advantages: Tensor, logprobs: Tensor, entropy: Tensor | None) -> Tensor:
+    """[N, T] advantages: per-sequence ones broadcast to their tokens, then the spec's entropy shaping, if any."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    if spec.entropy_advantage > 0:
+        advantages = entropy_shaped_advantages(advantages, _required(entropy, "entropy (entropy_advantage)"),
+                                               spec.entropy_advantage, spec.entropy_advantage_kappa)
+    return advantages
+
+
 def _required(tensor: Tensor | None, what: str) -> Tensor:
     if tensor is None:
         raise ValueError(f"the objective needs {what}")
@@ -224,8 +237,7 @@ def objective_loss(
     """
     _check_shapes(logprobs, advantages, old_logprobs=old_logprobs, mask=mask, weights=weights,
                   ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs, entropy=entropy)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1).expand_as(logprobs)              # [N, T]
+    advantages = _token_advantages(spec, advantages, logprobs, entropy)      # [N, T]
     anchors = {"old": old_logprobs, "sampler": sampler_logprobs}
     anchor = _required(anchors[spec.ratio_anchor], f"sampler_logprobs (ratio_anchor={spec.ratio_anchor!r})")
 

@@ -197,6 +197,13 @@ _RECIPES += [
            "arXiv 2505.23585", "exact on-policy updates with the length-weighted optimal baseline of the group",
            extras=("one update per batch",), settings=_ON_POLICY,
            claim="a lower-variance gradient that keeps entropy higher and outputs more diverse than GRPO's"),
+    # alpha 0.4 and kappa 2 as we read them in the paper; it shapes GRPO's and PPO's advantages alike.
+    Recipe("entropy_adv", _rl("grpo", "ppo_clip", "token_mean", _PPO_CLIP, entropy_advantage=0.4,
+                              entropy_advantage_kappa=2.0),
+           "arXiv 2506.14758", "GRPO with an entropy bonus in each token's advantage, capped at |A| / 2",
+           extras=("entropy advantage shaping alpha 0.4, kappa 2",),
+           claim="a clipped entropy term in the advantage favours exploratory reasoning (longer chains, "
+                 "reflection) and raises pass@k at large k over GRPO and PPO"),
 ]
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in _RECIPES}

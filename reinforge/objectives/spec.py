@@ -122,6 +122,11 @@ class ObjectiveSpec:
     reference_ema: float = field(default=0.99, metadata=_doc(
         "EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta after each RL step.", ge=0, le=1))
     entropy_coef: float = field(default=0.0, metadata=_doc("Entropy bonus coefficient c: J += c agg(H)."))
+    entropy_advantage: float = field(default=0.0, metadata=_doc(
+        "Entropy-based advantage shaping (arXiv 2506.14758): A_t += min(alpha sg(H_t), |A_t| / "
+        "entropy_advantage_kappa) with this alpha; 0 = off.", ge=0))
+    entropy_advantage_kappa: float = field(default=2.0, metadata=_doc(
+        "kappa > 1 of the entropy advantage shaping: the bonus is at most |A_t| / kappa.", ge=1))
     nll_coef: float = field(default=0.0, metadata=_doc(
         "Weight of the NLL loss on correct samples (VAPO): J -= coef agg(-logp [correct]).", ge=0))
     whiten_advantages: bool = field(default=False, metadata=_doc(

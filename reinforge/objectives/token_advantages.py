@@ -83,3 +83,18 @@ def reinforce_pp_baseline(
     groups = Groups.of(group_ids)
     group_mean = (groups.sum(rewards) / groups.sizes.to(rewards.dtype))[groups.index]      # [N]
     return reinforce_pp(rewards - group_mean, group_ids, mask=mask, token_penalty=token_penalty, gamma=gamma, eps=eps)
+
+
+def entropy_shaped_advantages(advantages: Tensor, entropy: Tensor, alpha: float, kappa: float) -> Tensor:
+    """Entropy-based advantage shaping (Cheng et al., arXiv 2506.14758), per token [N, T]:
+
+        A'_t = A_t + psi_t,   psi_t = min(alpha sg(H_t), |A_t| / kappa),   kappa > 1
+
+    H_t the entropy of the policy's next-token distribution, detached: a bonus on uncertain
+    tokens (where reasoning branches), bounded by |A_t| / kappa so that it never flips the sign of
+    a negative advantage (A' <= A (1 - 1/kappa) < 0) and never dominates it. Zero advantages stay 0.
+    """
+    if kappa <= 1:
+        raise ValueError(f"entropy advantage shaping needs kappa > 1, got {kappa}")
+    bonus = torch.minimum(alpha * entropy.detach(), advantages.abs() / kappa)
+    return advantages + bonus
