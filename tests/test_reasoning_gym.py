@@ -89,3 +89,10 @@ def test_the_scorer_runs_in_a_bounded_worker_process(task):
     example = task.train_split(1)[0]
     assert task.reward(example, task.teacher_completion(example, random.Random(0))) == 1.0
     assert reasoning_gym._POOL.size >= 1 and task.timeout_s == 10.0
+
+
+def test_the_task_preset_fits_its_questions_in_the_built_in_model():
+    cfg = build_config(["task.name=reasoning_gym", "task.options.datasets=[chain_sum,spell_backward]"])
+    assert (cfg.model.max_positions, cfg.rollout.max_new_tokens) == (192, 32)
+    assert cfg.task.options["datasets"] == ["chain_sum", "spell_backward"]
+    assert build_config(["task.name=reasoning_gym", "model.max_positions=256"]).model.max_positions == 256

@@ -115,6 +115,8 @@ class ReasoningGymTask(Task):
     """reasoning-gym datasets as one task, a domain per dataset (see the module docstring)."""
 
     name = "reasoning_gym"
+    # Most questions run 50-110 characters: 192 positions hold one with a 32-token answer.
+    preset: dict[str, Any] = {"model": {"max_positions": 192}, "rollout": {"max_new_tokens": 32}}
 
     def __init__(self, seed: int = 0, datasets: Any = ("chain_sum",), eval_fraction: float = 0.2,
                  answer_format: str = "plain", pattern: str | None = None, instruction: str | None = None,
