@@ -210,8 +210,7 @@ def algorithms_markdown() -> str:
     for row in recipe_rows():
         lines.append("| " + " | ".join(getattr(row, f.name).replace("|", "\\|") for f in fields(RecipeRow)) + " |")
     lines += ["", "Sources: " + "; ".join(f"{r.name}: {r.paper}" for r in RECIPES.values()) + ".", ""]
-    lines += ["What each paper claims for its method (the claim, not a measurement; docs/results.md has "
-              "reinforge's):", ""]
+    lines += ["What each paper claims for its method (the paper's claim, not a measurement of reinforge's):", ""]
     lines += [f"- `{r.name}` ({r.paper}): {r.claim}." for r in RECIPES.values() if r.claim] + [""]
     lines += _parts_table("Advantage estimators", ADVANTAGES,
                           "`fn(rewards [N], group_ids [N], **params) -> [N]`, in `objectives/advantages.py`.")

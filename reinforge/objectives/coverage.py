@@ -59,7 +59,6 @@ def _comb_ratio(top: Tensor, bottom: Tensor, k: Tensor) -> Tensor:
 def passk(rewards: Tensor, group_ids: Tensor, *, k: int = 4, threshold: float | None = None,
           eps: float = 1e-6) -> Tensor:
     """Pass@k training (Chen et al., arXiv 2508.10751, "analytical derivation"): a group of n with c correct,
-
         q = C(n - c, k) / C(n, k),  mean = 1 - q (pass@k),  sigma = sqrt(mean (1 - mean)),
         A_correct = q / (sigma + eps),   A_wrong = (q - C(n - c - 1, k - 1) / C(n - 1, k - 1)) / (sigma + eps)
 
@@ -89,7 +88,6 @@ def passk(rewards: Tensor, group_ids: Tensor, *, k: int = 4, threshold: float | 
 
 def max_loo(rewards: Tensor, group_ids: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
     """Leave-one-out best-of-group (Walder & Karkhanis, arXiv 2503.19595, k = n; verl's grpo_passk):
-
         A_i = max_{j in g} R_j - max_{j in g, j != i} R_j,   divided by (std_g + eps) if scale
 
     so only a group's unique best sample gets a non-zero advantage, R_max - R_second; tied best
@@ -132,7 +130,6 @@ def w_reinforce(rewards: Tensor, group_ids: Tensor, *, positive_weight: float = 
 
 def opo(rewards: Tensor, group_ids: Tensor, *, mask: Tensor) -> Tensor:
     """OPO's optimal baseline (Hao et al., arXiv 2505.23585; verl's opo): A_i = R_i - b_g,
-
         b_g = sum_{j in g} |y_j| R_j / sum_{j in g} |y_j|,   |y_j| = completion tokens (mask row sum)
 
     the variance-minimising baseline sum ||grad logp||^2 R / sum ||grad logp||^2 when a
