@@ -135,7 +135,14 @@ def objective_section(spec: ObjectiveSpec) -> dict:
         section["reference"] = spec.reference
         if spec.reference == "ema":
             section["reference_ema"] = spec.reference_ema
+        if spec.kl_clamp is not None:
+            section["kl_clamp"] = spec.kl_clamp
     section["entropy_coef"] = spec.entropy_coef
+    if spec.entropy_advantage:
+        section["entropy_advantage"] = spec.entropy_advantage
+        section["entropy_advantage_kappa"] = spec.entropy_advantage_kappa
+    if spec.whiten_advantages:
+        section["whiten_advantages"] = True
     if spec.nll_coef:
         section["nll_coef"] = spec.nll_coef
     if spec.value is not None:
@@ -203,6 +210,8 @@ def algorithms_markdown() -> str:
     for row in recipe_rows():
         lines.append("| " + " | ".join(getattr(row, f.name).replace("|", "\\|") for f in fields(RecipeRow)) + " |")
     lines += ["", "Sources: " + "; ".join(f"{r.name}: {r.paper}" for r in RECIPES.values()) + ".", ""]
+    lines += ["What each paper claims for its method (the paper's claim, not a measurement of reinforge's):", ""]
+    lines += [f"- `{r.name}` ({r.paper}): {r.claim}." for r in RECIPES.values() if r.claim] + [""]
     lines += _parts_table("Advantage estimators", ADVANTAGES,
                           "`fn(rewards [N], group_ids [N], **params) -> [N]`, in `objectives/advantages.py`.")
     lines += _parts_table("Advantage transforms", ADVANTAGE_TRANSFORMS,

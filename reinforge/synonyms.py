@@ -37,10 +37,18 @@ _AGG = {
     "seq-mean-token-mean": "objective.aggregation=seq_mean_token_mean",
     "seq-mean-token-sum": "objective.aggregation=seq_mean_token_sum",
     "seq-mean-token-sum-norm": "objective.aggregation=seq_mean_token_sum_norm",
+    "token-sum": "objective.aggregation=token_sum",
 }
-_KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=k1",
+# verl clamps its k3 ("low_var_kl") at 10 and its "+" forms take k2's gradient (straight-through).
+_KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=abs",
            "mse": "objective.kl_estimator=k2", "k2": "objective.kl_estimator=k2",
-           "low_var_kl": "objective.kl_estimator=k3", "k3": "objective.kl_estimator=k3"}
+           "low_var_kl": "objective.kl_estimator=k3 objective.kl_clamp=10",
+           "k3": "objective.kl_estimator=k3 objective.kl_clamp=10",
+           "k1+": "objective.kl_estimator=k1_st", "kl+": "objective.kl_estimator=k1_st",
+           "k3+": "objective.kl_estimator=k3_st objective.kl_clamp=10",
+           "low_var_kl+": "objective.kl_estimator=k3_st objective.kl_clamp=10"}
+_KL_EST_NOTE = ("kl: k1, mse: k2, abs: abs, low_var_kl: k3 clamped at 10 (objective.kl_clamp=10), k1+ / k3+: k1_st / "
+                "k3_st (the value of k1 / k3 with k2's gradient)")
 _SCALE = {"True": "objective.advantage=grpo", "group": "objective.advantage=grpo",
           "False": "objective.advantage=dr_grpo", "none": "objective.advantage=dr_grpo",
           "batch": "objective.advantage=lite_ppo"}
@@ -171,7 +179,7 @@ TRL_NAMES: dict[str, Synonym] = {
         "OpenRLHF's name",
         "reinforce and reinforce_baseline are recipes (REINFORCE++), gae is recipe=ppo",
         {
-            "gae": "recipe=ppo",
+            "gae": "recipe=ppo objective.whiten_advantages=true",
             "reinforce": "recipe=reinforce_pp",
             "reinforce_baseline": "recipe=reinforce_pp_baseline",
             "rloo": "objective.advantage=rloo",
@@ -257,18 +265,26 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.actor.clip_ratio_low": Synonym("objective.eps_low", VERL),
     "actor_rollout_ref.actor.clip_ratio_high": Synonym("objective.eps_high", VERL),
     "actor_rollout_ref.actor.clip_ratio_c": Synonym(
-        "objective.policy_params", VERL, "objective.policy_loss=dual_clip with objective.policy_params.clip_c"
+        "objective.policy_params", VERL, "verl's vanilla loss always applies it (3 by default): "
+        "objective.policy_loss=dual_clip with objective.policy_params.clip_c; in its dppo losses it caps the ratio: "
+        "objective.policy_params.ratio_cap"
     ),
     "actor_rollout_ref.actor.loss_agg_mode": Synonym(
         "objective.aggregation", VERL, "the same modes, with underscores", _AGG
     ),
     "actor_rollout_ref.actor.policy_loss.loss_mode": Synonym(
-        "objective.policy_loss", VERL, "vanilla is ppo_clip", {"vanilla": "objective.policy_loss=ppo_clip"}
+        "objective.policy_loss", VERL,
+        "vanilla is PPO clip with dual-clip c = clip_ratio_c (3): dual_clip; verl's dppo losses cap the ratio at "
+        "clip_ratio_c (3) and use clip_ratio (0.2) as the divergence bound, objective.policy_params.delta",
+        {"vanilla": "objective.policy_loss=dual_clip objective.policy_params.clip_c=3",
+         "dppo_tv": "objective.policy_loss=dppo_tv objective.policy_params.ratio_cap=3",
+         "dppo_kl": "objective.policy_loss=dppo_kl objective.policy_params.ratio_cap=3",
+         "gspo": "recipe=gspo", "geo_mean": "recipe=gmpo", "cispo": "recipe=cispo"}
     ),
     "actor_rollout_ref.actor.use_kl_loss": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_type": Synonym(
-        "objective.kl_estimator", VERL, "kl: k1, mse: k2, low_var_kl: k3", _KL_EST
+        "objective.kl_estimator", VERL, _KL_EST_NOTE, _KL_EST
     ),
     "actor_rollout_ref.actor.entropy_coeff": Synonym("objective.entropy_coef", VERL),
     "actor_rollout_ref.actor.grad_clip": Synonym("train.grad_clip", VERL),
@@ -276,14 +292,19 @@ VERL_NAMES: dict[str, Synonym] = {
     "algorithm.adv_estimator": Synonym(
         "objective.advantage",
         VERL,
-        "gae is recipe=ppo (a critic); REINFORCE++, its baseline variant and ReMax are recipes",
+        "gae is recipe=ppo (a critic) with objective.whiten_advantages=true; REINFORCE++, its baseline variant, "
+        "ReMax and OPO are recipes; grpo_passk is max_loo (the best sample's margin, not recipe=passk); gpg is "
+        "recipe=gpg, whose alpha is the paper's B / (B - M), M the samples of all-equal groups, not verl's "
+        "B / (samples with a non-zero reward)",
         {
-            "gae": "recipe=ppo",
+            "gae": "recipe=ppo objective.whiten_advantages=true",
             "reinforce_plus_plus": "recipe=reinforce_pp",
             "reinforce_plus_plus_baseline": "recipe=reinforce_pp_baseline",
             "remax": "recipe=remax",
             "grpo": "objective.advantage=grpo",
             "rloo": "objective.advantage=rloo",
+            "grpo_passk": "objective.advantage=max_loo",     # verl's: best-of-group margin, not Chen et al.'s
+            "opo": "recipe=opo",
         },
     ),
     "algorithm.norm_adv_by_std_in_grpo": Synonym(
@@ -294,7 +315,12 @@ VERL_NAMES: dict[str, Synonym] = {
     ),
     "algorithm.use_kl_in_reward": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_reward"),
     "algorithm.kl_ctrl.kl_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_reward"),
-    "algorithm.kl_ctrl.target_kl": Synonym("train.kl_target", VERL, "setting it makes the coefficient adaptive"),
+    "algorithm.kl_ctrl.target_kl": Synonym(
+        "train.kl_target", VERL, "not the same quantity: verl's target is the batch mean of each sequence's mean "
+        "per-token KL, train.kl_target the mean of each sequence's summed KL; set train.kl_target to about "
+        "target_kl x the mean completion length in tokens (the rl log's completion length)"),
+    "algorithm.kl_penalty": Synonym(
+        "objective.kl_estimator", VERL, "with objective.kl_placement=in_reward; " + _KL_EST_NOTE, _KL_EST),
     "algorithm.kl_ctrl.type": Synonym("train.kl_target", VERL, "adaptive: set train.kl_target; fixed: leave it null"),
     "algorithm.gamma": Synonym("objective.value", VERL, "objective.value.gamma (PPO-family recipes)"),
     "algorithm.lam": Synonym("objective.value", VERL, "objective.value.lam_actor and lam_critic (PPO-family recipes)"),

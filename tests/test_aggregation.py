@@ -18,6 +18,7 @@ HAND = {
     "seq_mean_token_sum": 21 / 3,                       # 7
     "seq_mean_token_sum_norm": 21 / (3 * 4),            # L_norm = T = 4 -> 1.75
     "prompt_mean": ((6 + 4) / 4 + 11 / 2) / 2,          # (2.5 + 5.5) / 2 = 4
+    "token_sum": 21,                                    # no normaliser
 }
 
 

@@ -1,6 +1,8 @@
 """Property tests: no NaN or inf in any loss, gradient or metric, whatever the batch looks like
 (empty and all-masked rows, groups of one, all-equal rewards, log-ratios far beyond the clamp)."""
 
+import inspect
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,6 +45,14 @@ def batches(draw):
     )
 
 
+def _rewards_for(estimator, batch):
+    """The batch's rewards, made 0/1 for an estimator that takes binary rewards only (it has a `threshold`
+    parameter and refuses any other reward without one)."""
+    if "threshold" in inspect.signature(ADVANTAGES[estimator]).parameters:
+        return (batch["rewards"] > 0).to(batch["rewards"].dtype)
+    return batch["rewards"]
+
+
 def _inputs(batch):
     """The inputs some estimators take beyond rewards: ReMax's baselines, REINFORCE++'s mask and per-token KL."""
     return dict(baselines=batch["rewards"].flip(0), mask=batch["mask"],
@@ -75,7 +85,7 @@ def test_every_recipe_is_finite(batch, recipe, aggregation, max_length):
         advantages = batch["rewards"].unsqueeze(1) * batch["mask"]
     else:
         advantages = AdvantagePipeline(spec.advantage, spec.advantage_params)(
-            batch["rewards"], batch["group_ids"], **_inputs(batch)
+            _rewards_for(spec.advantage, batch), batch["group_ids"], **_inputs(batch)
         ).advantages
     assert torch.isfinite(advantages).all()
     _loss_is_finite(batch, advantages, recipe, aggregation=aggregation, max_length=max_length)
@@ -96,7 +106,8 @@ def test_every_advantage_and_transform_is_finite(batch, estimator, transform):
     per_token = "mask" in AdvantagePipeline(estimator).inputs     # [N, T] advantages take no transform
     pipeline = AdvantagePipeline(estimator, transforms=[] if per_token else [(transform, {})])
     for _ in range(2):      # the second batch sees the state the first one left
-        result = pipeline(batch["rewards"], batch["group_ids"], generator=torch.Generator().manual_seed(0),
+        result = pipeline(_rewards_for(estimator, batch), batch["group_ids"],
+                          generator=torch.Generator().manual_seed(0),
                           **_inputs(batch))
         assert torch.isfinite(result.advantages).all()
         assert result.keep.dtype == torch.bool

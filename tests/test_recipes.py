@@ -36,6 +36,7 @@ def test_the_table_has_every_row_of_the_formula_sheet():
         "maxrl", "gpg", "lite_ppo", "scalerl", "olmo3", "vapo", "t1", "areal", "dpo",
         "clip_cov", "kl_cov", "dppo_topk",
         "reinforce_pp", "reinforce_pp_baseline", "remax",
+        "passk", "w_reinforce", "opo", "entropy_adv",
     }
     # Every recipe's systems exist today (the critic, async, the DPO loop were the last).
     assert set(RUNNABLE) == set(RECIPES)
@@ -75,6 +76,10 @@ def test_compositions_match_the_formula_sheet():
         "reinforce_pp_baseline": ("reinforce_pp_baseline", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2},
                                   "token_mean", "k2"),
         "remax": ("remax", "reinforce", {}, "seq_mean_token_sum", None),
+        "passk": ("passk", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
+        "w_reinforce": ("w_reinforce", "reinforce", {}, "token_mean", None),
+        "opo": ("opo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
+        "entropy_adv": ("grpo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
     }
     assert set(sheet) == set(RECIPE_OBJECTIVES)
     for name, (advantage, policy_loss, params, aggregation, kl) in sheet.items():

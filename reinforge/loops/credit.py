@@ -33,6 +33,7 @@ from reinforge.learner.forward import ForwardPlan
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.objectives import AdvantagePipeline, AdvantageResult, ObjectiveSpec, advantage_kl_shift, shaped_rewards
 from reinforge.objectives.kl import adaptive_kl_coef, reward_kl_terms
+from reinforge.objectives.token_advantages import masked_whiten
 from reinforge.objectives.value import decoupled_gae, gae, outcome_token_rewards, placed_token_rewards
 
 
@@ -44,12 +45,12 @@ class RewardKL:
 
     def __init__(self, spec: ObjectiveSpec, target: float | None):
         self.active = spec.kl_placement == "in_reward" and spec.needs_reference
-        self.estimator = spec.kl_estimator
+        self.estimator, self.clamp = spec.kl_estimator, spec.kl_clamp
         self.coef, self.target = spec.kl_coef, target
 
     def terms(self, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[N, T] sg(k_t), 0 on padding: what each token's reward is charged, per unit of beta."""
-        return reward_kl_terms(self.estimator, old_logprobs, ref_logprobs, mask)
+        return reward_kl_terms(self.estimator, old_logprobs, ref_logprobs, mask, self.clamp)
 
     def observe(self, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
                 valid: torch.Tensor) -> dict[str, float]:
@@ -147,7 +148,10 @@ class CriticCredit:
         out = decoupled_gae(token_rewards, values, mask, gamma=v.gamma, lam_actor=v.lam_actor, lam_critic=v.lam_critic,
                             length_adaptive_alpha=v.length_adaptive_alpha)
         self._pending = (sequences, values, out.returns, kl_metrics)
-        return AdvantageResult(out.advantages, valid.clone())
+        advantages = out.advantages
+        if self.spec.whiten_advantages:        # verl / OpenRLHF: over the tokens of the rows that train
+            advantages = masked_whiten(advantages, mask.bool() & valid[:, None], unbiased=True)
+        return AdvantageResult(advantages, valid.clone())
 
     def pretrain(self, sequences: SequenceBatch, rewards: torch.Tensor, valid: torch.Tensor,
                  generator: torch.Generator) -> dict[str, float]:

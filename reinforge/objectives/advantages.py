@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from reinforge.objectives.common import Groups, check_params, resolve
+from reinforge.objectives.coverage import max_loo, opo, passk, w_reinforce
 from reinforge.objectives.token_advantages import reinforce_pp, reinforce_pp_baseline
 from reinforge.objectives.value import CRITIC_ADVANTAGES
 
@@ -255,6 +256,10 @@ ADVANTAGES: dict[str, Callable[..., Tensor]] = {
     "reinforce_pp": reinforce_pp,
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "remax": remax,
+    "passk": passk,
+    "max_loo": max_loo,
+    "w_reinforce": w_reinforce,
+    "opo": opo,
 }
 
 

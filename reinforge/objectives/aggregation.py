@@ -112,6 +112,17 @@ def seq_mean_token_sum_norm(mask: Tensor, *, group_ids: Tensor | None = None, ma
     return m / (_num_rows(m, reduce).clamp(min=1) * length_norm)
 
 
+def token_sum(mask: Tensor, *, group_ids: Tensor | None = None, max_length: int | None = None,
+              reduce: BatchReduce = LOCAL) -> Tensor:
+    """w_it = m_it: the sum over every token of the batch, no normaliser (verl's token-sum).
+
+    The loss and its gradient grow with the batch's token count: the learning rate that suits
+    token_mean is too large here by that factor. No batch statistic, so micro-batching and ranks
+    never change it.
+    """
+    return _float_mask(mask).clone()
+
+
 def prompt_mean(mask: Tensor, *, group_ids: Tensor | None = None, max_length: int | None = None,
                 reduce: BatchReduce = LOCAL) -> Tensor:
     """w_it = m_it / (P sum_{j in p(i)} |y_j|): token mean within each prompt group, then
@@ -137,6 +148,7 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "seq_mean_token_sum": seq_mean_token_sum,
     "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
     "prompt_mean": prompt_mean,
+    "token_sum": token_sum,
 }
 
 

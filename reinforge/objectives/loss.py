@@ -40,6 +40,7 @@ from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import ObjectiveSpec, ValueSpec, stale_params
 from reinforge.objectives.surrogate import POLICY_INPUTS
+from reinforge.objectives.token_advantages import entropy_shaped_advantages
 from reinforge.objectives.value import CRITIC_ADVANTAGES, positive_nll
 
 
@@ -91,6 +92,9 @@ def check_spec(spec: ObjectiveSpec) -> None:
     """Raise ValueError (with a suggestion) for any name or parameter of `spec` that does not resolve."""
     policy_fn = resolve(POLICY_LOSSES, spec.policy_loss, "policy loss")
     check_params(policy_fn, spec.policy_params, f"policy loss {spec.policy_loss!r}", reserved=POLICY_INPUTS)
+    if spec.whiten_advantages and spec.advantage not in CRITIC_ADVANTAGES:
+        raise ValueError(f"whiten_advantages whitens a critic's GAE advantages; advantage {spec.advantage!r} is "
+                         "normalised by its own estimator (grpo: group std, lite_ppo / scalerl: batch std)")
     if spec.advantage in CRITIC_ADVANTAGES:
         if spec.value is None:
             raise ValueError(f"advantage {spec.advantage!r} needs a critic: set the objective's value settings")
@@ -118,6 +122,8 @@ def check_spec(spec: ObjectiveSpec) -> None:
     if spec.kl_normalization != "none" and spec.kl_placement != "in_reward":
         raise ValueError("kl_normalization=on_policy centres a KL placed in the reward: set kl_placement=in_reward "
                          "(a KL in the loss minus a constant has the same gradient)")
+    if spec.entropy_advantage > 0 and spec.entropy_advantage_kappa <= 1:
+        raise ValueError(f"entropy_advantage_kappa must be > 1, got {spec.entropy_advantage_kappa}")
     if spec.kl_coef < 0 or spec.nll_coef < 0:
         raise ValueError(f"kl_coef and nll_coef must be >= 0, got {spec.kl_coef} and {spec.nll_coef}")
     if not 0.0 <= spec.reference_ema <= 1.0:
@@ -161,7 +167,7 @@ def shaped_rewards(
     if spec.kl_placement != "in_reward" or not spec.needs_reference or spec.kl_normalization != "none":
         return rewards
     return rewards - sequence_kl_penalty(old_logprobs, _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
-                                         mask, spec.kl_coef, spec.kl_estimator)
+                                         mask, spec.kl_coef, spec.kl_estimator, spec.kl_clamp)
 
 
 def advantage_kl_shift(
@@ -176,7 +182,17 @@ def advantage_kl_shift(
         return None
     return centred_kl_penalty(_required(old_logprobs, "old_logprobs (KL in the reward)"),
                               _required(ref_logprobs, "ref_logprobs (KL in the reward)"),
-                              mask, spec.kl_coef, spec.kl_estimator)
+                              mask, spec.kl_coef, spec.kl_estimator, spec.kl_clamp)
+
+
+def _token_advantages(spec: ObjectiveSpec, advantages: Tensor, logprobs: Tensor, entropy: Tensor | None) -> Tensor:
+    """[N, T] advantages: per-sequence ones broadcast to their tokens, then the spec's entropy shaping, if any."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    if spec.entropy_advantage > 0:
+        advantages = entropy_shaped_advantages(advantages, _required(entropy, "entropy (entropy_advantage)"),
+                                               spec.entropy_advantage, spec.entropy_advantage_kappa)
+    return advantages
 
 
 def _required(tensor: Tensor | None, what: str) -> Tensor:
@@ -221,8 +237,7 @@ def objective_loss(
     """
     _check_shapes(logprobs, advantages, old_logprobs=old_logprobs, mask=mask, weights=weights,
                   ref_logprobs=ref_logprobs, sampler_logprobs=sampler_logprobs, entropy=entropy)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1).expand_as(logprobs)              # [N, T]
+    advantages = _token_advantages(spec, advantages, logprobs, entropy)      # [N, T]
     anchors = {"old": old_logprobs, "sampler": sampler_logprobs}
     anchor = _required(anchors[spec.ratio_anchor], f"sampler_logprobs (ratio_anchor={spec.ratio_anchor!r})")
 
@@ -248,8 +263,8 @@ def objective_loss(
     metrics = {"policy_loss": masked_mean(token_loss.detach(), mask)}
 
     if spec.needs_reference or ref_logprobs is not None:
-        kl = kl_terms(spec.kl_estimator or "k3", logprobs,
-                      _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})"))
+        ref = _required(ref_logprobs, f"ref_logprobs (KL {spec.kl_estimator}, kl_coef={spec.kl_coef})")
+        kl = kl_terms(spec.kl_estimator or "k3", logprobs, ref, spec.kl_clamp)
         if spec.kl_placement == "in_loss":
             loss = loss + spec.kl_coef * (weights * kl).sum()
         metrics["kl"] = masked_mean(kl.detach(), mask)

@@ -158,14 +158,20 @@ def _divergence_masked(
     blocked_up: Tensor,        # [N, T] bool: p rose out of the trust region
     blocked_down: Tensor,      # [N, T] bool: p fell out of the trust region
     divergence: dict[str, Tensor],
+    ratio_cap: float | None = None,
 ) -> PolicyTerms:
     """DPPO's masked surrogate J = m (p / p_mu) A; m = 0 where the move left the trust
-    region in the direction A pushes it (up for A > 0, down for A < 0)."""
+    region in the direction A pushes it (up for A > 0, down for A < 0). With `ratio_cap` c,
+    a token whose ratio exceeds c counts as c: J = m c A with gradient m c A grad logp
+    (verl's truncation, min(r, clip_ratio_c) detached, c = 3 by its default config)."""
     ratio = torch.exp(log_ratio(logprobs, sampler_logprobs))                  # [N, T] p / p_mu
     clipped_high = (advantages > 0) & blocked_up
     clipped_low = (advantages < 0) & blocked_down
     clipped = clipped_low | clipped_high
-    objective = torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
+    weight = ratio
+    if ratio_cap is not None:
+        weight = torch.where(ratio.detach() > ratio_cap, ratio_cap * torch.exp(logprobs - logprobs.detach()), ratio)
+    objective = torch.where(clipped, torch.zeros_like(ratio), weight * advantages)
     return PolicyTerms(
         loss=masked(-objective, mask),
         metrics=token_metrics(mask, ratio.dtype, clip_frac_low=clipped_low, clip_frac_high=clipped_high,
@@ -181,6 +187,7 @@ def dppo_tv(
     mask: Tensor,                           # [N, T]
     sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler, required
     delta: float = 0.15,
+    ratio_cap: float | None = None,
 ) -> PolicyTerms:
     """DPPO, binary total-variation trust region (Qi et al., "Rethinking the Trust
     Region in LLM Reinforcement Learning", arXiv 2602.04879), per token:
@@ -190,13 +197,14 @@ def dppo_tv(
 
     The ratio is anchored on the sampler, not on pi_old; the mask uses the
     detached p. Metrics: clip_frac_high / _low / clip_frac (masked tokens by
-    direction), ratio (p / p_mu), tv = |p - p_mu|.
+    direction), ratio (p / p_mu), tv = |p - p_mu|. `ratio_cap` (None: the paper's, no cap;
+    verl's default config truncates at 3): see _divergence_masked.
     """
     sampler_logprobs = require_sampler(sampler_logprobs, "dppo_tv")
     p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)       # [N, T]
     return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=p - p_mu > delta, blocked_down=p_mu - p > delta,
-                              divergence={"tv": (p - p_mu).abs()})
+                              divergence={"tv": (p - p_mu).abs()}, ratio_cap=ratio_cap)
 
 
 def _probability_floor(dtype: torch.dtype) -> float:
@@ -216,6 +224,7 @@ def dppo_kl(
     mask: Tensor,                           # [N, T]
     sampler_logprobs: Tensor | None = None,  # [N, T] log pi_sampler, required
     delta: float = 0.05,
+    ratio_cap: float | None = None,
 ) -> PolicyTerms:
     """DPPO, binary KL trust region (arXiv 2602.04879), per token: J = m (p / p_mu) A with
 
@@ -235,7 +244,7 @@ def dppo_kl(
     outside = kl > delta
     return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
                               blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
-                              divergence={"binary_kl": kl})
+                              divergence={"binary_kl": kl}, ratio_cap=ratio_cap)
 
 
 def _top_k_probabilities(top_logprobs: Tensor | None, sampler_top_logprobs: Tensor | None,

@@ -43,6 +43,7 @@ class Recipe:
     summary: str                                # one line: what the method changes
     extras: tuple[str, ...] = ()                # curation and other settings beyond the loss (catalogue column)
     requires: tuple[str, ...] = ()  # keys of SYSTEMS the trainer must provide
+    claim: str = ""                             # what its paper claims it does (docs/algorithms.md), if stated
     # config defaults (section -> key -> value)
     settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict, hash=False)
 
@@ -177,6 +178,32 @@ _RECIPES += [
            "arXiv 2310.10505", "REINFORCE with the reward of the prompt's greedy completion as baseline",
            extras=("greedy baseline rollout", "one update per batch"), requires=("greedy_baseline",),
            settings=_ON_POLICY),
+]
+
+# Methods that aim to keep or widen pass@k coverage (objectives/coverage.py). Each claim is the paper's,
+# not a measurement of reinforge's (docs/results.md has those).
+_RECIPES += [
+    # k = 4 with groups of 8 (train.group_size) is a choice; the paper varies k and the group size.
+    Recipe("passk", _rl("passk", "ppo_clip", "token_mean", _PPO_CLIP, advantage_params={"k": 4}),
+           "arXiv 2508.10751", "the advantage of the pass@k reward over every k-subset of the group, in closed form",
+           claim="training on pass@k instead of pass@1 keeps exploring: pass@k rises, and pass@1 need not fall"),
+    # The paper's W-REINFORCE is plain REINFORCE (no ratio, no baseline) on +1/-1 rewards: on-policy.
+    Recipe("w_reinforce", _rl("w_reinforce", "reinforce", "token_mean", advantage_params={"positive_weight": 0.1}),
+           "arXiv 2506.01347", "REINFORCE with weight 0.1 on correct samples and 1 on wrong ones (mostly negative)",
+           extras=("one update per batch",), settings=_ON_POLICY,
+           claim="negative samples alone keep pass@k at large k; down-weighting positives keeps it while pass@1 "
+                 "rises"),
+    Recipe("opo", _rl("opo", "ppo_clip", "token_mean", _PPO_CLIP),
+           "arXiv 2505.23585", "exact on-policy updates with the length-weighted optimal baseline of the group",
+           extras=("one update per batch",), settings=_ON_POLICY,
+           claim="a lower-variance gradient that keeps entropy higher and outputs more diverse than GRPO's"),
+    # alpha 0.4 and kappa 2 as we read them in the paper; it shapes GRPO's and PPO's advantages alike.
+    Recipe("entropy_adv", _rl("grpo", "ppo_clip", "token_mean", _PPO_CLIP, entropy_advantage=0.4,
+                              entropy_advantage_kappa=2.0),
+           "arXiv 2506.14758", "GRPO with an entropy bonus in each token's advantage, capped at |A| / 2",
+           extras=("entropy advantage shaping alpha 0.4, kappa 2",),
+           claim="a clipped entropy term in the advantage favours exploratory reasoning (longer chains, "
+                 "reflection) and raises pass@k at large k over GRPO and PPO"),
 ]
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in _RECIPES}

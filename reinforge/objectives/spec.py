@@ -108,6 +108,9 @@ class ObjectiveSpec:
         "Loss aggregation: {names}.", "reinforge.objectives.aggregation:AGGREGATIONS"))
     kl_estimator: str | None = field(default="k3", metadata=_doc(
         "KL estimator {names}, or 'none' (no KL term, no reference model).", "reinforge.objectives.kl:KL_ESTIMATORS"))
+    kl_clamp: float | None = field(default=None, metadata=_doc(
+        "Bound of the per-token KL estimate, k <- clamp(k, -kl_clamp, kl_clamp) (verl and OpenRLHF bound k3 at 10); "
+        "None: unbounded (a clamped token has no KL gradient, and the log-ratio clamp at 20 keeps k3 finite).", ge=0))
     kl_placement: Literal["in_loss", "in_reward"] = field(default="in_loss", metadata=_doc(
         "KL term in the loss (J -= beta agg(k)), or subtracted from the reward (r_t -= beta sg(k_t))."))
     kl_normalization: Literal["none", "on_policy"] = field(default="none", metadata=_doc(
@@ -119,8 +122,16 @@ class ObjectiveSpec:
     reference_ema: float = field(default=0.99, metadata=_doc(
         "EMA rate of an EMA reference: ref <- ema ref + (1 - ema) theta after each RL step.", ge=0, le=1))
     entropy_coef: float = field(default=0.0, metadata=_doc("Entropy bonus coefficient c: J += c agg(H)."))
+    entropy_advantage: float = field(default=0.0, metadata=_doc(
+        "Entropy-based advantage shaping (arXiv 2506.14758): A_t += min(alpha sg(H_t), |A_t| / "
+        "entropy_advantage_kappa) with this alpha; 0 = off.", ge=0))
+    entropy_advantage_kappa: float = field(default=2.0, metadata=_doc(
+        "kappa > 1 of the entropy advantage shaping: the bonus is at most |A_t| / kappa.", ge=1))
     nll_coef: float = field(default=0.0, metadata=_doc(
         "Weight of the NLL loss on correct samples (VAPO): J -= coef agg(-logp [correct]).", ge=0))
+    whiten_advantages: bool = field(default=False, metadata=_doc(
+        "Whiten a critic's GAE advantages over the valid tokens of the batch, (A - mean) / std with Bessel's "
+        "correction, as verl (always) and OpenRLHF do; reinforge's default leaves GAE's scale as it is."))
     value: ValueSpec | None = field(default=None, metadata=_doc(
         f"Critic settings ({_VALUE_FIELDS}) of PPO-family recipes; None: critic-free."))
 

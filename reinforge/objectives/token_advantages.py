@@ -18,18 +18,19 @@ from reinforge.objectives.common import Groups
 from reinforge.objectives.value import gae, outcome_token_rewards
 
 
-def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, unbiased: bool = False) -> Tensor:
     """(x - mean) / sqrt(max(var, eps)) over the valid tokens of the whole batch, 0 off the mask.
 
     mean and var are over all tokens with mask 1 (every sequence of the batch together), var
     without Bessel's correction: OpenRLHF's global advantage normalisation, the reference
-    implementation of REINFORCE++ (its rsqrt of var clamped at 1e-8). A batch of equal values
+    implementation of REINFORCE++ (its rsqrt of var clamped at 1e-8); `unbiased=True` divides
+    by count - 1 instead, as verl's masked_whiten of GAE advantages does. A batch of equal values
     gives 0 everywhere, not NaN.
     """
     valid = mask.bool()
     count = valid.sum().clamp(min=1)
     mean = torch.where(valid, values, 0.0).sum() / count
-    var = torch.where(valid, (values - mean) ** 2, 0.0).sum() / count
+    var = torch.where(valid, (values - mean) ** 2, 0.0).sum() / ((count - 1).clamp(min=1) if unbiased else count)
     return torch.where(valid, (values - mean) * var.clamp(min=eps).rsqrt(), 0.0)
 
 
@@ -82,3 +83,18 @@ def reinforce_pp_baseline(
     groups = Groups.of(group_ids)
     group_mean = (groups.sum(rewards) / groups.sizes.to(rewards.dtype))[groups.index]      # [N]
     return reinforce_pp(rewards - group_mean, group_ids, mask=mask, token_penalty=token_penalty, gamma=gamma, eps=eps)
+
+
+def entropy_shaped_advantages(advantages: Tensor, entropy: Tensor, alpha: float, kappa: float) -> Tensor:
+    """Entropy-based advantage shaping (Cheng et al., arXiv 2506.14758), per token [N, T]:
+
+        A'_t = A_t + psi_t,   psi_t = min(alpha sg(H_t), |A_t| / kappa),   kappa > 1
+
+    H_t the entropy of the policy's next-token distribution, detached: a bonus on uncertain
+    tokens (where reasoning branches), bounded by |A_t| / kappa so that it never flips the sign of
+    a negative advantage (A' <= A (1 - 1/kappa) < 0) and never dominates it. Zero advantages stay 0.
+    """
+    if kappa <= 1:
+        raise ValueError(f"entropy advantage shaping needs kappa > 1, got {kappa}")
+    bonus = torch.minimum(alpha * entropy.detach(), advantages.abs() / kappa)
+    return advantages + bonus

@@ -11,6 +11,7 @@ from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.dataset import DatasetTask
 from reinforge.tasks.mix import MixTask
 from reinforge.tasks.multiply_tool import MultiplyToolTask
+from reinforge.tasks.reasoning_gym import ReasoningGymTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
@@ -19,6 +20,7 @@ TASKS: dict[str, type[Task]] = {
     DatasetTask.name: DatasetTask,
     MultiplyToolTask.name: MultiplyToolTask,
     MixTask.name: MixTask,
+    ReasoningGymTask.name: ReasoningGymTask,
 }
 
 
