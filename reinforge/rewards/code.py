@@ -45,23 +45,32 @@ knows the number of cases itself. So the candidate can choose its answers
 and nothing else: an `__eq__` that is always true cannot be encoded, printed
 verdicts land in another pipe, exiting or killing anything leaves "failed".
 
-Host protection, in layers (each one logged once if unavailable here)
------------------------------------------------------------------------
+Host protection, in layers (docs/security.md; `reinforge doctor` lists them here)
+-----------------------------------------------------------------------------------
 1. Namespaces (`unshare`): the judge is PID 1 of a new PID and network
    namespace (its death kills everything left); the candidate is PID 1 of
    a further PID, mount (fresh /proc: no host process visible), network
-   and IPC namespace.
-2. An unprivileged uid of its own for the candidate (when we are root), a
-   non-dumpable judge, no new privileges: /proc/<judge>/mem, environ and fd
-   are unreadable and other processes cannot be signalled even where a
-   path slips through.
-3. rlimits: CPU, address space, file size, no new processes, 256 fds.
-4. An audit hook (sandbox/guard.py) deciding reads (allow-list) and writes
-   (work directory only) on resolved paths, refusing process creation,
-   signals, sockets, ctypes and object hunting.
-5. A fresh work directory, a minimal environment (no secrets inherited),
-   `-I -S -B` interpreters, capped output, a wall-clock timeout that kills
-   the whole process group.
+   and IPC namespace, in which every mount is read-only and /tmp, /dev/shm
+   and its work directory are private tmpfs.
+2. Kernel layers the candidate cannot undo (sandbox/kernel.py): a seccomp
+   filter, Landlock, no_new_privs, no capabilities.
+3. An unprivileged uid of its own for the candidate (when we are root), a
+   non-dumpable judge: /proc/<judge>/mem, environ and fd are unreadable and
+   other processes cannot be signalled even where a path slips through.
+4. rlimits: CPU, address space, file size, no new processes, 256 fds.
+5. An audit hook (sandbox/guard.py), a fast first filter deciding reads
+   (allow-list) and writes (work directory only) on resolved paths, refusing
+   process creation, signals, sockets, ctypes and object hunting.
+6. A fresh work directory, a minimal environment (no secrets inherited),
+   `-I -S -B` interpreters, no inherited descriptors, capped output, a
+   wall-clock timeout that kills the whole process group.
+
+A run needs seccomp, no_new_privs, a file-system layer (read-only mounts or
+Landlock) and a process layer (PID namespace or uid): where one is missing,
+`run_tests` raises `SandboxUnavailableError` naming it, unless the caller
+opts out with `allow_weak_sandbox` (config `reward.code.allow_weak_sandbox`).
+Whatever the opt-out, the candidate refuses to run when it could write to
+the interpreter's or reinforge's directories.
 """
 
 from __future__ import annotations
@@ -103,6 +112,25 @@ SANDBOX_UID_SPAN = 2**29
 # The candidate's own namespaces, nested inside the judge's: fresh /proc, no judge in view.
 CANDIDATE_NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net",
                         "--ipc")
+# The layer groups a run needs (sandbox/kernel.py REQUIRED_LAYERS), unless weak is allowed.
+REQUIRED_LAYER_GROUPS = ("seccomp", "no_new_privs", "filesystem", "processes")
+# Layers a caller may turn off for tests of the others (each needs allow_weak_sandbox when
+# it leaves a required group empty).
+OPTIONAL_LAYERS = frozenset(("readonly_mounts", "landlock", "seccomp", "hook"))
+
+
+class SandboxUnavailableError(RuntimeError):
+    """This machine lacks a layer the code sandbox requires (the message names it)."""
+
+
+# Set once per process from `reward.code.allow_weak_sandbox` (configure_sandbox).
+_allow_weak_sandbox = False
+
+
+def configure_sandbox(allow_weak_sandbox: bool) -> None:
+    """The process-wide default of `run_tests(allow_weak_sandbox=...)`, from the run's config."""
+    global _allow_weak_sandbox
+    _allow_weak_sandbox = bool(allow_weak_sandbox)
 
 @dataclass(frozen=True)
 class CodeResult:
@@ -241,18 +269,45 @@ def run_tests(
     output_bytes: int = DEFAULT_OUTPUT_BYTES,
     file_bytes: int = DEFAULT_FILE_BYTES,
     namespaces: bool = True,
+    allow_weak_sandbox: bool | None = None,
+    layers_off: frozenset[str] | tuple[str, ...] = (),
 ) -> CodeResult:
     """Run `program` against `tests` (format in the module docstring); never raises for bad programs.
 
     `timeout_s` is the wall-clock budget of the whole run, interpreter
     startup included; the candidate's CPU limit is its ceiling. `namespaces`
-    False skips the `unshare` layers (for testing the other layers alone).
+    False skips the `unshare` layers and `layers_off` names others to skip
+    (OPTIONAL_LAYERS), for testing the remaining layers alone.
+    Raises SandboxUnavailableError when a required layer is missing and
+    `allow_weak_sandbox` (None: the configured default) is not True, and
+    always when the candidate could write to the interpreter's directories.
     """
+    return _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, namespaces,
+                allow_weak_sandbox, layers_off)[0]
+
+
+def _protected_dirs() -> list[str]:
+    # What a later judge, trainer or `reinforge` command would import or run: the caller's
+    # sys.path, the interpreter's bin directory, reinforge's own package.
+    import reinforge
+
+    dirs = [p for p in sys.path if p and os.path.isdir(p)]
+    dirs += [os.path.dirname(sys.executable), *reinforge.__path__]
+    return sorted({os.path.realpath(d) for d in dirs})
+
+
+def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, namespaces,
+         allow_weak_sandbox, layers_off) -> tuple[CodeResult, dict]:
     start = time.monotonic()
     suite = split_tests(tests)
     total = len(suite.cases)
     if total == 0:
-        return CodeResult(False, 0, 0, "tests contain no top-level assert", 0.0, False, "")
+        return CodeResult(False, 0, 0, "tests contain no top-level assert", 0.0, False, ""), {}
+    unknown = set(layers_off) - OPTIONAL_LAYERS
+    if unknown:
+        raise ValueError(f"layers_off: unknown layers {sorted(unknown)}; known: "
+                         f"{sorted(OPTIONAL_LAYERS)}")
+    weak = _allow_weak_sandbox if allow_weak_sandbox is None else allow_weak_sandbox
     plan = sandbox_plan(namespaces)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if plan.drop_uid else -1
     nonce = secrets.token_hex(16)
@@ -273,6 +328,14 @@ def run_tests(
             "candidate_prefix": list(plan.candidate_prefix),
             "candidate_src": CANDIDATE_SRC,
             "uid": uid,
+            "sandbox": {
+                "mount_namespace": bool(plan.candidate_prefix),
+                "off": sorted(layers_off),
+                "required": [] if weak else list(REQUIRED_LAYER_GROUPS),
+                "protected": _protected_dirs(),
+                # the work directory's tmpfs (with a mount namespace): a few full-size files
+                "workdir_bytes": 4 * file_bytes,
+            },
         }
     ).encode()
     workdir = tempfile.mkdtemp(prefix="reinforge-code-")
@@ -304,22 +367,35 @@ def run_tests(
                     _kill_group(rec["pid"])
     finally:
         _remove_tree(workdir)
+    done = next((r for r in records if r.get("kind") == "done"), None) or {}
+    layers = done.get("layers") if isinstance(done.get("layers"), dict) else {}
+    if done.get("refused") is not None:
+        raise SandboxUnavailableError(
+            f"code sandbox: {done['refused']}. "
+            + ("" if "could write to" in str(done["refused"]) else
+               "Run where these layers exist (docs/security.md, `reinforge doctor`), or accept "
+               "a weaker sandbox with reward.code.allow_weak_sandbox=true.")
+        )
     result = _verdict(
         records, total, timed_out, timeout_s, judge.returncode, err, time.monotonic() - start
     )
-    _warn_missing_layers(records)
-    return result
+    _warn_missing_layers(layers, set(layers_off))
+    return result, layers
 
-def _warn_missing_layers(records: list[dict]) -> None:
-    done = next((r for r in records if r.get("kind") == "done"), None)
-    layers = done.get("layers") if done else None
-    if not isinstance(layers, dict):
-        return
-    if layers.get("non_dumpable") is False:
-        _warn_once("dumpable", "prctl(PR_SET_DUMPABLE) failed: the judge's memory is protected "
-                   "only by the uid and namespace layers")
-    if layers.get("no_new_privs") is False:
-        _warn_once("nnp", "prctl(PR_SET_NO_NEW_PRIVS) failed in the candidate")
+def _warn_missing_layers(layers: dict, off: set[str]) -> None:
+    for name, state in sorted(layers.items()):
+        if state is not True and name not in off and name not in ("uid", "capabilities"):
+            _warn_once(f"layer-{name}", f"layer {name} is missing: {state}")
+
+
+def probe_layers(namespaces: bool = True) -> dict:
+    """Each layer of the sandbox on this machine: True, or why it is missing (a str).
+
+    Runs one trivial program through the whole sandbox, with weak sandboxes allowed so
+    that the missing layers are reported rather than refused.
+    """
+    return _run("pass", "assert True", 10.0, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES,
+                DEFAULT_FILE_BYTES, namespaces, True, ())[1]
 
 def _kill_group(pgid: int) -> None:
     try:
