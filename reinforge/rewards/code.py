@@ -35,7 +35,8 @@ Three processes: the caller (this module), a *judge* (sandbox/judge.py) and a
 *candidate* (sandbox/candidate.py). The judge runs only our code and the
 trusted tests; the names above are bound to proxies that call into the
 candidate over a pipe and get back plain data (None, bool, int, float,
-complex, str, bytes, range, list, tuple, dict, set, frozenset, and iterators
+complex, str, bytes, range, list, tuple, dict, set, frozenset, dict views (as views
+of a fresh dict: set-like comparisons hold as in plain Python), and iterators
 as the items they yield), decoded strictly.
 The judge evaluates each assert on real Python values and writes one JSON
 line per case to its own stdout, tagged with a per-run random nonce that
