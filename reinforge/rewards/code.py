@@ -121,7 +121,10 @@ OPTIONAL_LAYERS = frozenset(("readonly_mounts", "landlock", "seccomp", "hook"))
 
 
 class SandboxUnavailableError(RuntimeError):
-    """This machine lacks a layer the code sandbox requires (the message names it)."""
+    """This machine lacks a layer the code sandbox requires (the message names it); `layers` holds
+    what the candidate reported."""
+
+    layers: dict = {}
 
 
 # Set once per process from `reward.code.allow_weak_sandbox` (configure_sandbox).
@@ -371,12 +374,14 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
     done = next((r for r in records if r.get("kind") == "done"), None) or {}
     layers = done.get("layers") if isinstance(done.get("layers"), dict) else {}
     if done.get("refused") is not None:
-        raise SandboxUnavailableError(
+        error = SandboxUnavailableError(
             f"code sandbox: {done['refused']}. "
             + ("" if "could write to" in str(done["refused"]) else
                "Run where these layers exist (docs/security.md, `reinforge doctor`), or accept "
                "a weaker sandbox with reward.code.allow_weak_sandbox=true.")
         )
+        error.layers = layers
+        raise error
     result = _verdict(
         records, total, timed_out, timeout_s, judge.returncode, err, time.monotonic() - start
     )
