@@ -431,6 +431,8 @@ def test_hook_decisions_on_resolved_paths(tmp_path):
         ("os.chmod", (3, 0o777, None, True)),  # fchmod on a descriptor
         ("os.kill", (1, 9)),
         ("object.__setattr__", (guard.resolve, "__defaults__", ())),
+        ("object.__delattr__", (guard.resolve, "__defaults__")),  # `f.__defaults__ = None`
+        ("object.__delattr__", (guard.name_refused, "__kwdefaults__")),
     ]
     for event, args in refused:
         with pytest.raises(PermissionError, match="sandbox:"):

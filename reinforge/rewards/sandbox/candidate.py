@@ -255,7 +255,8 @@ def kernel_layers(libc, config, workdir, uid, stdlib):
         options = f"size={config['workdir_bytes']},nr_inodes=4096,mode=0700"
         if uid >= 0:
             options += f",uid={uid},gid={uid}"
-        attempt(layers, "readonly_mounts", lambda: read_only_mounts(libc, workdir, options))
+        attempt(layers, "readonly_mounts",
+                lambda: read_only_mounts(libc, workdir, options, keep=stdlib))
     elif "readonly_mounts" not in layers:
         layers["readonly_mounts"] = ("no mount namespace" if "readonly_mounts" not in off
                                      else "turned off by the caller")
@@ -328,7 +329,10 @@ def serve():
     except OSError as exc:
         return refuse(f"sandbox: {exc}")
     layers.update(kernel)
-    guarded = guard_imp(sys.modules["_imp"], workdir, stdlib)
+    # "hook" off (tests only: the state a memory-corruption exploit would leave) turns off every
+    # in-process guard: the audit hook, the _imp guards, the removal of unaudited calls.
+    python_guards = "hook" not in config.get("off", ())
+    guarded = guard_imp(sys.modules["_imp"], workdir, stdlib) if python_guards else ()
     # Step 8. Never a writable interpreter, whatever the caller allows; then the required layers.
     writable = writable_dirs(config.get("protected", ()))
     if writable:
@@ -342,13 +346,13 @@ def serve():
     libc = None  # the last reference to the ctypes objects of this process
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]
-    if "hook" in config.get("off", ()):
-        layers["hook"] = "turned off by the caller"
-    else:
+    if python_guards:
         sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds,
                                    guarded, extension_roots=stdlib))
+        remove_unaudited_calls(signal)
         layers["hook"] = True
-    remove_unaudited_calls(signal)
+    else:
+        layers["hook"] = "turned off by the caller"
     send(resp_fd, {"id": request["id"], "ok": True, "layers": layers})  # before the program runs
     try:
         namespace = run_program(request["program"])

@@ -75,9 +75,9 @@ REFUSED_IMPORTS = frozenset((
     "_dbm", "_gdbm", "readline", "ssl", "_ssl", "syslog", "nis", "spwd", "ossaudiodev",
     "_tkinter",
 ))
-# Attributes of the hook's helper functions whose rebinding would change what the hook does
-# (dataclasses and others set them on their own functions, so only the helpers are guarded);
-# reading them is refused too (the `_imp.create_builtin` guard keeps the original there).
+# Attributes of the hook's helper functions whose rebinding or deletion would change what the
+# hook does (dataclasses and others set them on their own functions, so only the helpers are
+# guarded); reading them is refused too (the `_imp.create_builtin` guard keeps the original there).
 REFUSED_SETATTR = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 # Builtin modules whose fresh copy (`_imp.create_builtin`, no audit event) would bring back
 # what the candidate removed: posix.mkfifo/mknod/memfd_create/pidfd_open,
@@ -278,6 +278,9 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
              write_exact=frozenset((workdir, "/dev/null")), refused=REFUSED_EVENTS,
              refused_prefixes=REFUSED_EVENT_PREFIXES, refused_imports=REFUSED_IMPORTS,
              refused_setattr=REFUSED_SETATTR,
+             # `f.__defaults__ = None` is a delete, audited as object.__delattr__
+             attr_events=frozenset(("object.__setattr__", "object.__getattr__",
+                                    "object.__delattr__")),
              write_event_names=frozenset(e for e, _ in WRITE_PATH_EVENTS),
              write_events=WRITE_PATH_EVENTS, read_events=READ_PATH_EVENTS,
              no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS, write_modes="wax+",
@@ -301,7 +304,7 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
                 if why is not None:
                     raise import_error(why)
             return
-        if event == "object.__setattr__" or event == "object.__getattr__":
+        if event in attr_events:
             if id_(args[0]) in guarded and to_str(args[1]) in refused_setattr:
                 raise perm(f"sandbox: {event} {to_str(args[1])} is not allowed")
             return

@@ -339,25 +339,43 @@ def _remount_each_read_only(libc):
                 raise
 
 
-def read_only_mounts(libc, workdir, workdir_options):
+def _read_only(libc, path):
+    attr = libc.ctypes.create_string_buffer(_struct.pack("=QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0), 32)
+    libc.syscall(MOUNT_SETATTR, libc.ctypes.c_int(AT_FDCWD), path.encode(),
+                 libc.ctypes.c_uint(AT_RECURSIVE), attr, libc.ctypes.c_size_t(32),
+                 what=f"mount_setattr {path}")
+
+
+def read_only_mounts(libc, workdir, workdir_options, keep=()):
     """In this process's own mount namespace: every mount read-only, then private tmpfs on the
     shared writable places and on `workdir` (noexec, nosuid, nodev), and the cwd moved into it.
 
+    `keep`: directories (the interpreter's) that must stay visible where they lie under one of
+    the places replaced (Python installed under /tmp or /var/tmp): bound back, read-only.
     Nothing is propagated back to the host (the namespace is private, as unshare made it); the
     tmpfs mounts vanish with the namespace.
     """
     libc.mount(None, "/", None, MS_REC | MS_PRIVATE)
-    attr = libc.ctypes.create_string_buffer(_struct.pack("=QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0), 32)
     try:
-        libc.syscall(MOUNT_SETATTR, libc.ctypes.c_int(AT_FDCWD), b"/",
-                     libc.ctypes.c_uint(AT_RECURSIVE), attr, libc.ctypes.c_size_t(32),
-                     what="mount_setattr /")
+        _read_only(libc, "/")
     except OSError:
         _remount_each_read_only(libc)
     private = MS_NOSUID | MS_NODEV | MS_NOEXEC
     for place in SHARED_WRITABLE:
-        if _kos.path.isdir(place) and not _kos.path.islink(place):
+        if not _kos.path.isdir(place) or _kos.path.islink(place):
+            continue
+        kept = sorted(d for d in keep if d.startswith(place + "/") and _kos.path.isdir(d))
+        kept = [d for i, d in enumerate(kept) if not any(d.startswith(k + "/") for k in kept[:i])]
+        fds = [_kos.open(d, _kos.O_PATH | _kos.O_DIRECTORY | _kos.O_CLOEXEC) for d in kept]
+        try:
             libc.mount("tmpfs", place, "tmpfs", private, SHARED_TMPFS_OPTIONS)
+            for d, fd in zip(kept, fds, strict=True):
+                _kos.makedirs(d, 0o755, exist_ok=True)
+                libc.mount(f"/proc/self/fd/{fd}", d, None, MS_BIND | MS_REC)
+                _read_only(libc, d)
+        finally:
+            for fd in fds:
+                _kos.close(fd)
     if not _kos.path.isdir(workdir):
         _kos.makedirs(workdir, 0o700)  # it was under one of the places just replaced
     libc.mount("tmpfs", workdir, "tmpfs", private, workdir_options)
