@@ -8,9 +8,9 @@ three asserts each, run one at a time, so it is the latency a reward worker sees
 start-up included, with every layer of docs/security.md (and, for comparison, without the
 kernel layers: seccomp, Landlock, read-only mounts); the target is a median under 0.3 s. The
 load average at the start and end is printed with it (the machine may be shared). The math
-figure is how long a parse bomb (`\\boxed{9^{9^{9^{9^{9}}}}}`) takes to score from a thread with `timeout_s=1`, and the longest
-pause a 1 ms ticker thread saw meanwhile (a frozen process would show the whole call). The last
-line is one JSON object.
+figure is how long a parse bomb (`\\boxed{9^{9^{9^{9^{9}}}}}`) takes to score from a thread
+with `timeout_s=1`, and the longest pause a 1 ms ticker thread saw meanwhile (a frozen process
+would show the whole call). The last line is one JSON object.
 """
 
 from __future__ import annotations
