@@ -232,7 +232,7 @@ def test_a_writable_interpreter_is_refused_even_with_a_weak_sandbox(monkeypatch)
     shared = tempfile.mkdtemp(prefix="reinforge-writable-", dir="/var/tmp")
     os.chmod(shared, 0o777)  # writable by the candidate's uid: like a user-owned interpreter
     try:
-        monkeypatch.setattr(code, "_protected_dirs", lambda: [shared])
+        monkeypatch.setattr(code, "protected_dirs", lambda: [shared])
         with pytest.raises(SandboxUnavailableError, match=f"could write to {shared}"):
             run_tests(*CORRECT, namespaces=False, allow_weak_sandbox=True, layers_off=("landlock",))
         # Any one file-system layer closes it: Landlock alone, or the read-only mounts alone.

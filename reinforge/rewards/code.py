@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import functools
 import json
 import logging
 import os
@@ -94,6 +93,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from reinforge.rewards.sandbox import CANDIDATE_SRC, JUDGE_SRC
+from reinforge.rewards.sandbox_layers import (  # noqa: F401 - namespace_prefix, sandbox_plan: public here
+    OPTIONAL_LAYERS,
+    REQUIRED_LAYER_GROUPS,
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_SPAN,
+    SandboxPlan,
+    SandboxUnavailableError,
+    allow_weak_default,
+    configure_sandbox,
+    minimal_env,
+    namespace_prefix,
+    protected_dirs,
+    sandbox_plan,
+    sandbox_settings,
+    warn_missing_layers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,36 +121,6 @@ MAX_MESSAGE_BYTES = 16 * 2**20
 MAX_ERROR_CHARS = 500
 # Data values of top-level names larger than this (encoded) are not sent to the tests.
 MAX_GLOBAL_VALUE_BYTES = 64 * 2**10
-# The candidate's uid is drawn per run from [base, base + span): far above system and
-# login uids and the usual subuid ranges, so no other process on the machine has it.
-SANDBOX_UID_BASE = 2**30
-SANDBOX_UID_SPAN = 2**29
-# The candidate's own namespaces, nested inside the judge's: fresh /proc, no judge in view.
-CANDIDATE_NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net",
-                        "--ipc")
-# The layer groups a run needs (sandbox/kernel.py REQUIRED_LAYERS), unless weak is allowed.
-REQUIRED_LAYER_GROUPS = ("seccomp", "no_new_privs", "filesystem", "processes")
-# Layers a caller may turn off for tests of the others (each needs allow_weak_sandbox when
-# it leaves a required group empty).
-OPTIONAL_LAYERS = frozenset(("readonly_mounts", "landlock", "seccomp", "hook"))
-
-
-class SandboxUnavailableError(RuntimeError):
-    """This machine lacks a layer the code sandbox requires (the message names it); `layers` holds
-    what the candidate reported."""
-
-    layers: dict = {}
-
-
-# Set once per process from `reward.code.allow_weak_sandbox` (configure_sandbox).
-_allow_weak_sandbox = False
-
-
-def configure_sandbox(allow_weak_sandbox: bool) -> None:
-    """The process-wide default of `run_tests(allow_weak_sandbox=...)`, from the run's config."""
-    global _allow_weak_sandbox
-    _allow_weak_sandbox = bool(allow_weak_sandbox)
-
 @dataclass(frozen=True)
 class CodeResult:
     """Outcome of running one program against one test source."""
@@ -154,14 +139,6 @@ class TestSuite:
 
     setup: str
     cases: tuple[str, ...]
-
-@dataclass(frozen=True)
-class SandboxPlan:
-    """The layers one run uses on this machine (probed once per process)."""
-
-    judge_prefix: tuple[str, ...]  # `unshare ...` for the judge, () without namespaces
-    candidate_prefix: tuple[str, ...]  # `unshare ...` nested for the candidate, () if unavailable
-    drop_uid: bool  # we are real root: the candidate runs as a fresh unprivileged uid
 
 def split_tests(tests: str) -> TestSuite:
     """Split test source into setup and cases (each top-level `assert` is one case).
@@ -198,72 +175,6 @@ def candidate_names(tests: str) -> tuple[str, ...]:
             bound.update(node.names)
     return tuple(sorted(loaded - bound - set(dir(builtins))))
 
-def _minimal_env() -> dict[str, str]:
-    # Nothing from the parent environment: API keys and tokens live there.
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
-
-def _probe(command: list[str]) -> bool:
-    try:
-        probe = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=10, env=_minimal_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-@functools.lru_cache(maxsize=1)
-def namespace_prefix() -> tuple[str, ...]:
-    """The judge's `unshare` command prefix that works on this machine, or () if none does.
-
-    Probed once per process by running a trivial interpreter under it.
-    """
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    namespaces = ["--pid", "--fork", "--kill-child", "--net"]
-    attempts = [[unshare, *namespaces]] if os.geteuid() == 0 else []
-    attempts.append([unshare, "--user", "--map-root-user", *namespaces])
-    for prefix in attempts:
-        if _probe([*prefix, sys.executable, "-I", "-S", "-c", "pass"]):
-            return tuple(prefix)
-    return ()
-
-@functools.lru_cache(maxsize=1)
-def _candidate_prefix() -> tuple[str, ...]:
-    judge = namespace_prefix()
-    unshare = shutil.which("unshare")
-    if not judge or unshare is None:
-        return ()
-    prefix = (unshare, *CANDIDATE_NAMESPACES)
-    # PID 1 with nothing but itself in /proc: the namespace and the fresh /proc both work.
-    check = "import os; assert os.getpid() == 1 and os.listdir('/proc').count('1') == 1"
-    return prefix if _probe([*judge, *prefix, sys.executable, "-I", "-S", "-c", check]) else ()
-
-_warned: set[str] = set()
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("code sandbox: %s", message)
-
-def sandbox_plan(namespaces: bool = True) -> SandboxPlan:
-    """The layers a run gets here; logs each one that is missing, once per process."""
-    judge = namespace_prefix() if namespaces else ()
-    candidate = _candidate_prefix() if judge else ()
-    drop_uid = os.geteuid() == 0 and "--user" not in judge
-    if not judge:
-        why = "disabled by the caller" if not namespaces else "unshare does not work here"
-        _warn_once(f"namespaces-{namespaces}", (
-            f"PID/mount/network namespaces {why}: the candidate sees the host's /proc and "
-            "network stack" + ("; running as root, so the unprivileged uid, the non-dumpable "
-                               "judge and the audit hook carry the isolation" if drop_uid else "")))
-    elif not candidate:
-        _warn_once("candidate-namespaces", "the candidate cannot get its own PID and mount "
-                   "namespace (fresh /proc) here; it shares the judge's")
-    if not drop_uid:
-        _warn_once("uid", "not real root: the candidate runs as this user, so other processes "
-                   "of this user are protected only by namespaces and the audit hook")
-    return SandboxPlan(judge, candidate, drop_uid)
-
 def run_tests(
     program: str,
     tests: str,
@@ -290,16 +201,6 @@ def run_tests(
                 allow_weak_sandbox, layers_off)[0]
 
 
-def _protected_dirs() -> list[str]:
-    # What a later judge, trainer or `reinforge` command would import or run: the caller's
-    # sys.path, the interpreter's bin directory, reinforge's own package.
-    import reinforge
-
-    dirs = [p for p in sys.path if p and os.path.isdir(p)]
-    dirs += [os.path.dirname(sys.executable), *reinforge.__path__]
-    return sorted({os.path.realpath(d) for d in dirs})
-
-
 def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, namespaces,
          allow_weak_sandbox, layers_off) -> tuple[CodeResult, dict]:
     start = time.monotonic()
@@ -311,7 +212,7 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
     if unknown:
         raise ValueError(f"layers_off: unknown layers {sorted(unknown)}; known: "
                          f"{sorted(OPTIONAL_LAYERS)}")
-    weak = _allow_weak_sandbox if allow_weak_sandbox is None else allow_weak_sandbox
+    weak = allow_weak_default() if allow_weak_sandbox is None else allow_weak_sandbox
     plan = sandbox_plan(namespaces)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if plan.drop_uid else -1
     nonce = secrets.token_hex(16)
@@ -332,14 +233,7 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
             "candidate_prefix": list(plan.candidate_prefix),
             "candidate_src": CANDIDATE_SRC,
             "uid": uid,
-            "sandbox": {
-                "mount_namespace": bool(plan.candidate_prefix),
-                "off": sorted(layers_off),
-                "required": [] if weak else list(REQUIRED_LAYER_GROUPS),
-                "protected": _protected_dirs(),
-                # the work directory's tmpfs (with a mount namespace): a few full-size files
-                "workdir_bytes": 4 * file_bytes,
-            },
+            "sandbox": sandbox_settings(plan, layers_off, weak, file_bytes, protected_dirs()),
         }
     ).encode()
     workdir = tempfile.mkdtemp(prefix="reinforge-code-")
@@ -353,7 +247,7 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=workdir,
-            env=_minimal_env(),
+            env=minimal_env(),
             start_new_session=True,
             close_fds=True,
         )
@@ -374,25 +268,12 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
     done = next((r for r in records if r.get("kind") == "done"), None) or {}
     layers = done.get("layers") if isinstance(done.get("layers"), dict) else {}
     if done.get("refused") is not None:
-        error = SandboxUnavailableError(
-            f"code sandbox: {done['refused']}. "
-            + ("" if "could write to" in str(done["refused"]) else
-               "Run where these layers exist (docs/security.md, `reinforge doctor`), or accept "
-               "a weaker sandbox with reward.code.allow_weak_sandbox=true.")
-        )
-        error.layers = layers
-        raise error
+        raise SandboxUnavailableError.refused(str(done["refused"]), layers)
     result = _verdict(
         records, total, timed_out, timeout_s, judge.returncode, err, time.monotonic() - start
     )
-    _warn_missing_layers(layers, set(layers_off))
+    warn_missing_layers(layers, set(layers_off))
     return result, layers
-
-def _warn_missing_layers(layers: dict, off: set[str]) -> None:
-    for name, state in sorted(layers.items()):
-        if state is not True and name not in off and name not in ("uid", "capabilities"):
-            _warn_once(f"layer-{name}", f"layer {name} is missing: {state}")
-
 
 def probe_layers(namespaces: bool = True) -> dict:
     """Each layer of the sandbox on this machine: True, or why it is missing (a str).
