@@ -304,6 +304,23 @@ def test_namespace_layer_is_reported():
     assert plan.candidate_prefix == () or "--mount-proc" in plan.candidate_prefix
 
 
+def test_dict_views_cross_as_views_of_a_fresh_dict():
+    import collections
+
+    from reinforge.rewards.sandbox import codec
+
+    d = {"a": 1, "b": 2}
+    keys, values, items = (codec.decode(codec.encode(v)) for v in (d.keys(), d.values(), d.items()))
+    assert (type(keys), type(values), type(items)) == (type(d.keys()), type(d.values()), type(d.items()))
+    assert keys == {"a", "b"} and items == {("a", 1), ("b", 2)}  # set-like, as in plain Python
+    assert list(values) == [1, 2] and len(values) == 2
+    assert list(codec.decode(codec.encode({"x": [1]}.values()))) == [[1]]
+    with pytest.raises(codec.ProtocolError, match="not .key, value. pairs"):
+        codec.decode(["W", [["I", "0x1"]]])
+    with pytest.raises(TypeError, match="a deque cannot cross"):
+        codec.encode(collections.deque([1]))
+
+
 def test_resolve_follows_symlinks_and_dotdot_like_the_kernel(tmp_path):
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)

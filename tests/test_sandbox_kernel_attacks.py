@@ -235,8 +235,10 @@ def test_a_writable_interpreter_is_refused_even_with_a_weak_sandbox(monkeypatch)
         monkeypatch.setattr(code, "protected_dirs", lambda: [shared])
         with pytest.raises(SandboxUnavailableError, match=f"could write to {shared}"):
             run_tests(*CORRECT, namespaces=False, allow_weak_sandbox=True, layers_off=("landlock",))
-        # Any one file-system layer closes it: Landlock alone, or the read-only mounts alone.
+        # Any one file-system layer closes it: Landlock alone, or the read-only mounts alone
+        # (which replace /tmp and /var/tmp by private tmpfs: those are not the host's any more).
         assert run_tests(*CORRECT, namespaces=False).passed
+        monkeypatch.setattr(code, "protected_dirs", lambda: [shared, "/tmp", "/var/tmp"])
         assert run_tests(*CORRECT, layers_off=("landlock",)).passed
         assert os.listdir(shared) == []
     finally:
@@ -323,6 +325,25 @@ def test_unprivileged_runs_with_the_hook_off_are_held_by_the_kernel(nobody_pytho
     outcomes = _effect_outcomes(got["results"][0][3])
     assert {k: v for k, v in outcomes.items() if v == "ok"} == {}, outcomes
     nobody_host.assert_untouched()
+
+
+def test_doctor_prints_every_layer_and_whether_code_runs():
+    from typer.testing import CliRunner
+
+    from reinforge.cli import app
+    from reinforge.rewards.code_doctor import LAYERS
+
+    result = CliRunner().invoke(app, ["doctor"])
+    lines = result.output.splitlines()
+    for name, _ in LAYERS:
+        assert any(line.split()[0] == name for line in lines if line.strip()), name
+    held = [line.split()[0] for line in lines if " available " in line]
+    if result.exit_code == 0:
+        assert "all held; candidate code runs here" in result.output
+        assert {"seccomp", "no_new_privs"} <= set(held)
+    else:  # a machine without a required layer: the line names it and the opt-out
+        assert result.exit_code == 1
+        assert "reward.code.allow_weak_sandbox=true" in result.output
 
 
 def test_unprivileged_refusals_name_the_missing_layer(nobody_python):

@@ -45,6 +45,7 @@ try:  # in the sandbox these names come from codec.py, guard.py, kernel.py, prep
         FS_TRUNCATE,
         FS_WRITE_FILE,
         READ_RIGHTS,
+        SHARED_WRITABLE,
         WORKDIR_RIGHTS,
         Libc,
         drop_capabilities,
@@ -334,7 +335,11 @@ def serve():
     python_guards = "hook" not in config.get("off", ())
     guarded = guard_imp(sys.modules["_imp"], workdir, stdlib) if python_guards else ()
     # Step 8. Never a writable interpreter, whatever the caller allows; then the required layers.
-    writable = writable_dirs(config.get("protected", ()))
+    protected = config.get("protected", ())
+    if layers.get("readonly_mounts") is True:  # the shared places are private tmpfs now
+        protected = [d for d in protected if d in stdlib or not d.startswith(
+            tuple(p + "/" for p in SHARED_WRITABLE)) and d not in SHARED_WRITABLE]
+    writable = writable_dirs(protected)
     if writable:
         return refuse(f"the candidate could write to {', '.join(writable)} (no read-only mount, "
                       "Landlock rule or uid layer holds there); refusing to run untrusted code",
