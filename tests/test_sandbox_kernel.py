@@ -182,8 +182,10 @@ def test_landlock_allows_reads_and_writes_only_where_granted(tmp_path):
                                                                   os.O_TMPFILE | os.O_WRONLY))),
                 "tcp_connect": outcome(lambda: socket.create_connection(("127.0.0.1", {port}))),
                 "signal_parent": outcome(lambda: os.kill(os.getppid(), 0)),
-                "writable_dirs": kernel.writable_dirs([{str(tmp_path / 'ro')!r},
-                                                       {str(tmp_path / 'rw')!r}]),
+                "writable_paths": kernel.writable_paths([{str(tmp_path / 'ro')!r},
+                                                         {str(tmp_path / 'rw')!r},
+                                                         {str(tmp_path / 'ro' / 'f')!r},
+                                                         {str(tmp_path / 'rw' / 'g')!r}]),
             }})
         """)
     finally:
@@ -192,7 +194,7 @@ def test_landlock_allows_reads_and_writes_only_where_granted(tmp_path):
     got = eval(result.stdout)  # noqa: S307 - our own subprocess's dict
     abi = got.pop("abi")
     assert got.pop("read_ro") == "ok" and got.pop("write_rw") == "ok"
-    assert got.pop("writable_dirs") == [str(tmp_path / "rw")]
+    assert got.pop("writable_paths") == [str(tmp_path / "rw"), str(tmp_path / "rw" / "g")]
     if abi < 4:
         assert got.pop("tcp_connect") == "ok"
     if abi < 6:

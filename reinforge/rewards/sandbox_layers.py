@@ -161,10 +161,14 @@ def sandbox_settings(plan: SandboxPlan, layers_off, weak: bool, file_bytes: int,
 
 
 def protected_dirs() -> list[str]:
-    # What a later judge, trainer or `reinforge` command would import or run: the caller's
-    # sys.path, the interpreter's bin directory, reinforge's own package.
+    """What a later judge, trainer or `reinforge` command would import or run, and the candidate
+    must never be able to change: the caller's sys.path, the interpreter's bin directory,
+    reinforge's own package, and two files whose directory may be closed while they are not
+    (the stdlib's os.py, the sandbox's own sources)."""
+    here = os.path.dirname(__file__)
     dirs = [p for p in sys.path if p and os.path.isdir(p)]
-    dirs += [os.path.dirname(sys.executable), os.path.dirname(os.path.dirname(__file__))]
+    dirs += [os.path.dirname(sys.executable), os.path.dirname(here), os.__file__,
+             os.path.join(here, "sandbox", "candidate.py")]
     return sorted({os.path.realpath(d) for d in dirs})
 
 

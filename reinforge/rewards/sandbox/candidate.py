@@ -55,7 +55,7 @@ try:  # in the sandbox these names come from codec.py, guard.py, kernel.py, prep
         missing_layers,
         no_new_privs,
         read_only_mounts,
-        writable_dirs,
+        writable_paths,
     )
 except ImportError:
     pass
@@ -339,7 +339,7 @@ def serve():
     if layers.get("readonly_mounts") is True:  # the shared places are private tmpfs now
         protected = [d for d in protected if d in stdlib or not d.startswith(
             tuple(p + "/" for p in SHARED_WRITABLE)) and d not in SHARED_WRITABLE]
-    writable = writable_dirs(protected)
+    writable = writable_paths(protected)
     if writable:
         return refuse(f"the candidate could write to {', '.join(writable)} (no read-only mount, "
                       "Landlock rule or uid layer holds there); refusing to run untrusted code",

@@ -1,9 +1,11 @@
 """The candidate's audit hook (PEP 578): which paths it may open and which events it refuses.
 
 Runs inside the candidate process (this source is concatenated into the
-candidate's), installed before the program runs. It is one layer of several
-(docs/security.md): the kernel layers (own PID and mount namespace with a
-fresh /proc, an unused uid) hold even where this hook is fooled.
+candidate's), installed last, just before the program runs. It is a fast first
+filter with clear messages, not the boundary (docs/security.md): the kernel
+layers (kernel.py: seccomp, Landlock, read-only mounts; own PID namespace with
+a fresh /proc, an unused uid or no capabilities) hold even where this hook is
+fooled or switched off, e.g. by a memory-corruption bug in the interpreter.
 
 Paths are decided on where they lead, not on how they are written
 -------------------------------------------------------------------

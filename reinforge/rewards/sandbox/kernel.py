@@ -403,18 +403,23 @@ def drop_capabilities(libc):
     libc.check(libc.libc.capset(header, data), "capset")
 
 
-def writable_dirs(dirs):
-    """Which of `dirs` this process could create a file in, tested for real: an O_TMPFILE file
-    (unnamed, gone when closed) is what the kernel allows after every layer (a read-only mount,
-    Landlock, the uid), where os.access would not see Landlock. Falls back to os.access where
-    the file system has no O_TMPFILE."""
+def writable_paths(paths):
+    """Which of `paths` this process could change, tested for real: in a directory, an O_TMPFILE
+    file (unnamed, gone when closed); a file is opened for appending and closed unwritten. That
+    is what the kernel allows after every layer (a read-only mount, Landlock, the uid), where
+    os.access would not see Landlock. Falls back to os.access where a directory's file system
+    has no O_TMPFILE."""
     found = []
     tmpfile = getattr(_kos, "O_TMPFILE", 0)
-    for path in dirs:
-        if not _kos.path.isdir(path):
+    for path in paths:
+        if _kos.path.isdir(path):
+            flags = tmpfile | _kos.O_WRONLY | _kos.O_CLOEXEC
+        elif _kos.path.isfile(path):
+            flags = _kos.O_WRONLY | _kos.O_APPEND | _kos.O_CLOEXEC | _kos.O_NOFOLLOW
+        else:
             continue
         try:
-            _kos.close(_kos.open(path, tmpfile | _kos.O_WRONLY | _kos.O_CLOEXEC, 0o600))
+            _kos.close(_kos.open(path, flags, 0o600))
             found.append(path)
         except OSError as exc:
             if exc.errno in (1, 13, 30):  # EPERM, EACCES, EROFS: the layers hold
