@@ -212,3 +212,9 @@ def test_missing_layers_names_each_group_and_why():
     assert kernel.missing_layers(layers, ("filesystem",)) == [
         "filesystem (readonly_mounts: no mount namespace; landlock: Landlock is not available)"]
     assert kernel.missing_layers({}, ("seccomp",)) == ["seccomp (seccomp: not attempted)"]
+    # processes: a PID namespace, a uid of its own, or seccomp and Landlock together
+    weak = {"seccomp": True, "landlock": True, "pid_namespace": "no PID namespace", "uid": "not root"}
+    assert kernel.missing_layers(weak, ("processes",)) == []
+    weak["landlock"] = "off"
+    assert kernel.missing_layers(weak, ("processes",)) == [
+        "processes (pid_namespace: no PID namespace; uid: not root; landlock: off)"]

@@ -300,13 +300,13 @@ def nobody_host(nobody_python):
     host.close()
 
 
-@pytest.mark.parametrize("namespaces", [True, False], ids=["user_namespaces", "no_namespaces_weak"])
+@pytest.mark.parametrize("namespaces", [True, False], ids=["user_namespaces", "no_namespaces"])
 def test_guard_attacks_as_an_unprivileged_user_never_pass(nobody_python, nobody_host, namespaces):
     programs = nobody_host.programs()
     names = list(programs)
-    # Without namespaces a user gets no PID namespace and no uid of its own: refused unless
-    # the user opts out, and then Landlock and seccomp carry the run.
-    kwargs = {"namespaces": namespaces, "allow_weak_sandbox": not namespaces}
+    # Without namespaces a user gets no PID namespace and no uid of its own: Landlock and
+    # seccomp carry the run (no opt-out needed where both hold).
+    kwargs = {"namespaces": namespaces}
     got = _as_nobody(nobody_python, [programs[n] for n in names] + [nobody_host.effects()] * 2
                      + [CORRECT[0]], **kwargs)
     results = got["results"]
@@ -347,9 +347,15 @@ def test_doctor_prints_every_layer_and_whether_code_runs():
 
 
 def test_unprivileged_refusals_name_the_missing_layer(nobody_python):
-    got = _as_nobody(nobody_python, [CORRECT[0]], namespaces=False)
-    assert "missing sandbox layers: processes (pid_namespace: no PID namespace; uid: not root" \
+    got = _as_nobody(nobody_python, [CORRECT[0]], namespaces=False, layers_off=["landlock"])
+    assert "missing sandbox layers: filesystem (readonly_mounts: no mount namespace; landlock: " \
+        "turned off by the caller); processes (pid_namespace: no PID namespace; uid: not root" \
         in got["refused"]
+    assert f"could write to {nobody_python}/bin" in got["refused"]
+    assert "reward.code.allow_weak_sandbox" not in got["refused"]  # the opt-out would not help
+    got = _as_nobody(nobody_python, [CORRECT[0]], namespaces=True, layers_off=["seccomp"])
+    assert "missing sandbox layers: seccomp (seccomp: turned off by the caller)" in got["refused"]
+    assert "reward.code.allow_weak_sandbox=true" in got["refused"]
     # Opting out is not enough where the candidate could write to its own interpreter.
     got = _as_nobody(nobody_python, [CORRECT[0]], namespaces=False, allow_weak_sandbox=True,
                      layers_off=["landlock"])

@@ -67,7 +67,8 @@ Host protection, in layers (docs/security.md; `reinforge doctor` lists them here
    wall-clock timeout that kills the whole process group.
 
 A run needs seccomp, no_new_privs, a file-system layer (read-only mounts or
-Landlock) and a process layer (PID namespace or uid): where one is missing,
+Landlock) and a process layer (PID namespace, uid, or seccomp with Landlock):
+where one is missing,
 `run_tests` raises `SandboxUnavailableError` naming it, unless the caller
 opts out with `allow_weak_sandbox` (config `reward.code.allow_weak_sandbox`).
 Whatever the opt-out, the candidate refuses to run when it could write to

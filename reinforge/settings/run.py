@@ -171,9 +171,10 @@ class CodeSandboxConfig(Section):
     allow_weak_sandbox: bool = Field(
         False,
         description="Run candidate programs even where a required sandbox layer is missing (seccomp, no_new_privs, "
-                    "read-only mounts or Landlock, a PID namespace or a uid of their own: `reinforge doctor` lists "
-                    "them). False: such a machine refuses to run candidate code, naming the missing layer. Even "
-                    "when true, a candidate that could write to the interpreter's directories never runs.",
+                    "read-only mounts or Landlock, and a PID namespace, a uid of their own or Landlock with "
+                    "seccomp: `reinforge doctor` lists them). False: such a machine refuses to run candidate "
+                    "code, naming the missing layer. Even when true, a candidate that could write to the "
+                    "interpreter's directories never runs.",
     )
 
 

@@ -334,19 +334,22 @@ def serve():
     # in-process guard: the audit hook, the _imp guards, the removal of unaudited calls.
     python_guards = "hook" not in config.get("off", ())
     guarded = guard_imp(sys.modules["_imp"], workdir, stdlib) if python_guards else ()
-    # Step 8. Never a writable interpreter, whatever the caller allows; then the required layers.
+    # Step 8. The layers the caller requires; and never a writable interpreter, whatever the
+    # caller allows.
+    reasons = []
+    missing = missing_layers(layers, config.get("required", ()))
+    if missing:
+        reasons.append("missing sandbox layers: " + "; ".join(missing))
     protected = config.get("protected", ())
     if layers.get("readonly_mounts") is True:  # the shared places are private tmpfs now
         protected = [d for d in protected if d in stdlib or not d.startswith(
             tuple(p + "/" for p in SHARED_WRITABLE)) and d not in SHARED_WRITABLE]
     writable = writable_paths(protected)
     if writable:
-        return refuse(f"the candidate could write to {', '.join(writable)} (no read-only mount, "
-                      "Landlock rule or uid layer holds there); refusing to run untrusted code",
-                      key="refused")
-    missing = missing_layers(layers, config.get("required", ()))
-    if missing:
-        return refuse("missing sandbox layers: " + "; ".join(missing), key="refused")
+        reasons.append(f"the candidate could write to {', '.join(writable)} (no read-only mount, "
+                       "Landlock rule or uid layer holds there); refusing to run untrusted code")
+    if reasons:
+        return refuse("; ".join(reasons), key="refused")
 
     libc = None  # the last reference to the ctypes objects of this process
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:

@@ -431,21 +431,28 @@ def writable_paths(paths):
 
 # ---- which layers a run needs -----------------------------------------------------------------
 
-# Unless the caller allows a weak sandbox, each group must be held by at least one of its layers
-# (a layer is held when the candidate reports it True; otherwise it reports why not).
+# Unless the caller allows a weak sandbox, each group must be held by one of its alternatives,
+# each a set of layers that must all be held (a layer is held when the candidate reports it
+# True; otherwise it reports why not). Other processes are out of reach in their own PID
+# namespace, under another uid, or where seccomp (no signals out, no ptrace, no process_vm_*,
+# no pidfd) and Landlock (no /proc/<pid> files) hold together.
 REQUIRED_LAYERS = (
-    ("seccomp", ("seccomp",)),
-    ("no_new_privs", ("no_new_privs",)),
-    ("filesystem", ("readonly_mounts", "landlock")),
-    ("processes", ("pid_namespace", "uid")),
+    ("seccomp", (("seccomp",),)),
+    ("no_new_privs", (("no_new_privs",),)),
+    ("filesystem", (("readonly_mounts",), ("landlock",))),
+    ("processes", (("pid_namespace",), ("uid",), ("seccomp", "landlock"))),
 )
 
 
 def missing_layers(layers, required):
-    """One line per group of `required` that no layer holds, naming each layer and why it is off."""
+    """One line per group of `required` that no alternative holds, naming each layer and why it
+    is not held."""
     missing = []
-    for group, members in REQUIRED_LAYERS:
-        if group in required and not any(layers.get(m) is True for m in members):
-            why = "; ".join(f"{m}: {layers.get(m, 'not attempted')}" for m in members)
+    for group, alternatives in REQUIRED_LAYERS:
+        if group in required and not any(all(layers.get(m) is True for m in alt)
+                                          for alt in alternatives):
+            members = dict.fromkeys(m for alt in alternatives for m in alt)
+            why = "; ".join(f"{m}: {layers.get(m, 'not attempted')}" for m in members
+                            if layers.get(m) is not True)
             missing.append(f"{group} ({why})")
     return missing
