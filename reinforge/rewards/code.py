@@ -93,7 +93,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from reinforge.rewards.sandbox import CANDIDATE_SRC, JUDGE_SRC
+from reinforge.rewards.sandbox import CANDIDATE_BOOT, CANDIDATE_CODE, JUDGE_SRC
 from reinforge.rewards.sandbox_layers import (  # noqa: F401 - namespace_prefix, sandbox_plan: public here
     OPTIONAL_LAYERS,
     REQUIRED_LAYER_GROUPS,
@@ -232,7 +232,8 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
             "max_global": MAX_GLOBAL_VALUE_BYTES,
             "max_error": MAX_ERROR_CHARS,
             "candidate_prefix": list(plan.candidate_prefix),
-            "candidate_src": CANDIDATE_SRC,
+            "candidate_boot": CANDIDATE_BOOT,
+            "candidate_code": CANDIDATE_CODE.hex(),
             "uid": uid,
             "sandbox": sandbox_settings(plan, layers_off, weak, file_bytes, protected_dirs()),
         }

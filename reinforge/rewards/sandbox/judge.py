@@ -94,7 +94,7 @@ class Candidate:
         resp_r, resp_w = os.pipe()
         workdir = os.getcwd()
         self.child = subprocess.Popen(
-            [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_src"],
+            [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_boot"],
              str(req_r), str(resp_w), str(cpu_s), str(p["memory_bytes"]), str(p["file_bytes"]),
              str(cpu_s + 2), str(limit), str(p["max_global"]), str(max_error), str(p["uid"])],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -106,6 +106,13 @@ class Candidate:
         os.close(resp_w)
         self.req_w, self.resp_r, self.limit, self.max_error = req_w, resp_r, limit, max_error
         self.next_id, self.gone = 0, None
+        code = bytes.fromhex(p["candidate_code"])  # the candidate's code object (CANDIDATE_BOOT)
+        try:
+            data = len(code).to_bytes(8, "big") + code
+            while data:
+                data = data[os.write(req_w, data):]
+        except OSError as exc:
+            self.gone = f"candidate process gone before it started: {exc}"
         self.head = bytearray()
         self.drainer = None
 
