@@ -218,3 +218,40 @@ def test_missing_layers_names_each_group_and_why():
     weak["landlock"] = "off"
     assert kernel.missing_layers(weak, ("processes",)) == [
         "processes (pid_namespace: no PID namespace; uid: not root; landlock: off)"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root here")
+def test_remount_fallback_makes_every_mount_read_only():
+    # Kernels before 5.12 have no mount_setattr: each mount is remounted read-only on its own.
+    result = subprocess.run(
+        ["unshare", "--mount", sys.executable, "-c", textwrap.dedent("""
+            import errno, os
+            from reinforge.rewards.sandbox import kernel
+            libc = kernel.Libc()
+            libc.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+            kernel._remount_each_read_only(libc)
+            out = []
+            for path in ("/var/tmp/reinforge-ro-probe", "/dev/shm/reinforge-ro-probe"):
+                try:
+                    open(path, "w")
+                    out.append("ok")
+                except OSError as exc:
+                    out.append(errno.errorcode[exc.errno])
+            print(out)
+        """)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": REPO})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['EROFS', 'EROFS']"
+    assert not os.path.exists("/var/tmp/reinforge-ro-probe")
+
+
+def test_inside_the_sandbox_the_root_is_read_only_and_the_work_directory_noexec():
+    from reinforge.rewards.code import probe_layers, run_tests
+
+    if probe_layers(True).get("readonly_mounts") is not True:
+        pytest.skip("no mount namespace here")
+    program = ("import os\ndef flags(p):\n    f = os.statvfs(p).f_flag\n"
+               "    return [bool(f & os.ST_RDONLY), bool(f & os.ST_NOEXEC), bool(f & os.ST_NOSUID)]\n")
+    tests = ("assert flags('/')[0] is True\nassert flags('.') == [False, True, True]\n"
+             "assert flags('/tmp') == [False, True, True]\nassert flags('/dev/shm') == [False, True, True]\n")
+    result = run_tests(program, tests)
+    assert (result.passed, result.passed_count) == (True, 4), result
