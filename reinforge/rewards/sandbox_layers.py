@@ -173,6 +173,11 @@ def protected_dirs() -> list[str]:
 
 
 def warn_missing_layers(layers: dict, off: set[str]) -> None:
+    """The line at start (once per process: the layers the first run held), then a warning for
+    each missing layer, once."""
+    if layers and "held" not in _warned:
+        _warned.add("held")
+        log.info("code sandbox: layers held: %s", ", ".join(sorted(k for k, v in layers.items() if v is True)))
     for name, state in sorted(layers.items()):
         if state is not True and name not in off and name not in ("uid", "capabilities"):
             warn_once(f"layer-{name}", f"layer {name} is missing: {state}")
