@@ -211,6 +211,8 @@ def test_a_missing_required_layer_is_refused_unless_weak_is_allowed():
         run_tests(*CORRECT, layers_off=("readonly_mounts", "landlock"))
     with pytest.raises(ValueError, match="unknown layers"):
         run_tests(*CORRECT, layers_off=("uid",))
+    with pytest.raises(ValueError, match="needs allow_weak_sandbox=True"):
+        run_tests(*CORRECT, layers_off=("hook",))
 
 
 def test_configured_default_allows_a_weak_sandbox():

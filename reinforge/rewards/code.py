@@ -214,6 +214,9 @@ def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, name
         raise ValueError(f"layers_off: unknown layers {sorted(unknown)}; known: "
                          f"{sorted(OPTIONAL_LAYERS)}")
     weak = allow_weak_default() if allow_weak_sandbox is None else allow_weak_sandbox
+    if "hook" in layers_off and not weak:
+        raise ValueError("layers_off=('hook',) leaves the kernel layers alone: it needs "
+                         "allow_weak_sandbox=True")
     plan = sandbox_plan(namespaces)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if plan.drop_uid else -1
     nonce = secrets.token_hex(16)
