@@ -362,7 +362,7 @@ def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
 
     hook = guard.make_hook("/tmp/w", ("/tmp/w",), ("/dev/null",), 8)
     for fn in (hook, guard.resolve, guard.as_path, guard.fd_path, guard.directory_fds,
-               guard.name_refused, guard.extension_refused):
+               guard.name_refused, guard.extension_refused, guard.import_refused):
         loads = {i.opname for i in dis.get_instructions(fn)}
         assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
         assert fn.__closure__ is None, fn.__name__

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from reinforge.rewards.sandbox import kernel
+from reinforge.rewards.sandbox import kernel, seccomp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +42,7 @@ def test_syscall_numbers_match_the_kernel_headers(arch: str, header: str):
     numbers = _header_numbers(header)
     index = 0 if arch == "x86_64" else 1
     checked = 0
-    for name, pair in kernel.SYSCALLS.items():
+    for name, pair in seccomp.SYSCALLS.items():
         if name in numbers:
             assert pair[index] == numbers[name], (arch, name)
             checked += 1
@@ -52,28 +52,28 @@ def test_syscall_numbers_match_the_kernel_headers(arch: str, header: str):
 
 
 def test_filter_jumps_stay_inside_their_rule_and_end_in_allow():
-    for arch in kernel.AUDIT_ARCH:
-        prog = kernel.seccomp_filter(arch, 1234)
+    for arch in seccomp.AUDIT_ARCH:
+        prog = seccomp.seccomp_filter(arch, 1234)
         assert prog[0] == (0x20, 0, 0, 4)  # load the architecture first
-        assert prog[2] == (0x06, 0, 0, kernel.RET_KILL_PROCESS)
-        assert prog[-1] == (0x06, 0, 0, kernel.RET_ALLOW)
+        assert prog[2] == (0x06, 0, 0, seccomp.RET_KILL_PROCESS)
+        assert prog[-1] == (0x06, 0, 0, seccomp.RET_ALLOW)
         for i, (code, jt, jf, _k) in enumerate(prog):
             if code in (0x15, 0x35, 0x45):
                 assert i + 1 + max(jt, jf) < len(prog)
     # every denied call has a rule on x86_64: count the JEQs on syscall numbers
-    denied = {kernel.SYSCALLS[n][0] for n in kernel.DENIED}
-    x86 = kernel.seccomp_filter("x86_64", 1234)
+    denied = {seccomp.SYSCALLS[n][0] for n in seccomp.DENIED}
+    x86 = seccomp.seccomp_filter("x86_64", 1234)
     assert denied <= {k for code, _, _, k in x86 if code == 0x15}
 
 
-@pytest.mark.skipif(kernel.machine_arch() is None, reason="no syscall table for this machine")
+@pytest.mark.skipif(seccomp.machine_arch() is None, reason="no syscall table for this machine")
 def test_seccomp_filter_refuses_each_dangerous_call_and_allows_the_rest():
     result = _in_subprocess("""
         import ctypes, errno, os, resource, socket, sys
-        from reinforge.rewards.sandbox import kernel
+        from reinforge.rewards.sandbox import kernel, seccomp
         libc = kernel.Libc()
         kernel.no_new_privs(libc)
-        kernel.install_seccomp(libc, kernel.machine_arch(), os.getpid())
+        seccomp.install_seccomp(libc, seccomp.machine_arch(), os.getpid())
         raw = ctypes.CDLL(None, use_errno=True)
         raw.syscall.restype = ctypes.c_long
         def outcome(fn):
@@ -87,7 +87,7 @@ def test_seccomp_filter_refuses_each_dangerous_call_and_allows_the_rest():
                 if raw.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args]) < 0:
                     raise OSError(ctypes.get_errno(), "")
             return call
-        nr = lambda name: kernel.SYSCALLS[name][0 if kernel.machine_arch() == "x86_64" else 1]
+        nr = lambda name: seccomp.SYSCALLS[name][0 if seccomp.machine_arch() == "x86_64" else 1]
         checks = {
             "fork": outcome(os.fork),
             "exec": outcome(lambda: os.execv("/bin/true", ["true"])),
@@ -117,9 +117,9 @@ def test_seccomp_filter_refuses_each_dangerous_call_and_allows_the_rest():
             "personality_query": outcome(sys_call(nr("personality"), 0xFFFFFFFF)),
             "ioctl_tiocsti": outcome(sys_call(nr("ioctl"), 0, 0x5412, 0)),
             "ioctl_tiocsti_high_bits": outcome(sys_call(nr("ioctl"), 0, (1 << 32) | 0x5412, 0)),
-            "getpid": outcome(sys_call(39 if kernel.machine_arch() == "x86_64" else 172)),
+            "getpid": outcome(sys_call(39 if seccomp.machine_arch() == "x86_64" else 172)),
         }
-        if kernel.machine_arch() == "x86_64":
+        if seccomp.machine_arch() == "x86_64":
             checks["x32_getpid"] = outcome(sys_call(0x40000000 | 39))
         print(checks)
     """)
@@ -155,7 +155,7 @@ def test_landlock_allows_reads_and_writes_only_where_granted(tmp_path):
     try:
         result = _in_subprocess(f"""
             import errno, os, socket, sys
-            from reinforge.rewards.sandbox import kernel
+            from reinforge.rewards.sandbox import kernel, seccomp
             libc = kernel.Libc()
             kernel.no_new_privs(libc)
             stdlib = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
@@ -226,7 +226,7 @@ def test_remount_fallback_makes_every_mount_read_only():
     result = subprocess.run(
         ["unshare", "--mount", sys.executable, "-c", textwrap.dedent("""
             import errno, os
-            from reinforge.rewards.sandbox import kernel
+            from reinforge.rewards.sandbox import kernel, seccomp
             libc = kernel.Libc()
             libc.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
             kernel._remount_each_read_only(libc)

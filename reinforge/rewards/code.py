@@ -53,7 +53,7 @@ Host protection, in layers (docs/security.md; `reinforge doctor` lists them here
    a further PID, mount (fresh /proc: no host process visible), network
    and IPC namespace, in which every mount is read-only and /tmp, /dev/shm
    and its work directory are private tmpfs.
-2. Kernel layers the candidate cannot undo (sandbox/kernel.py): a seccomp
+2. Kernel layers the candidate cannot undo (sandbox/kernel.py, seccomp.py): a seccomp
    filter, Landlock, no_new_privs, no capabilities.
 3. An unprivileged uid of its own for the candidate (when we are root), a
    non-dumpable judge: /proc/<judge>/mem, environ and fd are unreadable and

@@ -12,7 +12,7 @@ import platform
 import sys
 
 from reinforge.rewards.code import REQUIRED_LAYER_GROUPS, SandboxUnavailableError, probe_layers
-from reinforge.rewards.sandbox import kernel
+from reinforge.rewards.sandbox import kernel, seccomp
 
 # layer -> what it stops, in a few words (docs/security.md has the whole story)
 LAYERS = (
@@ -41,7 +41,7 @@ def doctor_lines(namespaces: bool = True) -> tuple[list[str], bool]:
         abi = kernel.landlock_abi(kernel.Libc())
     except OSError:
         abi = 0
-    lines.append(f"landlock ABI: {abi or 'none'}; seccomp syscall table: {kernel.machine_arch() or 'none'}")
+    lines.append(f"landlock ABI: {abi or 'none'}; seccomp syscall table: {seccomp.machine_arch() or 'none'}")
     for name, stops in LAYERS:
         state = layers.get(name, "not reported")
         mark = "available" if state is True else f"MISSING ({state})"

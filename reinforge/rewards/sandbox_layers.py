@@ -5,7 +5,7 @@ judge's and the candidate's command prefixes, the uid drop), the policy of
 required layers and its opt-out (`reward.code.allow_weak_sandbox`), the
 directories a candidate must never be able to write, and the warnings for
 missing layers. The layers themselves are installed by the candidate
-(sandbox/candidate.py, sandbox/kernel.py); docs/security.md describes them.
+(sandbox/candidate.py, kernel.py, seccomp.py); docs/security.md describes them.
 """
 
 from __future__ import annotations

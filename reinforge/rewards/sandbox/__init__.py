@@ -1,11 +1,13 @@
 """The sources that run in the sandbox's two subprocesses (`python -c` strings, and a code object).
 
 `codec.py` (the value format and framing), `guard.py` (the candidate's audit
-hook), `kernel.py` (seccomp, Landlock, mounts), `candidate.py` (privilege drop
+hook), `seccomp.py` (the syscall filter), `kernel.py` (Landlock, mounts,
+capabilities), `candidate.py` (privilege drop
 and the call server) and `judge.py` (the process that holds the tests) are
 ordinary modules so that linters and unit tests can read them, but in the
 sandbox they run from source, without reinforge on the path: `JUDGE_SRC` is
-codec + judge, `CANDIDATE_SRC` is codec + guard + kernel + candidate. Each
+codec + judge, `CANDIDATE_SRC` is codec + guard + seccomp + kernel +
+candidate. Each
 file imports its siblings inside `try/except ImportError`, which fails (no
 parent package) in the sandbox, where the concatenation has already defined
 those names.
@@ -27,7 +29,7 @@ def _source(*names: str) -> str:
 
 
 JUDGE_SRC = _source("codec", "judge")
-CANDIDATE_SRC = _source("codec", "guard", "kernel", "candidate")
+CANDIDATE_SRC = _source("codec", "guard", "seccomp", "kernel", "candidate")
 CANDIDATE_CODE = marshal.dumps(compile(CANDIDATE_SRC, "<sandbox candidate>", "exec"))
 # Reads a length-prefixed code object from the request pipe (argv[1]) and runs it as __main__.
 CANDIDATE_BOOT = (

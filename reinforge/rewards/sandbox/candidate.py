@@ -1,6 +1,7 @@
 """The candidate process: locks itself down, runs the untrusted program, and serves calls.
 
-Runs as `python -I -S -B -c CODEC + GUARD + KERNEL + CANDIDATE ARGS...`, started by
+Runs as `python -I -S -B -c CODEC + GUARD + SECCOMP + KERNEL + CANDIDATE ARGS...` (as a code
+object, see sandbox/__init__.py), started by
 the judge (under `unshare` when namespaces are in use: then it is PID 1 of its
 own PID namespace, with its own /proc, mount table, no network and no view of
 the judge). Each step needs a privilege the next one gives up, so the order
@@ -20,7 +21,7 @@ matters (docs/security.md lists what each layer stops):
 6. `_imp.create_builtin` and `create_dynamic` guarded; setgroups([]), setgid,
    setuid to the uid the caller chose for this run (unused by anything else),
    or, staying uid 0 of a user namespace, every capability dropped.
-7. The seccomp filter (kernel.py): no ptrace, other processes' memory or
+7. The seccomp filter (seccomp.py): no ptrace, other processes' memory or
    signals, sockets, mounts, namespaces, exec, new processes, memfd...
 8. A last check that none of the interpreter's directories is writable
    now, and that the layers the caller requires are in place: otherwise
@@ -37,7 +38,7 @@ import json
 import os
 import sys
 
-try:  # in the sandbox these names come from codec.py, guard.py, kernel.py, prepended to this source
+try:  # in the sandbox these names come from the sibling sources, prepended to this one
     from .codec import decode, encode, recv, send
     from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, guard_imp, make_hook
     from .kernel import (
@@ -50,13 +51,12 @@ try:  # in the sandbox these names come from codec.py, guard.py, kernel.py, prep
         Libc,
         drop_capabilities,
         install_landlock,
-        install_seccomp,
-        machine_arch,
         missing_layers,
         no_new_privs,
         read_only_mounts,
         writable_paths,
     )
+    from .seccomp import install_seccomp, machine_arch
 except ImportError:
     pass
 

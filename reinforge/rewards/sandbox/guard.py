@@ -208,6 +208,18 @@ def extension_refused(path, cwd, roots, refused, resolve=resolve, name_refused=n
     return None
 
 
+def import_refused(args, cwd, roots, refused, to_str=str.__str__, len_=len, as_path=as_path,
+                   name_refused=name_refused, extension_refused=extension_refused):
+    """Why the `import` event with `args` (name, an extension's file or None, ...) is refused,
+    or None."""
+    name = to_str(args[0])
+    if name_refused(name, refused):
+        return f"sandbox: importing {name} is not allowed"
+    if len_(args) > 1 and args[1] is not None:  # an extension module's file
+        return extension_refused(as_path(args[1], False), cwd, roots, refused)
+    return None
+
+
 def guard_imp(imp, cwd, extension_roots, refused_builtins=FRESH_COPY_REFUSED,
               refused_imports=REFUSED_IMPORTS):
     """Replace `imp.create_builtin` and `imp.create_dynamic` by guards.
@@ -272,7 +284,8 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
     refuses that uid any write there. `extension_roots`: the only directories
     extension modules may be loaded from.
     """
-    helpers = (resolve, as_path, fd_path, directory_fds, name_refused, extension_refused)
+    helpers = (resolve, as_path, fd_path, directory_fds, name_refused, extension_refused,
+               import_refused)
     guarded_ids = [*guarded_ids, *(id(f) for f in helpers)]
 
     def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
@@ -287,8 +300,7 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
              write_events=WRITE_PATH_EVENTS, read_events=READ_PATH_EVENTS,
              no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS, write_modes="wax+",
              max_fd=max_fd, own_fds=frozenset(own_fds), resolve=resolve, as_path=as_path,
-             directory_fds=directory_fds, fd_path=fd_path, name_refused=name_refused,
-             extension_refused=extension_refused,
+             directory_fds=directory_fds, fd_path=fd_path, import_refused=import_refused,
              extension_roots=tuple(r + "/" for r in extension_roots),
              guarded=frozenset(guarded_ids), id_=id,
              to_str=str.__str__, len_=len, int_type=int, str_type=str, type_=type,
@@ -296,15 +308,9 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
         if event in refused or event.startswith(refused_prefixes):
             raise perm(f"sandbox: {event} is not allowed")
         if event == "import":
-            name = to_str(args[0])
-            # ImportError, so that `try: import x / except ImportError` fallbacks still work.
-            if name_refused(name, refused_imports):
-                raise import_error(f"sandbox: importing {name} is not allowed")
-            if len_(args) > 1 and args[1] is not None:  # an extension module's file
-                why = extension_refused(as_path(args[1], False), cwd, extension_roots,
-                                        refused_imports)
-                if why is not None:
-                    raise import_error(why)
+            why = import_refused(args, cwd, extension_roots, refused_imports)
+            if why is not None:  # ImportError: `try: import x / except ImportError` still works
+                raise import_error(why)
             return
         if event in attr_events:
             if id_(args[0]) in guarded and to_str(args[1]) in refused_setattr:
