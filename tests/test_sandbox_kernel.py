@@ -21,10 +21,22 @@ from reinforge.rewards.sandbox import kernel, seccomp
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Prepended to each script: how one call ended, "ok" or the errno's name.
+OUTCOME = """
+import errno
+def outcome(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+"""
+
+
 def _in_subprocess(script: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": REPO}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run([sys.executable, "-c", OUTCOME + textwrap.dedent(script)],
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def _header_numbers(path: str) -> dict[str, int]:
@@ -76,12 +88,6 @@ def test_seccomp_filter_refuses_each_dangerous_call_and_allows_the_rest():
         seccomp.install_seccomp(libc, seccomp.machine_arch(), os.getpid())
         raw = ctypes.CDLL(None, use_errno=True)
         raw.syscall.restype = ctypes.c_long
-        def outcome(fn):
-            try:
-                fn()
-                return "ok"
-            except OSError as exc:
-                return errno.errorcode[exc.errno]
         def sys_call(nr, *args):
             def call():
                 if raw.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args]) < 0:
@@ -163,12 +169,6 @@ def test_landlock_allows_reads_and_writes_only_where_granted(tmp_path):
                      ({str(tmp_path / 'rw')!r}, kernel.WORKDIR_RIGHTS),
                      *((p, kernel.READ_RIGHTS) for p in stdlib)]
             abi = kernel.install_landlock(libc, rules)
-            def outcome(fn):
-                try:
-                    fn()
-                    return "ok"
-                except OSError as exc:
-                    return errno.errorcode[exc.errno]
             print({{
                 "abi": abi,
                 "read_ro": outcome(lambda: open({str(tmp_path / 'ro' / 'f')!r}).read()),
