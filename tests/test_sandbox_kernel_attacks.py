@@ -192,7 +192,7 @@ def test_every_effect_is_stopped_with_the_hook_tampered_or_off(root_host, namesp
     result = run_tests(root_host.effects(), TESTS, timeout_s=5.0, namespaces=namespaces,
                        allow_weak_sandbox=not hook, layers_off=off)
     outcomes = _effect_outcomes(result.output)
-    assert len(outcomes) == 26
+    assert len(outcomes) == 28
     assert {k: v for k, v in outcomes.items() if v == "ok"} == {}
     assert root_host.secret not in result.output
     if not hook:  # ctypes imported: the kernel, not the hook, refused each call
