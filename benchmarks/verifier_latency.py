@@ -5,16 +5,19 @@ bound on a parse bomb judged from a non-main thread while another thread keeps r
 
 The sandbox figure is the median (and p90) wall time of `run_tests` on MBPP-style programs with
 three asserts each, run one at a time, so it is the latency a reward worker sees, interpreter
-start-up included; the target is a median under 0.5 s. The math figure is how long a parse bomb
-(`\\boxed{9^{9^{9^{9^{9}}}}}`) takes to score from a thread with `timeout_s=1`, and the longest
-pause a 1 ms ticker thread saw meanwhile (a frozen process would show the whole call). The last
-line is one JSON object.
+start-up included, with every layer of docs/security.md (and, for comparison, without the
+kernel layers: seccomp, Landlock, read-only mounts); the target is a median under 0.3 s. The
+load average at the start and end is printed with it (the machine may be shared). The math
+figure is how long a parse bomb (`\\boxed{9^{9^{9^{9^{9}}}}}`) takes to score from a thread
+with `timeout_s=1`, and the longest pause a 1 ms ticker thread saw meanwhile (a frozen process
+would show the whole call). The last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -40,12 +43,16 @@ PROGRAMS = [
 BOMB = "\\boxed{9^{9^{9^{9^{9}}}}}"
 
 
-def sandbox_times(runs: int, namespaces: bool) -> list[float]:
+KERNEL_LAYERS = ("seccomp", "landlock", "readonly_mounts")
+
+
+def sandbox_times(runs: int, namespaces: bool, layers_off: tuple[str, ...] = ()) -> list[float]:
     times = []
     for i in range(runs):
         program, tests = PROGRAMS[i % len(PROGRAMS)]
         t0 = time.perf_counter()
-        result = run_tests(program, tests, namespaces=namespaces)
+        result = run_tests(program, tests, namespaces=namespaces, layers_off=layers_off,
+                           allow_weak_sandbox=bool(layers_off))
         times.append(time.perf_counter() - t0)
         assert result.passed, result.error  # a correct program that fails would make the timing meaningless
     return times
@@ -74,13 +81,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=25)
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     with_ns = sandbox_times(args.runs, namespaces=True)
     without_ns = sandbox_times(args.runs, namespaces=False)
+    no_kernel = sandbox_times(args.runs, namespaces=True, layers_off=KERNEL_LAYERS)
+    load_end = os.getloadavg()[0]
     score, seconds, longest_gap = bomb_from_thread()
     print(json.dumps({
         "sandbox_median_s": round(statistics.median(with_ns), 4),
         "sandbox_p90_s": round(statistics.quantiles(with_ns, n=10)[-1], 4),
         "sandbox_no_namespaces_median_s": round(statistics.median(without_ns), 4),
+        "sandbox_without_kernel_layers_median_s": round(statistics.median(no_kernel), 4),
+        "load_1min_start_end": [load_start, load_end],
+        "cpus": os.cpu_count(),
         "namespaces_available": bool(namespace_prefix()),
         "runs": args.runs,
         "math_bomb_score": score,

@@ -424,6 +424,20 @@ def export_run(
     console.print(f"model: {escape(str(path))}", soft_wrap=True, highlight=False)
 
 
+@app.command()
+def doctor(
+    namespaces: Annotated[bool, typer.Option(help="Probe with the namespace layers (--no-namespaces: without)")] = True,
+) -> None:
+    """Which layers of the code sandbox this machine gives; exit 1 if a required one is missing."""
+    from reinforge.rewards.code_doctor import doctor_lines
+
+    lines, ok = doctor_lines(namespaces)
+    for line in lines:
+        console.print(escape(line), soft_wrap=True, highlight=False)
+    if not ok:
+        raise typer.Exit(code=1)
+
+
 def _print_summary(output_dir: str, summary: dict) -> None:
     start, final = summary["eval"]["start"], summary["eval"]["final"]
     table = Table(title=f"held-out evaluation ({start['num_prompts']} prompts, {start['num_samples']} samples each)")

@@ -134,6 +134,9 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     for domain, first in firsts.items():      # a required parameter nothing fills: before any load
         check_reward_inputs(cfg.reward, first, domain)
     check_teachers(cfg)
+    from reinforge.rewards.code import configure_sandbox
+
+    configure_sandbox(cfg.reward.code.allow_weak_sandbox)     # the code verifier's and python tool's sandbox
     if cfg.model.path != "builtin":
         path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
         if cfg.rollout.engine == "native":

@@ -112,6 +112,7 @@ def test_verifier_latency_times_correct_programs_and_a_bounded_bomb():
     # The script asserts every timed program passed; the bomb scores 0 whatever thread judged it.
     assert out["runs"] == 4 and out["math_bomb_score"] == 0.0 and out["math_bomb_timeout_s"] == 1.0
     assert out["sandbox_median_s"] > 0 and out["sandbox_no_namespaces_median_s"] > 0
+    assert out["sandbox_without_kernel_layers_median_s"] > 0 and len(out["load_1min_start_end"]) == 2
 
 
 def test_multiturn_continuation_samples_the_same_tokens_both_ways():

@@ -304,6 +304,23 @@ def test_namespace_layer_is_reported():
     assert plan.candidate_prefix == () or "--mount-proc" in plan.candidate_prefix
 
 
+def test_dict_views_cross_as_views_of_a_fresh_dict():
+    import collections
+
+    from reinforge.rewards.sandbox import codec
+
+    d = {"a": 1, "b": 2}
+    keys, values, items = (codec.decode(codec.encode(v)) for v in (d.keys(), d.values(), d.items()))
+    assert (type(keys), type(values), type(items)) == (type(d.keys()), type(d.values()), type(d.items()))
+    assert keys == {"a", "b"} and items == {("a", 1), ("b", 2)}  # set-like, as in plain Python
+    assert list(values) == [1, 2] and len(values) == 2
+    assert list(codec.decode(codec.encode({"x": [1]}.values()))) == [[1]]
+    with pytest.raises(codec.ProtocolError, match="not .key, value. pairs"):
+        codec.decode(["W", [["I", "0x1"]]])
+    with pytest.raises(TypeError, match="a deque cannot cross"):
+        codec.encode(collections.deque([1]))
+
+
 def test_resolve_follows_symlinks_and_dotdot_like_the_kernel(tmp_path):
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
@@ -344,7 +361,8 @@ def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
     import dis
 
     hook = guard.make_hook("/tmp/w", ("/tmp/w",), ("/dev/null",), 8)
-    for fn in (hook, guard.resolve, guard.as_path, guard.fd_path, guard.directory_fds):
+    for fn in (hook, guard.resolve, guard.as_path, guard.fd_path, guard.directory_fds,
+               guard.name_refused, guard.extension_refused, guard.import_refused):
         loads = {i.opname for i in dis.get_instructions(fn)}
         assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
         assert fn.__closure__ is None, fn.__name__
@@ -370,8 +388,9 @@ def test_create_builtin_guard_refuses_fresh_copies_and_hides_the_original():
     import types
 
     calls = []
-    imp = types.SimpleNamespace(create_builtin=lambda spec: calls.append(spec.name) or spec.name)
-    ids = guard.guard_create_builtin(imp)
+    imp = types.SimpleNamespace(create_builtin=lambda spec: calls.append(spec.name) or spec.name,
+                                create_dynamic=lambda spec: calls.append(spec.origin) or spec.name)
+    ids = guard.guard_imp(imp, "/tmp/w", ("/no-such-dir/dyn",))
     with pytest.raises(PermissionError, match="fresh copy of the posix module is not allowed"):
         imp.create_builtin(types.SimpleNamespace(name="posix"))
 
@@ -386,8 +405,22 @@ def test_create_builtin_guard_refuses_fresh_copies_and_hides_the_original():
     with pytest.raises(PermissionError, match="fresh copy of the _imp module"):
         imp.create_builtin(types.SimpleNamespace(name=Name("_imp")))
     create = imp.create_builtin.__defaults__[0]
-    assert sorted(ids) == sorted([id(imp.create_builtin), id(create)])
-    for fn in (imp.create_builtin, create):
+    load = imp.create_dynamic.__defaults__[1]  # after `file`
+    assert sorted(ids) == sorted([id(imp.create_builtin), id(create), id(imp.create_dynamic),
+                                  id(load)])
+    # Extensions: every dotted part of the name, the file's own name, and where the file lies.
+    assert imp.create_dynamic(types.SimpleNamespace(name="x.grp", origin="/no-such-dir/dyn/grp.so")) \
+        == "x.grp"
+    refused = [("x._ctypes", "/no-such-dir/dyn/grp.so", "importing x._ctypes"),
+               ("x.y", "/no-such-dir/dyn/_ctypes.cpython-311.so", "the _ctypes extension"),
+               ("readline", "/no-such-dir/dyn/readline.so", "importing readline"),
+               ("mine", "/tmp/w/mine.so", "from /tmp/w/mine.so"),
+               ("mine", "/no-such-dir/dyn/../../tmp/w/mine.so", "from /tmp/w/mine.so")]
+    for name, origin, match in refused:
+        with pytest.raises(ImportError, match=match):
+            imp.create_dynamic(types.SimpleNamespace(name=name, origin=origin))
+    assert calls == ["pwd", "/no-such-dir/dyn/grp.so"]
+    for fn in (imp.create_builtin, create, imp.create_dynamic, load):
         loads = {i.opname for i in dis.get_instructions(fn)}
         assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
         assert fn.__closure__ is None, fn.__name__
@@ -402,8 +435,10 @@ def test_create_builtin_guard_refuses_fresh_copies_and_hides_the_original():
 def test_hook_decisions_on_resolved_paths(tmp_path):
     work = tmp_path / "w"
     work.mkdir()
-    hook = guard.make_hook(str(work), (str(work), "/usr/lib"), ("/dev/null",), 8)
+    hook = guard.make_hook(str(work), (str(work), "/usr/lib"), ("/dev/null",), 8,
+                           extension_roots=("/usr/lib",))
     hook("open", (str(work / "a.txt"), "w", os.O_WRONLY | os.O_CREAT))  # allowed: no exception
+    hook("import", ("x.grp", "/usr/lib/grp.cpython-311.so", None, None, None))
     hook("open", ("/usr/lib/../lib/os-release", "r", os.O_RDONLY))
     refused = [
         ("open", ("//proc/1/environ", "r", os.O_RDONLY)),
@@ -413,12 +448,28 @@ def test_hook_decisions_on_resolved_paths(tmp_path):
         ("os.chmod", (3, 0o777, None, True)),  # fchmod on a descriptor
         ("os.kill", (1, 9)),
         ("object.__setattr__", (guard.resolve, "__defaults__", ())),
+        ("object.__delattr__", (guard.resolve, "__defaults__")),  # `f.__defaults__ = None`
+        ("object.__delattr__", (guard.name_refused, "__kwdefaults__")),
     ]
     for event, args in refused:
         with pytest.raises(PermissionError, match="sandbox:"):
             hook(event, args)
     with pytest.raises(ImportError, match="importing ctypes is not allowed"):
         hook("import", ("ctypes", None, [], [], []))
+    # Every dotted part, and an extension's file: its own name and where it lies.
+    with pytest.raises(ImportError, match="importing x._posixshmem is not allowed"):
+        hook("import", ("x._posixshmem", None, [], [], []))
+    with pytest.raises(ImportError, match="loading the readline extension"):
+        hook("import", ("x.y", "/usr/lib/readline.cpython-311.so", None, None, None))
+    with pytest.raises(ImportError, match="loading an extension from"):
+        hook("import", ("mine", str(work / "mine.so"), None, None, None))
+    # A write is judged by the mode as well as the flags (an opener may report flags 0).
+    for mode in ("w", "a", "x", "r+", "wb"):
+        with pytest.raises(PermissionError, match="writing"):
+            hook("open", ("/usr/lib/x", mode, 0))
+    with pytest.raises(PermissionError, match="with this mode"):
+        hook("open", ("/usr/lib/x", b"r", 0))
+    hook("open", ("/usr/lib/x", "r", 0))
     hook("object.__setattr__", (lambda: None, "__defaults__", ()))  # others' functions: allowed
 
 

@@ -193,12 +193,159 @@ CORRECT: dict[str, tuple[str, str]] = {
 }
 
 
+# Programs that touch what the kernel layers and the module registration changed: the
+# program's own module in sys.modules (string annotations, pickle, copy, typing), dict
+# views crossing, files moved between the work directory's folders (Landlock's REFER),
+# extension modules loaded after seccomp and Landlock are in, big values and outputs.
+CORRECT_MORE: dict[str, tuple[str, str]] = {
+    "dataclass_future_annotations": (
+        "from __future__ import annotations\nfrom dataclasses import dataclass, field\n"
+        "@dataclass(order=True)\nclass Item:\n    name: str\n    tags: list[str] = field(default_factory=list)\n"
+        "def make(n):\n    return sorted(Item(str(i)) for i in range(n))[0].name\n",
+        "assert make(3) == '0'\n"),
+    "dataclass_classvar_future_annotations": (
+        "from __future__ import annotations\nimport dataclasses, typing\n"
+        "@dataclasses.dataclass(frozen=True)\nclass P:\n    x: int\n    y: int = 0\n"
+        "    registry: typing.ClassVar[dict] = {}\n"
+        "def fields():\n    return [f.name for f in dataclasses.fields(P)]\n",
+        "assert fields() == ['x', 'y']\n"),
+    "pickle_own_classes": (
+        "import pickle\nclass Node:\n    def __init__(self, v, nxt=None):\n        self.v, self.nxt = v, nxt\n"
+        "def roundtrip(xs):\n    head = None\n    for x in reversed(xs):\n        head = Node(x, head)\n"
+        "    head = pickle.loads(pickle.dumps(head))\n    out = []\n    while head:\n"
+        "        out.append(head.v)\n        head = head.nxt\n    return out\n",
+        "assert roundtrip([1, 2, 3]) == [1, 2, 3]\n"),
+    "deepcopy_own_dataclass": (
+        "import copy\nfrom dataclasses import dataclass\n@dataclass\nclass Box:\n    items: list\n"
+        "def independent():\n    a = Box([1])\n    b = copy.deepcopy(a)\n    b.items.append(2)\n"
+        "    return a.items, b.items\n",
+        "assert independent() == ([1], [1, 2])\n"),
+    "typing_get_type_hints_and_namedtuple": (
+        "from __future__ import annotations\nimport typing\n"
+        "class Pair(typing.NamedTuple):\n    a: int\n    b: str\n"
+        "def hints():\n    return sorted(typing.get_type_hints(Pair))\n"
+        "def swap(p):\n    return Pair(*p)._replace(a=0)\n",
+        "assert hints() == ['a', 'b']\nassert swap((1, 'x')) == (0, 'x')\n"),
+    "enum_and_singledispatch": (
+        "from __future__ import annotations\nimport enum, functools, pickle\n"
+        "class Color(enum.Enum):\n    RED = 1\n    BLUE = 2\n"
+        "@functools.singledispatch\ndef describe(x) -> str:\n    return 'thing'\n"
+        "@describe.register\ndef _(x: int) -> str:\n    return 'int'\n"
+        "def check():\n    return [describe(1), describe('a'), pickle.loads(pickle.dumps(Color.RED)).name]\n",
+        "assert check() == ['int', 'thing', 'RED']\n"),
+    "dict_views_returned": (
+        "def keys(d):\n    return d.keys()\ndef values(d):\n    return d.values()\n"
+        "def items(d):\n    return d.items()\n",
+        "assert keys({'a': 1, 'b': 2}) == {'a', 'b'}\nassert list(values({'a': 1})) == [1]\n"
+        "assert sorted(items({'b': 2, 'a': 1})) == [('a', 1), ('b', 2)]\n"
+        "assert len(keys({1: 2})) == 1 and 1 in keys({1: 2})\nassert items({1: 2}) == {(1, 2)}\n"),
+    "sets_tuples_ranges_returned": (
+        "def evens(n):\n    return frozenset(range(0, n, 2))\ndef span(n):\n    return range(n)\n"
+        "def pair(a, b):\n    return (b, a)\ndef uniq(xs):\n    return set(xs)\n",
+        "assert evens(5) == {0, 2, 4}\nassert list(span(3)) == [0, 1, 2]\nassert pair(1, 2) == (2, 1)\n"
+        "assert uniq([1, 1, 2]) == {1, 2}\n"),
+    "generators_and_yield_from": (
+        "def chain(*its):\n    for it in its:\n        yield from it\n"
+        "def squares(n):\n    return (i * i for i in range(n))\n"
+        "def fib():\n    a, b = 0, 1\n    while True:\n        yield a\n        a, b = b, a + b\n"
+        "def first(n):\n    import itertools\n    return list(itertools.islice(fib(), n))\n",
+        "assert list(chain([1], (2, 3))) == [1, 2, 3]\nassert sum(squares(4)) == 14\n"
+        "assert first(7) == [0, 1, 1, 2, 3, 5, 8]\n"),
+    "classes_inheritance_and_properties": (
+        "import abc\nclass Shape(abc.ABC):\n    @abc.abstractmethod\n    def area(self): ...\n"
+        "    @property\n    def double(self):\n        return 2 * self.area()\n"
+        "class Sq(Shape):\n    def __init__(self, s):\n        self.s = s\n    def area(self):\n"
+        "        return self.s ** 2\n    def __repr__(self):\n        return f'Sq({self.s})'\n"
+        "def total(sides):\n    return sum(Sq(s).double for s in sides), repr(Sq(sides[0]))\n",
+        "assert total([1, 2]) == (10, 'Sq(1)')\n"),
+    "deep_recursion": (
+        "import sys\nsys.setrecursionlimit(20000)\n"
+        "def ackermann(m, n):\n    if m == 0:\n        return n + 1\n    if n == 0:\n"
+        "        return ackermann(m - 1, 1)\n    return ackermann(m - 1, ackermann(m, n - 1))\n"
+        "def count(n):\n    return 0 if n == 0 else 1 + count(n - 1)\n",
+        "assert ackermann(2, 3) == 9\nassert count(8000) == 8000\n"),
+    "large_values_both_ways": (
+        "def big(n):\n    return 'x' * n\ndef echo(xs):\n    return [x + 1 for x in xs]\n"
+        "def huge_int():\n    return 7 ** 20000\n",
+        "assert len(big(2 * 10 ** 6)) == 2 * 10 ** 6\nassert echo(list(range(10 ** 5)))[-1] == 10 ** 5\n"
+        "assert huge_int() % 1000 == pow(7, 20000, 1000)\n"),
+    "large_printed_output": (
+        "def shout(n):\n    for i in range(n):\n        print('row', i, 'x' * 100)\n    return n\n",
+        "assert shout(20000) == 20000\n"),
+    "files_moved_between_folders": (
+        "import os, shutil, tempfile\ndef move():\n    os.makedirs('a/b', exist_ok=True)\n"
+        "    os.makedirs('c', exist_ok=True)\n    open('a/b/f.txt', 'w').write('hi')\n"
+        "    os.rename('a/b/f.txt', 'c/g.txt')\n    shutil.move('c/g.txt', 'a/h.txt')\n"
+        "    with tempfile.TemporaryDirectory() as d:\n        shutil.copytree('a', os.path.join(d, 'copy'))\n"
+        "        found = sorted(os.listdir(os.path.join(d, 'copy')))\n"
+        "    os.truncate('a/h.txt', 1)\n    return found, open('a/h.txt').read()\n",
+        "assert move() == (['b', 'h.txt'], 'h')\n"),
+    "compression_extensions": (
+        "import zlib, bz2, lzma, gzip, io\n"
+        "def sizes(s):\n    b = s.encode()\n    out = []\n    for mod in (zlib, bz2, lzma):\n"
+        "        out.append(mod.decompress(mod.compress(b)) == b)\n"
+        "    buf = io.BytesIO()\n    with gzip.GzipFile(fileobj=buf, mode='wb') as g:\n        g.write(b)\n"
+        "    return out + [gzip.decompress(buf.getvalue()) == b]\n",
+        "assert sizes('abc' * 100) == [True, True, True, True]\n"),
+    "hashing_struct_array": (
+        "import hashlib, struct, array, binascii\n"
+        "def digest(s):\n    return hashlib.sha256(s.encode()).hexdigest()[:8]\n"
+        "def pack(a, b):\n    return struct.unpack('<ih', struct.pack('<ih', a, b))\n"
+        "def arr(n):\n    return array.array('i', range(n)).tolist()\n"
+        "def crc(b):\n    return binascii.crc32(b)\n",
+        "assert digest('a') == 'ca978112'\nassert pack(-1, 2) == (-1, 2)\nassert arr(3) == [0, 1, 2]\n"
+        "assert crc(b'abc') == 891568578\n"),
+    "randomness_and_uuid": (
+        "import random, secrets, uuid, os\n"
+        "def seeded():\n    r = random.Random(42)\n    return [r.randint(0, 9) for _ in range(3)]\n"
+        "def fresh():\n    return len(secrets.token_hex(8)), uuid.uuid4().version, len(os.urandom(4))\n",
+        "assert seeded() == [1, 0, 4]\nassert fresh() == (16, 4, 4)\n"),
+    "time_and_locale": (
+        "import time, datetime, locale, calendar\n"
+        "def stamp():\n    t = time.localtime(0)\n    return t.tm_year in (1969, 1970), time.monotonic() > 0\n"
+        "def days(y, m):\n    return calendar.monthrange(y, m)[1]\n"
+        "def iso(s):\n    return datetime.date.fromisoformat(s).isoweekday()\n"
+        "def enc():\n    return locale.getpreferredencoding(False)\n",
+        "assert stamp() == (True, True)\nassert days(2024, 2) == 29\nassert iso('2024-01-01') == 1\n"
+        "assert enc() == 'UTF-8'\n"),
+    "platform_and_os_queries": (
+        "import os, platform, sys, resource\n"
+        "def info():\n    return (os.cpu_count() >= 1, bool(platform.machine()), sys.maxsize > 2 ** 31,\n"
+        "            resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 0, os.getpid() > 0)\n",
+        "assert info() == (True, True, True, True, True)\n"),
+    "exceptions_and_context_managers": (
+        "import contextlib\nclass Oops(ValueError):\n    pass\n"
+        "@contextlib.contextmanager\ndef tracked(log):\n    log.append('in')\n    try:\n        yield\n"
+        "    finally:\n        log.append('out')\n"
+        "def run(x):\n    log = []\n    try:\n        with tracked(log):\n            if x < 0:\n"
+        "                raise Oops('neg')\n    except ValueError as e:\n        log.append(str(e))\n"
+        "    return log\ndef strict(x):\n    if x < 0:\n        raise ValueError('bad')\n    return x\n",
+        "assert run(-1) == ['in', 'out', 'neg']\nassert run(1) == ['in', 'out']\n"
+        "try:\n    strict(-1)\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok\n"),
+    "json_csv_io_in_memory": (
+        "import json, csv, io\ndef table(rows):\n    buf = io.StringIO()\n    w = csv.writer(buf)\n"
+        "    w.writerows(rows)\n    return list(csv.reader(io.StringIO(buf.getvalue())))\n"
+        "def nested(n):\n    d = {'k': []}\n    cur = d['k']\n    for i in range(n):\n"
+        "        cur.append({'i': i})\n    return json.loads(json.dumps(d))\n",
+        "assert table([[1, 'a'], [2, 'b']]) == [['1', 'a'], ['2', 'b']]\n"
+        "assert len(nested(100)['k']) == 100\n"),
+    "memoized_class_methods_and_slots": (
+        "from functools import cached_property, total_ordering\n@total_ordering\nclass V:\n"
+        "    __slots__ = ('x', '__dict__')\n    def __init__(self, x):\n        self.x = x\n"
+        "    def __eq__(self, o):\n        return self.x == o.x\n    def __lt__(self, o):\n"
+        "        return self.x < o.x\n    @cached_property\n    def sq(self):\n        return self.x * self.x\n"
+        "def biggest(xs):\n    return max(V(x) for x in xs).sq\n",
+        "assert biggest([3, 1, 2]) == 9\n"),
+}
+
+
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
 def test_correct_programs_pass(namespaces: bool):
-    names = list(CORRECT)
-    results = run_many([CORRECT[n] for n in names], timeout_s=10.0, workers=2,
+    programs = {**CORRECT, **CORRECT_MORE}
+    names = list(programs)
+    results = run_many([programs[n] for n in names], timeout_s=10.0, workers=2,
                        namespaces=namespaces)
-    assert len(names) >= 10
+    assert len(CORRECT_MORE) >= 20
     for name, result in zip(names, results, strict=True):
         assert isinstance(result, CodeResult)
         assert (result.passed, result.error) == (True, None), (name, result)

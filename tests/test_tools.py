@@ -209,6 +209,20 @@ def test_the_python_tool_runs_in_the_sandbox(box: ToolBox) -> None:
     assert failed.message()["content"] == "1\nError: program raised: KeyError: 'k'"
 
 
+def test_no_state_carries_from_one_python_call_to_the_next(box: ToolBox) -> None:
+    # Files in the work directory, in /tmp or /dev/shm: each call starts from nothing, and the
+    # host keeps nothing (the hook refuses the shared places; private tmpfs and Landlock too).
+    plant = ("import os\nopen('state.txt', 'w').write('1')\n"
+             "for p in ('/tmp/rf-tool-state', '/dev/shm/rf-tool-state'):\n"
+             "    try:\n        open(p, 'w').write('1')\n    except OSError:\n        pass\n"
+             "print(sorted(os.listdir('.')))")
+    assert box.call(ToolCall("python", {"code": plant})).content == "['state.txt']\n"
+    look = ("import os\nprint(sorted(os.listdir('.')), [os.path.exists(p) for p in "
+            "('/tmp/rf-tool-state', '/dev/shm/rf-tool-state')])")
+    assert box.call(ToolCall("python", {"code": look})).content == "[] [False, False]\n"
+    assert not Path("/tmp/rf-tool-state").exists() and not Path("/dev/shm/rf-tool-state").exists()
+
+
 def test_stats_count_every_outcome() -> None:
     with ToolBox(["tool_fixtures:add", "tool_fixtures:hang", "tool_fixtures:huge"], timeout_s=TIMEOUT_S,
                  max_chars=100, max_workers=1) as box:

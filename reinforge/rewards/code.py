@@ -35,7 +35,8 @@ Three processes: the caller (this module), a *judge* (sandbox/judge.py) and a
 *candidate* (sandbox/candidate.py). The judge runs only our code and the
 trusted tests; the names above are bound to proxies that call into the
 candidate over a pipe and get back plain data (None, bool, int, float,
-complex, str, bytes, range, list, tuple, dict, set, frozenset, and iterators
+complex, str, bytes, range, list, tuple, dict, set, frozenset, dict views (as views
+of a fresh dict: set-like comparisons hold as in plain Python), and iterators
 as the items they yield), decoded strictly.
 The judge evaluates each assert on real Python values and writes one JSON
 line per case to its own stdout, tagged with a per-run random nonce that
@@ -45,30 +46,39 @@ knows the number of cases itself. So the candidate can choose its answers
 and nothing else: an `__eq__` that is always true cannot be encoded, printed
 verdicts land in another pipe, exiting or killing anything leaves "failed".
 
-Host protection, in layers (each one logged once if unavailable here)
------------------------------------------------------------------------
+Host protection, in layers (docs/security.md; `reinforge doctor` lists them here)
+-----------------------------------------------------------------------------------
 1. Namespaces (`unshare`): the judge is PID 1 of a new PID and network
    namespace (its death kills everything left); the candidate is PID 1 of
    a further PID, mount (fresh /proc: no host process visible), network
-   and IPC namespace.
-2. An unprivileged uid of its own for the candidate (when we are root), a
-   non-dumpable judge, no new privileges: /proc/<judge>/mem, environ and fd
-   are unreadable and other processes cannot be signalled even where a
-   path slips through.
-3. rlimits: CPU, address space, file size, no new processes, 256 fds.
-4. An audit hook (sandbox/guard.py) deciding reads (allow-list) and writes
-   (work directory only) on resolved paths, refusing process creation,
-   signals, sockets, ctypes and object hunting.
-5. A fresh work directory, a minimal environment (no secrets inherited),
-   `-I -S -B` interpreters, capped output, a wall-clock timeout that kills
-   the whole process group.
+   and IPC namespace, in which every mount is read-only and /tmp, /dev/shm
+   and its work directory are private tmpfs.
+2. Kernel layers the candidate cannot undo (sandbox/kernel.py, seccomp.py): a seccomp
+   filter, Landlock, no_new_privs, no capabilities.
+3. An unprivileged uid of its own for the candidate (when we are root), a
+   non-dumpable judge: /proc/<judge>/mem, environ and fd are unreadable and
+   other processes cannot be signalled even where a path slips through.
+4. rlimits: CPU, address space, file size, no new processes, 256 fds.
+5. An audit hook (sandbox/guard.py), a fast first filter deciding reads
+   (allow-list) and writes (work directory only) on resolved paths, refusing
+   process creation, signals, sockets, ctypes and object hunting.
+6. A fresh work directory, a minimal environment (no secrets inherited),
+   `-I -S -B` interpreters, no inherited descriptors, capped output, a
+   wall-clock timeout that kills the whole process group.
+
+A run needs seccomp, no_new_privs, a file-system layer (read-only mounts or
+Landlock) and a process layer (PID namespace, uid, or seccomp with Landlock):
+where one is missing,
+`run_tests` raises `SandboxUnavailableError` naming it, unless the caller
+opts out with `allow_weak_sandbox` (config `reward.code.allow_weak_sandbox`).
+Whatever the opt-out, the candidate refuses to run when it could write to
+the interpreter's or reinforge's directories.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import functools
 import json
 import logging
 import os
@@ -83,7 +93,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from reinforge.rewards.sandbox import CANDIDATE_SRC, JUDGE_SRC
+from reinforge.rewards.sandbox import CANDIDATE_BOOT, CANDIDATE_CODE, JUDGE_SRC
+from reinforge.rewards.sandbox_layers import (  # noqa: F401 - namespace_prefix, sandbox_plan: public here
+    OPTIONAL_LAYERS,
+    REQUIRED_LAYER_GROUPS,
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_SPAN,
+    SandboxPlan,
+    SandboxUnavailableError,
+    allow_weak_default,
+    configure_sandbox,
+    minimal_env,
+    namespace_prefix,
+    protected_dirs,
+    sandbox_plan,
+    sandbox_settings,
+    warn_missing_layers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +122,6 @@ MAX_MESSAGE_BYTES = 16 * 2**20
 MAX_ERROR_CHARS = 500
 # Data values of top-level names larger than this (encoded) are not sent to the tests.
 MAX_GLOBAL_VALUE_BYTES = 64 * 2**10
-# The candidate's uid is drawn per run from [base, base + span): far above system and
-# login uids and the usual subuid ranges, so no other process on the machine has it.
-SANDBOX_UID_BASE = 2**30
-SANDBOX_UID_SPAN = 2**29
-# The candidate's own namespaces, nested inside the judge's: fresh /proc, no judge in view.
-CANDIDATE_NAMESPACES = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net",
-                        "--ipc")
-
 @dataclass(frozen=True)
 class CodeResult:
     """Outcome of running one program against one test source."""
@@ -122,14 +140,6 @@ class TestSuite:
 
     setup: str
     cases: tuple[str, ...]
-
-@dataclass(frozen=True)
-class SandboxPlan:
-    """The layers one run uses on this machine (probed once per process)."""
-
-    judge_prefix: tuple[str, ...]  # `unshare ...` for the judge, () without namespaces
-    candidate_prefix: tuple[str, ...]  # `unshare ...` nested for the candidate, () if unavailable
-    drop_uid: bool  # we are real root: the candidate runs as a fresh unprivileged uid
 
 def split_tests(tests: str) -> TestSuite:
     """Split test source into setup and cases (each top-level `assert` is one case).
@@ -166,72 +176,6 @@ def candidate_names(tests: str) -> tuple[str, ...]:
             bound.update(node.names)
     return tuple(sorted(loaded - bound - set(dir(builtins))))
 
-def _minimal_env() -> dict[str, str]:
-    # Nothing from the parent environment: API keys and tokens live there.
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
-
-def _probe(command: list[str]) -> bool:
-    try:
-        probe = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=10, env=_minimal_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-@functools.lru_cache(maxsize=1)
-def namespace_prefix() -> tuple[str, ...]:
-    """The judge's `unshare` command prefix that works on this machine, or () if none does.
-
-    Probed once per process by running a trivial interpreter under it.
-    """
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    namespaces = ["--pid", "--fork", "--kill-child", "--net"]
-    attempts = [[unshare, *namespaces]] if os.geteuid() == 0 else []
-    attempts.append([unshare, "--user", "--map-root-user", *namespaces])
-    for prefix in attempts:
-        if _probe([*prefix, sys.executable, "-I", "-S", "-c", "pass"]):
-            return tuple(prefix)
-    return ()
-
-@functools.lru_cache(maxsize=1)
-def _candidate_prefix() -> tuple[str, ...]:
-    judge = namespace_prefix()
-    unshare = shutil.which("unshare")
-    if not judge or unshare is None:
-        return ()
-    prefix = (unshare, *CANDIDATE_NAMESPACES)
-    # PID 1 with nothing but itself in /proc: the namespace and the fresh /proc both work.
-    check = "import os; assert os.getpid() == 1 and os.listdir('/proc').count('1') == 1"
-    return prefix if _probe([*judge, *prefix, sys.executable, "-I", "-S", "-c", check]) else ()
-
-_warned: set[str] = set()
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("code sandbox: %s", message)
-
-def sandbox_plan(namespaces: bool = True) -> SandboxPlan:
-    """The layers a run gets here; logs each one that is missing, once per process."""
-    judge = namespace_prefix() if namespaces else ()
-    candidate = _candidate_prefix() if judge else ()
-    drop_uid = os.geteuid() == 0 and "--user" not in judge
-    if not judge:
-        why = "disabled by the caller" if not namespaces else "unshare does not work here"
-        _warn_once(f"namespaces-{namespaces}", (
-            f"PID/mount/network namespaces {why}: the candidate sees the host's /proc and "
-            "network stack" + ("; running as root, so the unprivileged uid, the non-dumpable "
-                               "judge and the audit hook carry the isolation" if drop_uid else "")))
-    elif not candidate:
-        _warn_once("candidate-namespaces", "the candidate cannot get its own PID and mount "
-                   "namespace (fresh /proc) here; it shares the judge's")
-    if not drop_uid:
-        _warn_once("uid", "not real root: the candidate runs as this user, so other processes "
-                   "of this user are protected only by namespaces and the audit hook")
-    return SandboxPlan(judge, candidate, drop_uid)
-
 def run_tests(
     program: str,
     tests: str,
@@ -241,18 +185,38 @@ def run_tests(
     output_bytes: int = DEFAULT_OUTPUT_BYTES,
     file_bytes: int = DEFAULT_FILE_BYTES,
     namespaces: bool = True,
+    allow_weak_sandbox: bool | None = None,
+    layers_off: frozenset[str] | tuple[str, ...] = (),
 ) -> CodeResult:
     """Run `program` against `tests` (format in the module docstring); never raises for bad programs.
 
     `timeout_s` is the wall-clock budget of the whole run, interpreter
     startup included; the candidate's CPU limit is its ceiling. `namespaces`
-    False skips the `unshare` layers (for testing the other layers alone).
+    False skips the `unshare` layers and `layers_off` names others to skip
+    (OPTIONAL_LAYERS), for testing the remaining layers alone.
+    Raises SandboxUnavailableError when a required layer is missing and
+    `allow_weak_sandbox` (None: the configured default) is not True, and
+    always when the candidate could write to the interpreter's directories.
     """
+    return _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, namespaces,
+                allow_weak_sandbox, layers_off)[0]
+
+
+def _run(program, tests, timeout_s, memory_bytes, output_bytes, file_bytes, namespaces,
+         allow_weak_sandbox, layers_off) -> tuple[CodeResult, dict]:
     start = time.monotonic()
     suite = split_tests(tests)
     total = len(suite.cases)
     if total == 0:
-        return CodeResult(False, 0, 0, "tests contain no top-level assert", 0.0, False, "")
+        return CodeResult(False, 0, 0, "tests contain no top-level assert", 0.0, False, ""), {}
+    unknown = set(layers_off) - OPTIONAL_LAYERS
+    if unknown:
+        raise ValueError(f"layers_off: unknown layers {sorted(unknown)}; known: "
+                         f"{sorted(OPTIONAL_LAYERS)}")
+    weak = allow_weak_default() if allow_weak_sandbox is None else allow_weak_sandbox
+    if "hook" in layers_off and not weak:
+        raise ValueError("layers_off=('hook',) leaves the kernel layers alone: it needs "
+                         "allow_weak_sandbox=True")
     plan = sandbox_plan(namespaces)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if plan.drop_uid else -1
     nonce = secrets.token_hex(16)
@@ -271,8 +235,10 @@ def run_tests(
             "max_global": MAX_GLOBAL_VALUE_BYTES,
             "max_error": MAX_ERROR_CHARS,
             "candidate_prefix": list(plan.candidate_prefix),
-            "candidate_src": CANDIDATE_SRC,
+            "candidate_boot": CANDIDATE_BOOT,
+            "candidate_code": CANDIDATE_CODE.hex(),
             "uid": uid,
+            "sandbox": sandbox_settings(plan, layers_off, weak, file_bytes, protected_dirs()),
         }
     ).encode()
     workdir = tempfile.mkdtemp(prefix="reinforge-code-")
@@ -286,7 +252,7 @@ def run_tests(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=workdir,
-            env=_minimal_env(),
+            env=minimal_env(),
             start_new_session=True,
             close_fds=True,
         )
@@ -304,22 +270,24 @@ def run_tests(
                     _kill_group(rec["pid"])
     finally:
         _remove_tree(workdir)
+    done = next((r for r in records if r.get("kind") == "done"), None) or {}
+    layers = done.get("layers") if isinstance(done.get("layers"), dict) else {}
+    if done.get("refused") is not None:
+        raise SandboxUnavailableError.refused(str(done["refused"]), layers)
     result = _verdict(
         records, total, timed_out, timeout_s, judge.returncode, err, time.monotonic() - start
     )
-    _warn_missing_layers(records)
-    return result
+    warn_missing_layers(layers, set(layers_off))
+    return result, layers
 
-def _warn_missing_layers(records: list[dict]) -> None:
-    done = next((r for r in records if r.get("kind") == "done"), None)
-    layers = done.get("layers") if done else None
-    if not isinstance(layers, dict):
-        return
-    if layers.get("non_dumpable") is False:
-        _warn_once("dumpable", "prctl(PR_SET_DUMPABLE) failed: the judge's memory is protected "
-                   "only by the uid and namespace layers")
-    if layers.get("no_new_privs") is False:
-        _warn_once("nnp", "prctl(PR_SET_NO_NEW_PRIVS) failed in the candidate")
+def probe_layers(namespaces: bool = True) -> dict:
+    """Each layer of the sandbox on this machine: True, or why it is missing (a str).
+
+    Runs one trivial program through the whole sandbox, with weak sandboxes allowed so
+    that the missing layers are reported rather than refused.
+    """
+    return _run("pass", "assert True", 10.0, DEFAULT_MEMORY_BYTES, DEFAULT_OUTPUT_BYTES,
+                DEFAULT_FILE_BYTES, namespaces, True, ())[1]
 
 def _kill_group(pgid: int) -> None:
     try:

@@ -166,6 +166,19 @@ class AlertConfig(Section):
     )
 
 
+class CodeSandboxConfig(Section):
+    """The code sandbox of the `code` verifier and the `python` tool (reinforge.rewards.code, docs/security.md)."""
+
+    allow_weak_sandbox: bool = Field(
+        False,
+        description="Run candidate programs even where a required sandbox layer is missing (seccomp, no_new_privs, "
+                    "read-only mounts or Landlock, and a PID namespace, a uid of their own or Landlock with "
+                    "seccomp: `reinforge doctor` lists them). False: such a machine refuses to run candidate "
+                    "code, naming the missing layer. Even when true, a candidate that could write to the "
+                    "interpreter's directories never runs.",
+    )
+
+
 class RewardFunctionConfig(Section):
     name: str = Field(
         description=(
@@ -270,6 +283,8 @@ class RewardConfig(Section):
         None, description="On-policy distillation: a teacher's per-token reverse KL in the advantage; None: none."
     )
     process: ProcessRewardConfig | None = Field(None, description="A process reward model's step scores; None: none.")
+    code: CodeSandboxConfig = Field(default_factory=CodeSandboxConfig,
+                                    description="The sandbox that runs candidate programs.")
     judge: JudgeConfig | None = Field(
         None, description="A generative judge (an LM that grades each completion) whose score is added to the reward."
     )

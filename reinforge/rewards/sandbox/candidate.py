@@ -1,39 +1,62 @@
 """The candidate process: locks itself down, runs the untrusted program, and serves calls.
 
-Runs as `python -I -S -B -c CODEC + GUARD + CANDIDATE ARGS...`, started by the
-judge (under `unshare` when namespaces are in use: then it is PID 1 of its
-own PID namespace, with its own /proc, no network and no view of the judge).
-Each step needs a privilege the next one gives up, so the order matters:
+Runs as `python -I -S -B -c CODEC + GUARD + SECCOMP + KERNEL + CANDIDATE ARGS...` (as a code
+object, see sandbox/__init__.py), started by
+the judge (under `unshare` when namespaces are in use: then it is PID 1 of its
+own PID namespace, with its own /proc, mount table, no network and no view of
+the judge). Each step needs a privilege the next one gives up, so the order
+matters (docs/security.md lists what each layer stops):
 
-1. rlimits (CPU, address space, file size, core 0, 256 descriptors, no new
-   processes), SIGXFSZ ignored (an oversize write fails instead of killing),
-   an alarm as last resort.
-2. prctl(PR_SET_NO_NEW_PRIVS) through ctypes, then ctypes is dropped from
-   sys.modules: the program's own `import ctypes` raises the import event
-   the guard refuses.
-3. The program arrives (first request) and the guard (audit hook) goes in,
-   with `_imp.create_builtin` guarded (no fresh copy of posix, _signal, _imp).
+1. Every inherited descriptor but the two pipes is closed; rlimits (CPU,
+   address space, file size, core 0, 256 descriptors, no new processes),
+   SIGXFSZ ignored, an alarm as last resort; PR_SET_NO_NEW_PRIVS.
+2. The program and the sandbox settings arrive (first request).
+3. In its own mount namespace: every mount read-only, private tmpfs on /tmp,
+   /var/tmp, /dev/shm and on the work directory (noexec).
 4. If the stdlib cannot be reached by other users (Python under /root,
    say), it is opened now and imported through /proc/self/fd/N (see
-   `stdlib_through_fds`): after step 5 its path would be closed.
-5. setgroups([]), setgid, setuid to the uid the caller chose for this run
-   (unused by anything else): no capabilities, no access to other users'
-   files or processes, /proc/<judge>/mem unreadable. Fails closed.
-6. os.pidfd_open and signal.pidfd_send_signal (no audit events) are removed;
-   os.mkfifo, mknod, memfd_create, setpriority and sched_set* (no audit events
-   either) refuse.
-7. The program runs; the names the tests need are reported (a callable,
-   a plain-data value, or a module imported under its own name); calls
-   are served until the judge closes the pipe.
+   `stdlib_through_fds`): after step 6 its path would be closed.
+5. Landlock: reads only from the stdlib, system libraries and the work
+   directory, writes only there; no TCP; no signals out of the domain.
+6. `_imp.create_builtin` and `create_dynamic` guarded; setgroups([]), setgid,
+   setuid to the uid the caller chose for this run (unused by anything else),
+   or, staying uid 0 of a user namespace, every capability dropped.
+7. The seccomp filter (seccomp.py): no ptrace, other processes' memory or
+   signals, sockets, mounts, namespaces, exec, new processes, memfd...
+8. A last check that none of the interpreter's directories is writable
+   now, and that the layers the caller requires are in place: otherwise
+   the program is refused, never run.
+9. ctypes leaves sys.modules and the guard (audit hook) goes in; calls that
+   raise no audit event are removed from os/posix/signal.
+10. The program runs as module `__candidate__` (registered in sys.modules,
+   so dataclasses and pickle find it); the names the tests need are
+   reported (a callable, a plain-data value, or a module imported under
+   its own name); calls are served until the judge closes the pipe.
 """
 
 import json
 import os
 import sys
 
-try:  # in the sandbox these names come from codec.py and guard.py, prepended to this source
+try:  # in the sandbox these names come from the sibling sources, prepended to this one
     from .codec import decode, encode, recv, send
-    from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, guard_create_builtin, make_hook
+    from .guard import SYSTEM_READ_FILES, SYSTEM_READ_ROOTS, guard_imp, make_hook
+    from .kernel import (
+        FS_READ_FILE,
+        FS_TRUNCATE,
+        FS_WRITE_FILE,
+        READ_RIGHTS,
+        SHARED_WRITABLE,
+        WORKDIR_RIGHTS,
+        Libc,
+        drop_capabilities,
+        install_landlock,
+        missing_layers,
+        no_new_privs,
+        read_only_mounts,
+        writable_paths,
+    )
+    from .seccomp import install_seccomp, machine_arch
 except ImportError:
     pass
 
@@ -53,19 +76,6 @@ def refused(what):
 
     call.__name__ = what.rsplit(".", 1)[-1]
     return call
-
-
-def no_new_privs():
-    """True once exec can never again gain privileges (setuid binaries, file capabilities)."""
-    try:
-        import ctypes
-
-        ok = ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-    except Exception:
-        ok = False
-    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
-        del sys.modules[name]
-    return ok
 
 
 def readable_by_others(path):
@@ -207,39 +217,157 @@ def serve_calls(req_fd, resp_fd, namespace, limit, max_error):
         send(resp_fd, {"id": request["id"], **reply})
 
 
+# Files the C library may read for the program (the dynamic loader's cache, the local time
+# zone): the audit hook never sees them, Landlock must let them through.
+LIBC_READ_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+
+
+def close_inherited_fds(keep):
+    """Every descriptor above 2 except `keep` closed: nothing of the judge's leaks in."""
+    top = 1 << 16
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, top)
+
+
+def attempt(layers, name, step):
+    """Run one layer's `step`; record True, or why it is missing."""
+    try:
+        step()
+        layers[name] = True
+    except Exception as exc:  # noqa: BLE001 - any failure means the layer is missing
+        layers[name] = f"{type(exc).__name__}: {exc}"[:200]
+
+
+def kernel_layers(libc, config, workdir, uid, stdlib):
+    """Steps 3 to 7. Returns (layers, the fds of stdlib_through_fds, the read roots)."""
+    layers = {}
+    off = set(config.get("off", ()))
+
+    def skipped(name):
+        layers[name] = "turned off by the caller"
+
+    if libc is None:
+        for name in ("readonly_mounts", "landlock", "capabilities", "seccomp"):
+            layers[name] = "ctypes is not available"
+    if libc is not None and config.get("mount_namespace") and "readonly_mounts" not in off:
+        options = f"size={config['workdir_bytes']},nr_inodes=4096,mode=0700"
+        if uid >= 0:
+            options += f",uid={uid},gid={uid}"
+        attempt(layers, "readonly_mounts",
+                lambda: read_only_mounts(libc, workdir, options, keep=stdlib))
+    elif "readonly_mounts" not in layers:
+        layers["readonly_mounts"] = ("no mount namespace" if "readonly_mounts" not in off
+                                     else "turned off by the caller")
+    layers["pid_namespace"] = True if os.getpid() == 1 else "no PID namespace"
+    own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
+    read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
+    if libc is not None:
+        if "landlock" in off:
+            skipped("landlock")
+        else:
+            rules = [(workdir, WORKDIR_RIGHTS), *((r, READ_RIGHTS) for r in read_roots[1:]),
+                     *((f, FS_READ_FILE) for f in (*SYSTEM_READ_FILES, *LIBC_READ_FILES)),
+                     ("/dev/null", FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)]
+            attempt(layers, "landlock", lambda: install_landlock(libc, rules))
+    if uid >= 0:
+        attempt(layers, "uid", lambda: drop_privileges(uid))
+        if layers["uid"] is not True:
+            raise PermissionError(f"could not drop privileges: {layers['uid']}")
+    else:
+        layers["uid"] = "not root: the candidate keeps the caller's uid"
+        if libc is not None:
+            attempt(layers, "capabilities", lambda: drop_capabilities(libc))
+    if uid >= 0:
+        layers["capabilities"] = True  # setuid from root to another uid clears them all
+    if libc is not None:
+        arch = machine_arch()
+        if "seccomp" in off:
+            skipped("seccomp")
+        elif arch is None:
+            layers["seccomp"] = f"no syscall table for {os.uname().machine}"
+        else:
+            attempt(layers, "seccomp", lambda: install_seccomp(libc, arch, os.getpid()))
+    return layers, own_fds, read_roots
+
+
+def run_program(program, namespace_name="__candidate__"):
+    """Step 10: the program as a module registered under its name while it runs (dataclasses
+    resolve string annotations through sys.modules, pickle finds classes there)."""
+    module = type(sys)(namespace_name)
+    module.__builtins__ = __builtins__
+    sys.modules[namespace_name] = module
+    exec(compile(program, "<candidate>", "exec"), module.__dict__)
+    return module.__dict__
+
+
 def serve():
     import signal
 
     (req_fd, resp_fd, cpu_s, mem, fsize, wall, limit, max_global, max_error,
      uid) = map(int, sys.argv[1:11])
     workdir = os.path.realpath(os.getcwd())
+    close_inherited_fds((req_fd, resp_fd))
     limit_resources(cpu_s, mem, fsize, wall)
-    layers = {"no_new_privs": no_new_privs(), "uid": False}
+    try:
+        libc = Libc()
+    except Exception:  # noqa: BLE001 - no ctypes: every kernel layer reports itself missing
+        libc = None
+    layers = {}
+    attempt(layers, "no_new_privs", lambda: no_new_privs(libc))
 
     request = recv(req_fd, limit)
-    stdlib = [os.path.realpath(p) for p in sys.path if p]
-    read_roots = (workdir, *stdlib, *(os.path.realpath(p) for p in SYSTEM_READ_ROOTS))
-    own_fds = stdlib_through_fds(stdlib) if uid >= 0 else ()
-    guarded = guard_create_builtin(sys.modules["_imp"])
-    sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds, guarded))
-    if uid >= 0:
-        try:
-            drop_privileges(uid)
-        except OSError as exc:
-            send(resp_fd, {"id": request["id"], "ok": False, "layers": layers,
-                           "error": f"sandbox: could not drop privileges: {exc}"})
-            return
-        layers["uid"] = True
-    remove_unaudited_calls(signal)
+    config = request.get("sandbox") or {}
 
-    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    def refuse(error, key="error"):
+        send(resp_fd, {"id": request["id"], "ok": False, "layers": layers, key: error})
+
+    stdlib = [os.path.realpath(p) for p in sys.path if p]
     try:
-        exec(compile(request["program"], "<candidate>", "exec"), namespace)
+        kernel, own_fds, read_roots = kernel_layers(libc, config, workdir, uid, stdlib)
+    except OSError as exc:
+        return refuse(f"sandbox: {exc}")
+    layers.update(kernel)
+    # "hook" off (tests only: the state a memory-corruption exploit would leave) turns off every
+    # in-process guard: the audit hook, the _imp guards, the removal of unaudited calls.
+    python_guards = "hook" not in config.get("off", ())
+    guarded = guard_imp(sys.modules["_imp"], workdir, stdlib) if python_guards else ()
+    # Step 8. The layers the caller requires; and never a writable interpreter, whatever the
+    # caller allows.
+    reasons = []
+    missing = missing_layers(layers, config.get("required", ()))
+    if missing:
+        reasons.append("missing sandbox layers: " + "; ".join(missing))
+    protected = config.get("protected", ())
+    if layers.get("readonly_mounts") is True:  # the shared places are private tmpfs now
+        protected = [d for d in protected if d in stdlib or not d.startswith(
+            tuple(p + "/" for p in SHARED_WRITABLE)) and d not in SHARED_WRITABLE]
+    writable = writable_paths(protected)
+    if writable:
+        reasons.append(f"the candidate could write to {', '.join(writable)} (no read-only mount, "
+                       "Landlock rule or uid layer holds there); refusing to run untrusted code")
+    if reasons:
+        return refuse("; ".join(reasons), key="refused")
+
+    libc = None  # the last reference to the ctypes objects of this process
+    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]
+    if python_guards:
+        sys.addaudithook(make_hook(workdir, read_roots, SYSTEM_READ_FILES, MAX_FD, own_fds,
+                                   guarded, extension_roots=stdlib))
+        remove_unaudited_calls(signal)
+        layers["hook"] = True
+    else:
+        layers["hook"] = "turned off by the caller"
+    send(resp_fd, {"id": request["id"], "ok": True, "layers": layers})  # before the program runs
+    try:
+        namespace = run_program(request["program"])
     except BaseException as exc:  # noqa: B036 - SystemExit and KeyboardInterrupt are failures too
-        send(resp_fd, {"id": request["id"], "ok": False, "error": describe(exc, max_error), "layers": layers})
-        return
+        return send(resp_fd, {"id": request["id"], "ok": False, "error": describe(exc, max_error)})
     names = exported_names(namespace, request["names"], max_global)
-    send(resp_fd, {"id": request["id"], "ok": True, "names": names, "layers": layers})
+    send(resp_fd, {"id": request["id"], "ok": True, "names": names})
     serve_calls(req_fd, resp_fd, namespace, limit, max_error)
 
 

@@ -11,6 +11,9 @@ import json as _json
 import os as _os
 
 MAX_ITERATOR_ITEMS = 10**6  # an endless generator fails fast instead of running out the clock
+# dict views cross as views of a fresh dict: `f() == {1, 2}` for `d.keys()` holds as in plain
+# Python (keys and items views are set-like), and list(), len() and `in` work on them.
+_VIEWS = ((type({}.keys()), "K"), (type({}.values()), "V"), (type({}.items()), "W"))
 _REAL, _IMAG = complex.real, complex.imag  # the member descriptors, not a subclass's override
 
 
@@ -48,6 +51,9 @@ def encode(x, depth=0):
             return [tag, [encode(v, depth + 1) for v in base.__iter__(x)]]
     if issubclass(kind, dict):
         return ["D", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in dict.items(x)]]
+    for view, tag in _VIEWS:
+        if kind is view:  # views cannot be subclassed; their items are encoded like any value
+            return [tag, [encode(v, depth + 1) for v in x]]
     if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
         # An iterator (a generator entry point, map, zip...) crosses as the items it yields,
         # and is an iterator again on the other side: `list(gen(3)) == [0, 1, 2]` holds.
@@ -87,6 +93,15 @@ def decode(x):
             return {"T": tuple, "L": list, "Z": frozenset, "E": set, "G": iter}[tag](items)
         if tag == "D" and type(rest[0]) is list:
             return {decode(k): decode(v) for k, v in rest[0]}
+        if tag == "K" and type(rest[0]) is list:
+            return dict.fromkeys(decode(v) for v in rest[0]).keys()
+        if tag == "V" and type(rest[0]) is list:
+            return dict(enumerate(decode(v) for v in rest[0])).values()
+        if tag == "W" and type(rest[0]) is list:
+            pairs = [decode(v) for v in rest[0]]
+            if not all(type(p) is tuple and len(p) == 2 for p in pairs):
+                raise ProtocolError("bad W value: not (key, value) pairs")
+            return dict(pairs).items()
     except (IndexError, TypeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"bad {tag} value: {exc}") from None
     raise ProtocolError(f"bad tag {tag!r}")

@@ -1,9 +1,11 @@
 """The candidate's audit hook (PEP 578): which paths it may open and which events it refuses.
 
 Runs inside the candidate process (this source is concatenated into the
-candidate's), installed before the program runs. It is one layer of several
-(docs/security.md): the kernel layers (own PID and mount namespace with a
-fresh /proc, an unused uid) hold even where this hook is fooled.
+candidate's), installed last, just before the program runs. It is a fast first
+filter with clear messages, not the boundary (docs/security.md): the kernel
+layers (kernel.py: seccomp, Landlock, read-only mounts; own PID namespace with
+a fresh /proc, an unused uid or no capabilities) hold even where this hook is
+fooled or switched off, e.g. by a memory-corruption bug in the interpreter.
 
 Paths are decided on where they lead, not on how they are written
 -------------------------------------------------------------------
@@ -75,21 +77,23 @@ REFUSED_IMPORTS = frozenset((
     "_dbm", "_gdbm", "readline", "ssl", "_ssl", "syslog", "nis", "spwd", "ossaudiodev",
     "_tkinter",
 ))
-# Attributes of the hook's helper functions whose rebinding would change what the hook does
-# (dataclasses and others set them on their own functions, so only the helpers are guarded);
-# reading them is refused too (the `_imp.create_builtin` guard keeps the original there).
+# Attributes of the hook's helper functions whose rebinding or deletion would change what the
+# hook does (dataclasses and others set them on their own functions, so only the helpers are
+# guarded); reading them is refused too (the `_imp.create_builtin` guard keeps the original there).
 REFUSED_SETATTR = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 # Builtin modules whose fresh copy (`_imp.create_builtin`, no audit event) would bring back
 # what the candidate removed: posix.mkfifo/mknod/memfd_create/pidfd_open,
 # _signal.pidfd_send_signal, and _imp's own unguarded create_builtin.
 FRESH_COPY_REFUSED = frozenset(("posix", "_signal", "_imp"))
-# event -> ((index of a path argument, index of its dir_fd argument or -1), ...); write rule.
-WRITE_PATH_EVENTS = {
-    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
-    "os.rename": ((0, 2), (1, 3)), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
-    "os.utime": ((0, 3),), "os.truncate": ((0, -1),), "os.mkfifo": ((0, 2),),
-    "os.mknod": ((0, 3),), "os.setxattr": ((0, -1),), "os.removexattr": ((0, -1),),
-}
+# (event, ((index of a path argument, index of its dir_fd argument or -1), ...)); write rule.
+# Tuples and frozensets only: every table here is reachable from the program (`import
+# __main__`), so none may be an object it could change; the hook holds its own references.
+WRITE_PATH_EVENTS = (
+    ("os.remove", ((0, 1),)), ("os.rmdir", ((0, 1),)), ("os.mkdir", ((0, 2),)),
+    ("os.rename", ((0, 2), (1, 3))), ("os.chmod", ((0, 2),)), ("os.chown", ((0, 3),)),
+    ("os.utime", ((0, 3),)), ("os.truncate", ((0, -1),)), ("os.mkfifo", ((0, 2),)),
+    ("os.mknod", ((0, 3),)), ("os.setxattr", ((0, -1),)), ("os.removexattr", ((0, -1),)),
+)
 READ_PATH_EVENTS = frozenset(("os.listdir", "os.scandir", "os.getxattr", "os.listxattr"))
 # Read-only system locations a program may legitimately read, besides the stdlib.
 SYSTEM_READ_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/share/zoneinfo")
@@ -180,16 +184,57 @@ def directory_fds(max_fd, fstat=_os.fstat, isdir=_stat.S_ISDIR, range_=range, tu
     return tuple_(found)
 
 
-def guard_create_builtin(imp, refused_names=FRESH_COPY_REFUSED):
-    """Replace `imp.create_builtin` by a guard that refuses fresh copies of `refused_names`.
+def name_refused(name, refused, to_str=str.__str__):
+    """Whether any dotted part of module name `name` (exact str) is in `refused`: the loader takes
+    an extension's init symbol from the last part (`x.readline` loads readline), the import
+    system the package from the first."""
+    for part in to_str(name).split("."):
+        if part in refused:
+            return True
+    return False
+
+
+def extension_refused(path, cwd, roots, refused, resolve=resolve, name_refused=name_refused,
+                      rfind=str.rfind):
+    """Why loading the extension file `path` (exact str) is refused, or None: it must lie under
+    one of `roots` (the stdlib's directories, never the work directory, where the program could
+    write its own machine code) and its file name must not be that of a refused module."""
+    full = resolve(path, cwd)
+    if not full.startswith(roots):
+        return f"sandbox: loading an extension from {full} is not allowed"
+    stem = full[rfind(full, "/") + 1:].split(".")[0]
+    if name_refused(stem, refused):
+        return f"sandbox: loading the {stem} extension is not allowed"
+    return None
+
+
+def import_refused(args, cwd, roots, refused, to_str=str.__str__, len_=len, as_path=as_path,
+                   name_refused=name_refused, extension_refused=extension_refused):
+    """Why the `import` event with `args` (name, an extension's file or None, ...) is refused,
+    or None."""
+    name = to_str(args[0])
+    if name_refused(name, refused):
+        return f"sandbox: importing {name} is not allowed"
+    if len_(args) > 1 and args[1] is not None:  # an extension module's file
+        return extension_refused(as_path(args[1], False), cwd, roots, refused)
+    return None
+
+
+def guard_imp(imp, cwd, extension_roots, refused_builtins=FRESH_COPY_REFUSED,
+              refused_imports=REFUSED_IMPORTS):
+    """Replace `imp.create_builtin` and `imp.create_dynamic` by guards.
 
     A fresh copy of a builtin module is made from the module's state at its first
-    import, before the sandbox removed anything from it, and raises no audit event.
-    The original is held only as a default of `create` (reading `__defaults__` or
-    `__code__` of the returned functions is refused by the hook: pass their ids to
-    `make_hook`), and no program code runs while `create`'s frame is live: it gets an
-    exact str, and passes the original a `SimpleNamespace`, not the program's spec.
-    Returns the ids of the two functions.
+    import, before the sandbox removed anything from it, and raises no audit event;
+    `create_dynamic` raises none either for an extension already loaded once (the
+    sandbox itself loaded `_ctypes`), under any name. The guards refuse fresh copies of
+    `refused_builtins`, and extensions whose name has a refused part or whose file is
+    outside `extension_roots` or named like a refused module.
+    The originals are held only as defaults of the guards' inner functions (reading
+    `__defaults__` or `__code__` of the returned functions is refused by the hook: pass
+    their ids to `make_hook`), and no program code runs while an inner frame is live: it
+    gets exact strs, and passes the original a `SimpleNamespace`, not the program's spec.
+    Returns the ids of the four functions.
     """
     import types
 
@@ -197,7 +242,7 @@ def guard_create_builtin(imp, refused_names=FRESH_COPY_REFUSED):
     # `create_builtin`'s frame) can replace `refused` only by replacing `original` too.
     # `to_str` first of all: a str subclass's `__hash__`/`__eq__` would run program code
     # (with this frame and `original` in reach) and could lie to `in refused`.
-    def create(name, original=imp.create_builtin, refused=frozenset(refused_names),
+    def create(name, original=imp.create_builtin, refused=frozenset(refused_builtins),
                namespace=types.SimpleNamespace, perm=PermissionError, to_str=str.__str__, /):
         name = to_str(name)
         if name in refused:
@@ -209,40 +254,65 @@ def guard_create_builtin(imp, refused_names=FRESH_COPY_REFUSED):
         # `create`, which enforces the rule itself.
         return create(to_str(getattr_(spec, "name")))
 
+    def load(name, origin, original=imp.create_dynamic, refused=frozenset(refused_imports),
+             roots=tuple(r + "/" for r in extension_roots), cwd=cwd,
+             namespace=types.SimpleNamespace, perm=ImportError, to_str=str.__str__,
+             name_refused=name_refused, extension_refused=extension_refused, /):
+        name, origin = to_str(name), to_str(origin)
+        if name_refused(name, refused):
+            raise perm(f"sandbox: importing {name} is not allowed")
+        why = extension_refused(origin, cwd, roots, refused)
+        if why is not None:
+            raise perm(why)
+        return original(namespace(name=name, origin=origin))
+
+    def create_dynamic(spec, file=None, load=load, getattr_=getattr, to_str=str.__str__):
+        return load(to_str(getattr_(spec, "name")), to_str(getattr_(spec, "origin")))
+
     imp.create_builtin = create_builtin
-    return (id(create), id(create_builtin))
+    imp.create_dynamic = create_dynamic
+    return (id(create), id(create_builtin), id(load), id(create_dynamic))
 
 
-def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=()):
+def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(),
+              extension_roots=()):
     """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved).
 
     `own_fds` are the stdlib directories the sandbox holds open (only when the
     candidate runs as its own uid, see candidate.py): a relative os.open is
     resolved from them too, and must land on a readable path; the kernel
-    refuses that uid any write there.
+    refuses that uid any write there. `extension_roots`: the only directories
+    extension modules may be loaded from.
     """
-    guarded_ids = [*guarded_ids, *(id(f) for f in (resolve, as_path, fd_path, directory_fds))]
+    helpers = (resolve, as_path, fd_path, directory_fds, name_refused, extension_refused,
+               import_refused)
+    guarded_ids = [*guarded_ids, *(id(f) for f in helpers)]
 
     def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
              read_exact=frozenset((*read_roots, *read_files)), write_prefix=workdir + "/",
              write_exact=frozenset((workdir, "/dev/null")), refused=REFUSED_EVENTS,
              refused_prefixes=REFUSED_EVENT_PREFIXES, refused_imports=REFUSED_IMPORTS,
-             refused_setattr=REFUSED_SETATTR, write_events=WRITE_PATH_EVENTS,
-             read_events=READ_PATH_EVENTS, no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS,
+             refused_setattr=REFUSED_SETATTR,
+             # `f.__defaults__ = None` is a delete, audited as object.__delattr__
+             attr_events=frozenset(("object.__setattr__", "object.__getattr__",
+                                    "object.__delattr__")),
+             write_event_names=frozenset(e for e, _ in WRITE_PATH_EVENTS),
+             write_events=WRITE_PATH_EVENTS, read_events=READ_PATH_EVENTS,
+             no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS, write_modes="wax+",
              max_fd=max_fd, own_fds=frozenset(own_fds), resolve=resolve, as_path=as_path,
-             directory_fds=directory_fds, fd_path=fd_path,
+             directory_fds=directory_fds, fd_path=fd_path, import_refused=import_refused,
+             extension_roots=tuple(r + "/" for r in extension_roots),
              guarded=frozenset(guarded_ids), id_=id,
-             to_str=str.__str__, len_=len, int_type=int, type_=type,
+             to_str=str.__str__, len_=len, int_type=int, str_type=str, type_=type,
              perm=PermissionError, import_error=ImportError):
         if event in refused or event.startswith(refused_prefixes):
             raise perm(f"sandbox: {event} is not allowed")
         if event == "import":
-            name = to_str(args[0])
-            if name in refused_imports or name.split(".")[0] in refused_imports:
-                # ImportError, so that `try: import x / except ImportError` fallbacks still work.
-                raise import_error(f"sandbox: importing {name} is not allowed")
+            why = import_refused(args, cwd, extension_roots, refused_imports)
+            if why is not None:  # ImportError: `try: import x / except ImportError` still works
+                raise import_error(why)
             return
-        if event == "object.__setattr__" or event == "object.__getattr__":
+        if event in attr_events:
             if id_(args[0]) in guarded and to_str(args[1]) in refused_setattr:
                 raise perm(f"sandbox: {event} {to_str(args[1])} is not allowed")
             return
@@ -250,7 +320,16 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
             path = as_path(args[0], False)
             if path is None:
                 return  # a descriptor already held: judged when it was opened
-            writing = (args[2] & write_flags) != 0
+            # By the flags, and by the mode where there is one: a write is never judged as a
+            # read even when an opener reports flags 0 with its mode string.
+            mode = args[1]
+            if mode is not None and type_(mode) is not str_type:
+                raise perm("sandbox: open with this mode is not allowed")
+            writing = type_(args[2]) is not int_type or (args[2] & write_flags) != 0
+            if mode is not None:
+                for c in write_modes:
+                    if c in mode:
+                        writing = True
             bases = ((cwd, writing),)  # (where a relative path starts, judged by the write rule)
             if args[1] is None and not path.startswith("/"):
                 # os.open: the event does not show the dir_fd, so every open directory counts.
@@ -261,8 +340,12 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
             if path is None:
                 return
             bases = ((cwd, False),)
-        elif event in write_events:
-            for i, j in write_events[event]:
+        elif event in write_event_names:
+            specs = ()
+            for name, entry in write_events:
+                if name == event:
+                    specs = entry
+            for i, j in specs:
                 path = as_path(args[i], False)
                 if path is None:
                     if event == "os.truncate":

@@ -94,7 +94,7 @@ class Candidate:
         resp_r, resp_w = os.pipe()
         workdir = os.getcwd()
         self.child = subprocess.Popen(
-            [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_src"],
+            [*p["candidate_prefix"], sys.executable, "-I", "-S", "-B", "-c", p["candidate_boot"],
              str(req_r), str(resp_w), str(cpu_s), str(p["memory_bytes"]), str(p["file_bytes"]),
              str(cpu_s + 2), str(limit), str(p["max_global"]), str(max_error), str(p["uid"])],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -106,6 +106,13 @@ class Candidate:
         os.close(resp_w)
         self.req_w, self.resp_r, self.limit, self.max_error = req_w, resp_r, limit, max_error
         self.next_id, self.gone = 0, None
+        code = bytes.fromhex(p["candidate_code"])  # the candidate's code object (CANDIDATE_BOOT)
+        try:
+            data = len(code).to_bytes(8, "big") + code
+            while data:
+                data = data[os.write(req_w, data):]
+        except OSError as exc:
+            self.gone = f"candidate process gone before it started: {exc}"
         self.head = bytearray()
         self.drainer = None
 
@@ -130,8 +137,16 @@ class Candidate:
         self.next_id += 1
         try:
             send(self.req_w, message)
+        except OSError as exc:
+            self.gone = f"candidate process gone: {exc}"
+            raise CandidateGone(self.gone) from None
+        return self.reply()
+
+    def reply(self):
+        """The next reply, which must answer the last request."""
+        try:
             reply = recv(self.resp_r, self.limit)
-            if type(reply) is not dict or reply.get("id") != message["id"]:
+            if type(reply) is not dict or reply.get("id") != self.next_id - 1:
                 raise ProtocolError("reply out of order")
         except (OSError, EOFError, ProtocolError) as exc:
             self.gone = f"candidate process gone: {exc}"
@@ -241,12 +256,26 @@ def main():
         emit(kind="done", error=error, output=output, layers=layers)
 
     try:
-        loaded = candidate.exchange({"program": p["program"], "names": p["names"]})
+        # The first reply reports the sandbox's layers; the candidate writes it before the
+        # program runs, so the program cannot forge it (the pipe keeps the order).
+        report = candidate.exchange({"program": p["program"], "names": p["names"],
+                                     "sandbox": p["sandbox"]})
     except CandidateGone as exc:
         return finish(f"program did not load: {exc}")
-    reported = loaded.get("layers")
+    reported = report.get("layers")
     if type(reported) is dict:
-        layers.update((k, v) for k, v in reported.items() if k in ("no_new_privs", "uid"))
+        layers.update((str(k), v if type(v) is bool else str(v)[:200])
+                      for k, v in reported.items())
+    if report.get("refused") is not None:
+        output = candidate.stop()
+        return emit(kind="done", error="the sandbox refused to run the program", output=output,
+                    layers=layers, refused=str(report.get("refused"))[:2000])
+    if report.get("ok") is not True:
+        return finish(str(report.get("error"))[:max_error])
+    try:
+        loaded = candidate.reply()
+    except CandidateGone as exc:
+        return finish(f"program did not load: {exc}")
     if loaded.get("ok") is not True:
         return finish(f"program raised: {str(loaded.get('error'))[:max_error]}")
     env = tests_globals(candidate, p["names"], loaded.get("names"))
