@@ -288,7 +288,7 @@ def _load_checked_policy(cfg: Config, task: Task) -> Policy:
     check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
     check_context(policy.model.config, policy.tokenizer, cfg.prompt.chat_template,
                   [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
-                  cfg.rollout.max_new_tokens)
+                  cfg.rollout.max_new_tokens, "model.max_positions" if cfg.model.path == "builtin" else None)
     return policy
 
 

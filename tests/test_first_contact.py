@@ -62,7 +62,8 @@ def test_trl_reward_function_on_trl_conversational_jsonl(llama_dir: Path, tmp_pa
     out = tmp_path / "run"
     result = run(build_config(_overrides(llama_dir, data, out, "convention_fixtures:trl_accuracy")))
     assert result.summary["rl_steps"] == 2 and _rl_steps(out) == [1, 2]
-    calls = CALLS["trl_accuracy"]
+    probe, *calls = CALLS["trl_accuracy"]
+    assert len(probe["prompts"]) == 3                        # the probe before training: 3 rows, 1 sample each
     assert len(calls) == 2                                   # one batched call per RL step
     solution_of = {r["prompt"][0]["content"]: r["solution"] for r in rows}
     for call in calls:
@@ -91,7 +92,7 @@ def test_verl_compute_score_on_verl_parquet(llama_dir: Path, tmp_path: Path) -> 
     out = tmp_path / "run"
     result = run(build_config(_overrides(llama_dir, data, out, "convention_fixtures:compute_score")))
     assert result.summary["rl_steps"] == 2 and _rl_steps(out) == [1, 2]
-    calls = CALLS["compute_score"]
+    calls = CALLS["compute_score"][3:]                       # after the probe's 3 samples before training
     assert len(calls) == 2 * 4                               # once per completion: 2 steps x 2 prompts x 2
     by_index = {r["extra_info"]["index"]: r for r in rows}
     for call in calls:
