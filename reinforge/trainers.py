@@ -188,7 +188,10 @@ def probe_rewards(cfg: Config, task: Task, engine: RolloutEngine, rows: int = 3)
     composer = RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, check_domains=False)
     params = dataclasses.replace(SamplingParams.from_config(cfg.rollout),
                                  max_new_tokens=min(cfg.rollout.max_new_tokens, 32))   # a few tokens tell the type
-    rollout = engine.generate([e.prompt for e in examples], 1, params)
+    # Its own random stream, the run's left as it was: a run samples the same with the probe as without it.
+    with torch.random.fork_rng(devices=[]):
+        rollout = engine.generate([e.prompt for e in examples], 1, params,
+                                  generator=torch.Generator().manual_seed(cfg.seed))
     return composer.probe(examples, rollout)
 
 
