@@ -97,3 +97,8 @@ def trl_returns_none(prompts, completions, **kwargs):
 def verl_returns_none(data_source, solution_str, ground_truth, extra_info=None):
     """verl style, with the `return` forgotten: scores no sample."""
     len(solution_str)
+
+
+def sample_returns_none(completion: str):
+    """reinforge's per-sample form, with the `return` forgotten: declines every sample."""
+    len(completion)

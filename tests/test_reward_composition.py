@@ -452,7 +452,18 @@ def test_the_probe_refuses_a_result_that_is_not_a_reward(name, line):
 
 
 def test_the_probe_warns_of_a_function_that_scores_no_sample_and_passes_a_good_one():
-    composer = _composer(functions=[{"name": "convention_fixtures:verl_returns_none"}, {"name": "verifier"}])
+    # reinforge's per-sample None is "do not score this sample": on every probe sample it is suspicious, not wrong.
+    composer = _composer(functions=[{"name": "convention_fixtures:sample_returns_none"}, {"name": "verifier"}])
     warnings = composer.probe(EXAMPLES, _rollout(["46", "2"], [1, 1]))
-    assert warnings == ["reward function convention_fixtures.verl_returns_none returned None (do not score) on all 2 "
+    assert warnings == ["reward function convention_fixtures.sample_returns_none returned None (do not score) on all 2 "
                         "probe samples: if it should score them, make it return a float"]
+
+
+def test_verl_none_is_not_a_reward():
+    # verl has no "do not score": its reward manager fails on None, and so does the probe, at once.
+    with pytest.raises(ConfigError) as err:
+        _composer(functions=[{"name": "convention_fixtures:verl_returns_none"}]).probe(
+            EXAMPLES, _rollout(["46", "2"], [1, 1]))
+    assert str(err.value) == (
+        "reward function convention_fixtures.verl_returns_none returned None, expected a float or a dict with a "
+        "'score' (probed on 2 samples before training): return a float, or a dict with a float 'score'")

@@ -391,7 +391,7 @@ class RewardComposer:
             if wrong is not None:
                 raise ConfigError(f"reward function {t.label} {wrong} (probed on {len(index)} samples before "
                                   f"training){_return_hint(t)}")
-            if index and not failed and all(v is None for v in values) and t.form != "trl":
+            if index and not failed and all(v is None for v in values) and t.form == "sample":
                 warnings.append(f"reward function {t.label} returned None (do not score) on all {len(index)} probe "
                                 "samples: if it should score them, make it return a float")
         return warnings

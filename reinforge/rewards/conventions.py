@@ -229,7 +229,9 @@ def sample_value(value: Any) -> float | None:
 
 def verl_value(value: Any) -> float | None:
     """verl's rule: a dict result's reward is its 'score' (the other keys are extra info verl logs,
-    `verl_extras`)."""
+    `verl_extras`); None is not a reward in verl, so it is refused rather than read as "do not score"."""
+    if value is None:      # verl has no "do not score": its reward manager fails on it
+        raise NotARewardError("returned None, expected a float or a dict with a 'score'")
     if isinstance(value, Mapping):
         if "score" not in value:
             raise NotARewardError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
