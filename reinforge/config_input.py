@@ -175,7 +175,8 @@ def _argparse_message(item: str, following: str | None) -> str:
     launchers like OpenRLHF's take them: its key=value spelling, and where a peer's name lives here."""
     name, sep, raw = item.lstrip("-").partition("=")
     if not sep:      # `--key value`, or a flag (`--bf16`) when no plain value follows
-        takes_value = following is not None and not following.startswith("-") and "=" not in following
+        takes_value = following is not None and "=" not in following and (
+            not following.startswith("-") or re.fullmatch(r"-\.?\d[\d.eE+-]*", following) is not None)   # -0.1
         raw = following if takes_value else "true"
     typed = f"{item} {following}" if not sep and raw == following else item
     message = f"'{typed}': settings are key=value, write {name}={raw}"

@@ -298,6 +298,8 @@ def test_a_peer_name_never_points_at_a_section_with_another_job(override: str) -
                                   "reinforge key; did you mean 'model.dtype=bfloat16'? (TRL's GRPOConfig name for "
                                   "model.dtype; bf16=True is model.dtype=bfloat16 here)"),
     (["--train.steps=5"], "error: '--train.steps=5': settings are key=value, write train.steps=5"),
+    (["--objective.entropy_coef", "-0.01"],
+     "error: '--objective.entropy_coef -0.01': settings are key=value, write objective.entropy_coef=-0.01"),
 ])
 def test_argparse_style_options_get_their_key_value_spelling(tmp_path: Path, args: list[str], line: str) -> None:
     out = tmp_path / "run"
