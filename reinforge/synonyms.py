@@ -8,8 +8,9 @@ picks a recipe or a part), how. Refusing teaches the real name once; silently ac
 keep two spellings alive and hide the differences in meaning.
 
 TRL and OpenRLHF names are matched by their last component (`learning_rate`, `train.learning_rate`);
-verl names by their whole dotted path (`actor_rollout_ref.rollout.n`). An OpenRLHF flag typed as
-argparse (`--n_samples_per_prompt 8`) is refused with its `key=value` spelling (config_input.py).
+verl names by their whole dotted path (`actor_rollout_ref.rollout.n`). OpenRLHF's table is in
+synonyms_openrlhf.py. An OpenRLHF flag typed as argparse (`--n_samples_per_prompt 8`) is refused
+with its `key=value` spelling (config_input.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ TRL = "TRL's GRPOConfig name"
 VERL = "verl's name"
 TRL_MODEL = "TRL's ModelConfig name"
 TRL_SCRIPT = "TRL's GRPOTrainer / script argument"
-OPENRLHF = "OpenRLHF's name"
-_REWARD_FILE = "as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form"
+REWARD_FILE = "as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form"
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,15 @@ _AGG = {
     "seq-mean-token-sum": "objective.aggregation=seq_mean_token_sum",
     "seq-mean-token-sum-norm": "objective.aggregation=seq_mean_token_sum_norm",
 }
-_KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=k1",
+KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=k1",
            "mse": "objective.kl_estimator=k2", "k2": "objective.kl_estimator=k2",
            "low_var_kl": "objective.kl_estimator=k3", "k3": "objective.kl_estimator=k3"}
 _SCALE = {"True": "objective.advantage=grpo", "group": "objective.advantage=grpo",
           "False": "objective.advantage=dr_grpo", "none": "objective.advantage=dr_grpo",
           "batch": "objective.advantage=lite_ppo"}
-_PROMPT_LENGTH = ("reinforge never truncates prompts: a prompt that does not fit the model's positions with "
+PROMPT_LENGTH = ("reinforge never truncates prompts: a prompt that does not fit the model's positions with "
                   "rollout.max_new_tokens is refused at start, naming its row")
-_NO_VLLM = (
+NO_VLLM = (
     "reinforge samples with its own engine (native, Llama-family) or transformers generate (hf); there is no vLLM"
 )
 
@@ -74,7 +74,7 @@ TRL_NAMES: dict[str, Synonym] = {
         "reinforge counts tool calls per trajectory (a call past it ends the trajectory), and model turns with "
         "rollout.max_turns",
     ),
-    "max_prompt_length": Synonym(None, TRL, _PROMPT_LENGTH),
+    "max_prompt_length": Synonym(None, TRL, PROMPT_LENGTH),
     "per_device_train_batch_size": Synonym(
         "train.micro_batch_size",
         TRL,
@@ -136,9 +136,9 @@ TRL_NAMES: dict[str, Synonym] = {
     "temperature": Synonym("rollout.temperature", TRL),
     "top_p": Synonym("rollout.top_p", TRL),
     "top_k": Synonym("rollout.top_k", TRL),
-    "use_vllm": Synonym("rollout.engine", TRL, _NO_VLLM),
-    "vllm_gpu_memory_utilization": Synonym(None, TRL, _NO_VLLM),
-    "vllm_mode": Synonym(None, TRL, _NO_VLLM),
+    "use_vllm": Synonym("rollout.engine", TRL, NO_VLLM),
+    "vllm_gpu_memory_utilization": Synonym(None, TRL, NO_VLLM),
+    "vllm_mode": Synonym(None, TRL, NO_VLLM),
     "logging_steps": Synonym(None, TRL, "every RL step is written to RUN_DIR/metrics.jsonl"),
     "save_steps": Synonym("checkpoint.every", TRL),
     "save_total_limit": Synonym("checkpoint.keep_last", TRL),
@@ -165,7 +165,7 @@ TRL_NAMES: dict[str, Synonym] = {
     ),
     "model_name_or_path": Synonym("model.path", TRL, "a local folder; nothing is downloaded"),
     # What a TRL user passes next to GRPOConfig: the trainer's arguments and ModelConfig's LoRA fields.
-    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE + "; a reward model folder is "
+    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, REWARD_FILE + "; a reward model folder is "
                             "reward.model.path"),
     "dataset_name": Synonym(
         "task.options.path",
@@ -190,17 +190,17 @@ TRL_NAMES: dict[str, Synonym] = {
 
 VERL_NAMES: dict[str, Synonym] = {
     "data.train_batch_size": Synonym("train.prompts_per_step", VERL),
-    "data.max_prompt_length": Synonym(None, VERL, _PROMPT_LENGTH),
+    "data.max_prompt_length": Synonym(None, VERL, PROMPT_LENGTH),
     "data.max_response_length": Synonym("rollout.max_new_tokens", VERL),
     "data.train_files": Synonym("task.options.path", VERL, "with task.name=dataset"),
     "data.val_files": Synonym("task.options.eval_path", VERL, "with task.name=dataset"),
     "data.prompt_key": Synonym("task.options.fields", VERL, "task.options.fields.prompt=COLUMN"),
-    "custom_reward_function.path": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "custom_reward_function.path": Synonym("reward.functions", VERL, REWARD_FILE),
     "reward_model.enable": Synonym("reward.model.path", VERL, "setting reward.model.path turns the reward model on"),
     "reward_model.model.path": Synonym("reward.model.path", VERL, "a sequence-classification folder"),
     "reward_model.micro_batch_size_per_gpu": Synonym("reward.model.micro_batch_size", VERL),
     "reward_model.micro_batch_size": Synonym("reward.model.micro_batch_size", VERL),
-    "custom_reward_function.name": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "custom_reward_function.name": Synonym("reward.functions", VERL, REWARD_FILE),
     "actor_rollout_ref.model.path": Synonym("model.path", VERL),
     "actor_rollout_ref.model.lora_rank": Synonym("model.lora.r", VERL),
     "actor_rollout_ref.model.lora_alpha": Synonym("model.lora.alpha", VERL),
@@ -210,7 +210,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.top_p": Synonym("rollout.top_p", VERL),
     "actor_rollout_ref.rollout.top_k": Synonym("rollout.top_k", VERL, "verl's -1 (off) is 0 here"),
     "actor_rollout_ref.rollout.response_length": Synonym("rollout.max_new_tokens", VERL),
-    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, _NO_VLLM),
+    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, NO_VLLM),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Synonym("rollout.max_turns", VERL),
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": Synonym(
         "rollout.max_tool_calls", VERL, "tool calls per trajectory; an environment's replies are bounded by "
@@ -220,7 +220,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": Synonym(
         "rollout.tools", VERL, "tools are typed Python functions named in a list (rollout.tools=[module:function]), "
         "not a YAML of tool classes; an environment class is task.environment"),
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, _NO_VLLM),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, NO_VLLM),
     "actor_rollout_ref.actor.optim.lr": Synonym("train.lr", VERL),
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": Synonym("train.warmup_steps", VERL),
@@ -254,7 +254,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.actor.use_kl_loss": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_type": Synonym(
-        "objective.kl_estimator", VERL, "kl: k1, mse: k2, low_var_kl: k3", _KL_EST
+        "objective.kl_estimator", VERL, "kl: k1, mse: k2, low_var_kl: k3", KL_EST
     ),
     "actor_rollout_ref.actor.entropy_coeff": Synonym("objective.entropy_coef", VERL),
     "actor_rollout_ref.actor.grad_clip": Synonym("train.grad_clip", VERL),
@@ -295,8 +295,8 @@ VERL_NAMES: dict[str, Synonym] = {
                                         "of RL' column); eval.num_prompts and eval.num_samples make it cheaper"),
     "trainer.experiment_name": Synonym("output_dir", VERL, "the run directory's name"),
     "trainer.nnodes": Synonym(None, VERL, "to train on several GPUs run under torchrun --nproc-per-node N"),
-    "data.filter_overlong_prompts": Synonym(None, VERL, _PROMPT_LENGTH),
-    "data.truncation": Synonym(None, VERL, _PROMPT_LENGTH),
+    "data.filter_overlong_prompts": Synonym(None, VERL, PROMPT_LENGTH),
+    "data.truncation": Synonym(None, VERL, PROMPT_LENGTH),
     "data.shuffle": Synonym(None, VERL, "train.num_prompts prompts are reshuffled every epoch (seed)"),
     "data.reward_fn_key": Synonym("reward.functions", VERL, "reward.functions[].domains names the domains a function "
                                   "scores (task.name=mix)"),
@@ -316,133 +316,13 @@ VERL_NAMES: dict[str, Synonym] = {
 }
 
 
-_NO_DEEPSPEED = "reinforge does not use DeepSpeed; to train on several GPUs run under torchrun --nproc-per-node N"
-_PLACEMENT = ("reinforge places its models itself: one process, torchrun --nproc-per-node N for several learner "
-              "ranks, or backend=ray with section ray")
-
-# OpenRLHF's launcher flags (openrlhf/cli/train_ppo_ray.py); the ones it shares with TRL (temperature,
-# top_p, save_steps, eval_steps, logging_steps, bf16, lora_alpha, lora_dropout, eval_dataset) are above.
-OPENRLHF_NAMES: dict[str, Synonym] = {
-    "pretrain": Synonym("model.path", OPENRLHF, "a local folder; nothing is downloaded"),
-    "reward_pretrain": Synonym("reward.model.path", OPENRLHF, "a sequence-classification folder"),
-    "critic_pretrain": Synonym(None, OPENRLHF, "the critic of recipe=ppo starts from the policy's weights"),
-    "remote_rm_url": Synonym("reward.functions", OPENRLHF, "a local Python reward function, " + _REWARD_FILE),
-    "agent_func_path": Synonym("task.environment", OPENRLHF, "an environment class, 'path/to/file.py:Class' "
-                               "(docs/agents.md)"),
-    "normalize_reward": Synonym("reward.model.normalize", OPENRLHF),
-    "prompt_data": Synonym("task.options.path", OPENRLHF, "a local data file or save_to_disk folder, with "
-                           "task.name=dataset; nothing is downloaded"),
-    "prompt_split": Synonym("task.options.path", OPENRLHF, "a split of a datasets folder is written folder::split"),
-    "eval_split": Synonym("task.options.eval_path", OPENRLHF, "a split of a datasets folder is written folder::split"),
-    "input_key": Synonym("task.options.fields", OPENRLHF, "task.options.fields.prompt=COLUMN, with task.name=dataset"),
-    "label_key": Synonym("task.options.fields", OPENRLHF, "task.options.fields.answer=COLUMN, with task.name=dataset"),
-    "input_template": Synonym("task.options.prompt_template", OPENRLHF, "with {prompt} where OpenRLHF writes {}"),
-    "apply_chat_template": Synonym("prompt.chat_template", OPENRLHF, "prompt.chat_template=always (the default, "
-                                   "auto, applies the model's template when it has one)",
-                                   {"True": "prompt.chat_template=always", "False": "prompt.chat_template=never"}),
-    "max_samples": Synonym("train.num_prompts", OPENRLHF, "the number of training prompts read"),
-    "rollout_batch_size": Synonym("train.prompts_per_step", OPENRLHF, "prompts per RL step, each sampled "
-                                  "train.group_size times"),
-    "micro_rollout_batch_size": Synonym("rollout.max_batch_rows", OPENRLHF, "completions decoded at once (memory "
-                                        "only)"),
-    "vllm_generate_batch_size": Synonym("rollout.max_batch_rows", OPENRLHF, "completions decoded at once"),
-    "train_batch_size": Synonym("train.mini_batches", OPENRLHF, "reinforge counts mini-batches: train.mini_batches = "
-                                "rollout_batch_size x n_samples_per_prompt / train_batch_size"),
-    "micro_train_batch_size": Synonym("train.micro_batch_size", OPENRLHF, "completions per forward/backward (memory "
-                                      "only, never the gradient)"),
-    "n_samples_per_prompt": Synonym("train.group_size", OPENRLHF),
-    "max_epochs": Synonym("train.ppo_epochs", OPENRLHF, "passes over each rollout batch"),
-    "num_episodes": Synonym("train.steps", OPENRLHF, "reinforge counts RL steps of train.prompts_per_step prompts; "
-                            "train.num_prompts prompts are reshuffled every epoch"),
-    "prompt_max_len": Synonym(None, OPENRLHF, _PROMPT_LENGTH),
-    "generate_max_len": Synonym("rollout.max_new_tokens", OPENRLHF),
-    "max_len": Synonym("rollout.max_new_tokens", OPENRLHF, "a completion's tokens; " + _PROMPT_LENGTH),
-    "actor_learning_rate": Synonym("train.lr", OPENRLHF, "the SFT stage has its own sft.lr"),
-    "critic_learning_rate": Synonym("critic.lr", OPENRLHF),
-    "lr_warmup_ratio": Synonym("train.warmup_steps", OPENRLHF, "a number of optimizer steps, not a fraction"),
-    "lr_scheduler": Synonym(None, OPENRLHF, "RL's learning rate is constant after train.warmup_steps"),
-    "max_norm": Synonym("train.grad_clip", OPENRLHF),
-    "l2": Synonym("train.weight_decay", OPENRLHF),
-    "init_kl_coef": Synonym("objective.kl_coef", OPENRLHF, "where the KL goes is objective.kl_placement (in_reward, "
-                            "as OpenRLHF's default, or in_loss as its --use_kl_loss)"),
-    "kl_target": Synonym("train.kl_target", OPENRLHF, "setting it makes the coefficient adaptive"),
-    "use_kl_loss": Synonym("objective.kl_placement", OPENRLHF, "objective.kl_placement=in_loss",
-                           {"True": "objective.kl_placement=in_loss", "False": "objective.kl_placement=in_reward"}),
-    "kl_estimator": Synonym("objective.kl_estimator", OPENRLHF, "k1, k2, k3 as in OpenRLHF", _KL_EST),
-    "advantage_estimator": Synonym(
-        "objective.advantage",
-        OPENRLHF,
-        "reinforce and reinforce_baseline are recipes (REINFORCE++), gae is recipe=ppo",
-        {
-            "gae": "recipe=ppo",
-            "reinforce": "recipe=reinforce_pp",
-            "reinforce_baseline": "recipe=reinforce_pp_baseline",
-            "rloo": "objective.advantage=rloo",
-            "group_norm": "objective.advantage=grpo",
-            "dr_grpo": "objective.advantage=dr_grpo",
-        },
-    ),
-    "no_advantage_std_norm": Synonym("objective.advantage", OPENRLHF, "objective.advantage=dr_grpo (the group mean "
-                                     "only)", {"True": "objective.advantage=dr_grpo"}),
-    "policy_loss_type": Synonym("objective.policy_loss", OPENRLHF, "ppo: ppo_clip, gspo: recipe=gspo",
-                                {"ppo": "objective.policy_loss=ppo_clip", "gspo": "recipe=gspo"}),
-    "eps_clip": Synonym("objective.eps_low", OPENRLHF, "OpenRLHF's eps_clip is both sides: set objective.eps_high "
-                        "too"),
-    "eps_clip_low_high": Synonym("objective.eps_low", OPENRLHF, "objective.eps_low and objective.eps_high"),
-    "dual_clip": Synonym("objective.policy_loss", OPENRLHF, "objective.policy_loss=dual_clip with "
-                         "objective.policy_params.clip_c=VALUE"),
-    "value_clip": Synonym("objective.value", OPENRLHF, "objective.value.value_clip (PPO-family recipes)"),
-    "gamma": Synonym("objective.value", OPENRLHF, "objective.value.gamma (PPO-family recipes)"),
-    "lambd": Synonym("objective.value", OPENRLHF, "objective.value.lam_actor and lam_critic (PPO-family recipes)"),
-    "freezing_actor_steps": Synonym("objective.value", OPENRLHF, "objective.value.pretrain_steps: the critic trains "
-                                    "alone first (PPO-family recipes)"),
-    "entropy_loss_coef": Synonym("objective.entropy_coef", OPENRLHF),
-    "dynamic_filtering": Synonym("curation.filters", OPENRLHF, "curation.filters=[zero_variance] with "
-                                 "curation.refill=dynamic (or recipe=dapo)"),
-    "overlong_buffer_len": Synonym("reward.overlong.cache", OPENRLHF, "with reward.overlong.max_length"),
-    "overlong_penalty_factor": Synonym("reward.overlong.coef", OPENRLHF),
-    "async_train": Synonym("train.mode", OPENRLHF, "train.mode=async", {"True": "train.mode=async"}),
-    "use_dynamic_batch": Synonym("train.micro_batch_tokens", OPENRLHF, "token-budget micro-batches are on by default"),
-    "train_max_tokens_per_gpu": Synonym("train.micro_batch_tokens", OPENRLHF),
-    "packing_samples": Synonym(None, OPENRLHF, "micro-batches are already packed by tokens (train.micro_batch_tokens)"),
-    "lora_rank": Synonym("model.lora.r", OPENRLHF, "setting model.lora.r turns LoRA on"),
-    "target_modules": Synonym("model.lora.target_modules", OPENRLHF),
-    "load_in_4bit": Synonym(None, OPENRLHF, "reinforge trains in model.dtype (float32, bfloat16, float16)"),
-    "save_path": Synonym("output_dir", OPENRLHF, "the final model is OUTPUT_DIR/model, a Hugging Face folder"),
-    "ckpt_path": Synonym("output_dir", OPENRLHF, "checkpoints are written to OUTPUT_DIR/checkpoints"),
-    "save_hf_ckpt": Synonym(None, OPENRLHF, "the final model is a Hugging Face folder; a checkpoint is exported with "
-                            "`reinforge export RUN_DIR --step N`"),
-    "load_checkpoint": Synonym(None, OPENRLHF, "continue a run with `reinforge train --resume RUN_DIR`"),
-    "max_ckpt_num": Synonym("checkpoint.keep_last", OPENRLHF),
-    "eval_n_samples_per_prompt": Synonym("eval.num_samples", OPENRLHF),
-    "use_wandb": Synonym("log.wandb", OPENRLHF, "log.wandb=true"),
-    "wandb_project": Synonym("log.wandb_project", OPENRLHF),
-    "use_tensorboard": Synonym("log.tensorboard", OPENRLHF, "log.tensorboard=true writes into the run directory"),
-    "zero_stage": Synonym(None, OPENRLHF, _NO_DEEPSPEED),
-    "adam_offload": Synonym(None, OPENRLHF, _NO_DEEPSPEED),
-    "gradient_checkpointing": Synonym(None, OPENRLHF, "reinforge has no activation checkpointing; a lower "
-                                      "train.micro_batch_tokens uses less memory"),
-    "flash_attn": Synonym(None, OPENRLHF, "the attention kernel is chosen for the model and device"),
-    "attn_implementation": Synonym(None, OPENRLHF, "the attention kernel is chosen for the model and device"),
-}
-
-
-def _openrlhf_family(name: str) -> Synonym | None:
-    """OpenRLHF's placement and engine flags, matched by their shape (vllm_*, actor_num_gpus_per_node, ...)."""
-    if name.startswith("vllm_") or name in ("enable_prefix_caching", "enforce_eager"):
-        return Synonym(None, OPENRLHF, _NO_VLLM)
-    if name.endswith(("_num_nodes", "_num_gpus_per_node")) or name.startswith("colocate_"):
-        return Synonym(None, OPENRLHF, _PLACEMENT)
-    if name.startswith(("deepspeed_", "ds_")) or name in ("zpg", "overlap_comm", "grad_accum_dtype"):
-        return Synonym(None, OPENRLHF, _NO_DEEPSPEED)
-    return None
-
-
 def find_synonym(path: str) -> Synonym | None:
     """The synonym of the dotted key `path` as typed: a verl path, else a TRL or OpenRLHF name by its
     last part."""
+    from reinforge.synonyms_openrlhf import OPENRLHF_NAMES, openrlhf_family
+
     name = path.rpartition(".")[2]
-    return VERL_NAMES.get(path) or TRL_NAMES.get(name) or OPENRLHF_NAMES.get(name) or _openrlhf_family(name)
+    return VERL_NAMES.get(path) or TRL_NAMES.get(name) or OPENRLHF_NAMES.get(name) or openrlhf_family(name)
 
 
 def synonym_message(path: str, value: Any, synonym: Synonym) -> str:

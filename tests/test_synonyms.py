@@ -15,7 +15,8 @@ from reinforge.cli import app
 from reinforge.config import Config, build_config
 from reinforge.config_input import optional_section
 from reinforge.errors import ConfigError
-from reinforge.synonyms import OPENRLHF_NAMES, TRL_NAMES, VERL_NAMES
+from reinforge.synonyms import TRL_NAMES, VERL_NAMES
+from reinforge.synonyms_openrlhf import OPENRLHF_NAMES
 
 runner = CliRunner()
 
