@@ -189,7 +189,7 @@ def probe_rewards(cfg: Config, task: Task, engine: RolloutEngine, rows: int = 3)
     params = dataclasses.replace(SamplingParams.from_config(cfg.rollout),
                                  max_new_tokens=min(cfg.rollout.max_new_tokens, 32))   # a few tokens tell the type
     # Its own random stream, the run's left as it was: a run samples the same with the probe as without it.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng():     # the CPU stream and every CUDA device's, restored after
         rollout = engine.generate([e.prompt for e in examples], 1, params,
                                   generator=torch.Generator().manual_seed(cfg.seed))
     return composer.probe(examples, rollout)
