@@ -307,3 +307,13 @@ def test_argparse_style_options_get_their_key_value_spelling(tmp_path: Path, arg
     result = runner.invoke(app, ["train", *args, f"output_dir={out}"], env={"COLUMNS": "1000"})
     assert result.exit_code == 2 and not out.exists()
     assert result.stderr == line + "\n"
+
+
+def test_a_sweep_axis_typed_as_argparse_gets_the_same_hint() -> None:
+    from reinforge.sweep import grid_axes
+
+    with pytest.raises(ConfigError) as err:
+        grid_axes(["--n_samples_per_prompt", "4,8"])
+    assert str(err.value) == ("'--n_samples_per_prompt 4,8': settings are key=value, write n_samples_per_prompt=4,8; "
+                              "and n_samples_per_prompt is not a reinforge key; did you mean 'train.group_size'? "
+                              "(OpenRLHF's name)")
