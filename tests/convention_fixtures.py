@@ -102,3 +102,8 @@ def verl_returns_none(data_source, solution_str, ground_truth, extra_info=None):
 def sample_returns_none(completion: str):
     """reinforge's per-sample form, with the `return` forgotten: declines every sample."""
     len(completion)
+
+
+def declines_non_numbers(completion: str, answer: str):
+    """Declines (None) a completion that is not a number, as a strict parser does on an untrained model's text."""
+    return float(completion.strip() == answer) if completion.strip().lstrip("-").isdigit() else None

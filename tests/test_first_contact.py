@@ -143,6 +143,7 @@ def test_a_reward_function_that_raises_ends_the_run_with_one_line(llama_dir: Pat
     ("convention_fixtures:returns_good", "returned a str ('good'), expected a float"),
     ("convention_fixtures:trl_returns_none", "returned None, expected a list of 3 floats (one per completion)"),
     ("convention_fixtures:trl_wrong_length", "returned 1 values for 3 completions, expected one per completion"),
+    ("convention_fixtures:sample_returns_none", "returned None on all 3 probe samples and on their gold answers"),
 ])
 def test_a_reward_that_returns_no_reward_stops_before_any_evaluation(llama_dir: Path, tmp_path: Path, reward: str,
                                                                      returned: str) -> None:
@@ -154,7 +155,7 @@ def test_a_reward_that_returns_no_reward_stops_before_any_evaluation(llama_dir: 
     assert result.exit_code == 2, result.output
     (line,) = [x for x in result.output.splitlines() if "reward function" in x]
     name = reward.replace(":", ".")
-    assert line.startswith(f"error: reward function {name} {returned} (probed on 3 samples before training): return ")
+    assert line.startswith(f"error: reward function {name} {returned}") and "before training): return " in line
     # Nothing was evaluated or trained: the probe ran before the start-of-RL evaluation.
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] \
         if (out / "metrics.jsonl").exists() else []

@@ -451,12 +451,19 @@ def test_the_probe_refuses_a_result_that_is_not_a_reward(name, line):
     assert str(err.value) == line
 
 
-def test_the_probe_warns_of_a_function_that_scores_no_sample_and_passes_a_good_one():
-    # reinforge's per-sample None is "do not score this sample": on every probe sample it is suspicious, not wrong.
-    composer = _composer(functions=[{"name": "convention_fixtures:sample_returns_none"}, {"name": "verifier"}])
-    warnings = composer.probe(EXAMPLES, _rollout(["46", "2"], [1, 1]))
-    assert warnings == ["reward function convention_fixtures.sample_returns_none returned None (do not score) on all 2 "
-                        "probe samples: if it should score them, make it return a float"]
+def test_a_per_sample_function_that_scores_nothing_stops_and_one_that_declines_bad_samples_runs():
+    # reinforge's per-sample None is "do not score this sample": on every probe sample it may be the untrained
+    # model's unreadable output, so the gold answers are tried as completions too; None on them as well is a
+    # function that never returns a number.
+    with pytest.raises(ConfigError) as err:
+        _composer(functions=[{"name": "convention_fixtures:sample_returns_none"}]).probe(
+            EXAMPLES, _rollout(["xx", "yy"], [1, 1]))
+    assert str(err.value) == (
+        "reward function convention_fixtures.sample_returns_none returned None on all 2 probe samples and on their "
+        "gold answers: None leaves a sample unscored, so it would score nothing (probed before training): return a "
+        "float (None to leave the sample unscored)")
+    composer = _composer(functions=[{"name": "convention_fixtures:declines_non_numbers"}, {"name": "verifier"}])
+    assert composer.probe(EXAMPLES, _rollout(["xx", "yy"], [1, 1])) == []
 
 
 def test_verl_none_is_not_a_reward():

@@ -392,9 +392,26 @@ class RewardComposer:
                 raise ConfigError(f"reward function {t.label} {wrong} (probed on {len(index)} samples before "
                                   f"training){_return_hint(t)}")
             if index and not failed and all(v is None for v in values) and t.form == "sample":
-                warnings.append(f"reward function {t.label} returned None (do not score) on all {len(index)} probe "
-                                "samples: if it should score them, make it return a float")
+                if self._scores_nothing(t, examples, rollout, index):
+                    raise ConfigError(f"reward function {t.label} returned None on all {len(index)} probe samples and "
+                                      "on their gold answers: None leaves a sample unscored, so it would score nothing "
+                                      f"(probed before training){_return_hint(t)}")
+                if not any(examples[r].answer for r in index):
+                    warnings.append(f"reward function {t.label} returned None (do not score) on all {len(index)} "
+                                    "probe samples: if it should score them, make it return a float")
         return warnings
+
+    def _scores_nothing(self, t: _Term, examples: list[Example], rollout: Rollout, index: list[int]) -> bool:
+        """Whether per-sample function `t`, which declined every probe sample, declines their gold answers
+        too (given as the completion): a function that never returns a number (a forgotten `return`),
+        told apart from one that declines the untrained model's unreadable samples."""
+        golden = [r for r in index if examples[r].answer]
+        if not golden:
+            return False
+        inputs = [{**self._sample_inputs(examples[r], rollout, r), "completion": str(examples[r].answer)}
+                  for r in golden]
+        results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
+        return all(result is None for result in results)
 
     def _sample_inputs(self, example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
         return {**example.meta, "prompt": example.prompt, "completion": rollout.texts[r], "answer": example.answer,
