@@ -101,7 +101,7 @@ def train_overrides(model: Any, dataset: Any, reward_funcs: Any, recipe: str | N
         funcs = (
             [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str | Mapping) else list(reward_funcs)
         )
-        tree["reward"] = {"functions": [reward_entry(f) for f in funcs]}
+        tree["reward"] = {"functions": [reward_entry(f, i) for i, f in enumerate(funcs)]}
     pairs = _leaves("", tree) if tree else []
     for key, value in settings.items():   # the user's settings last: they win over what the arguments implied
         pairs += _leaves(key, value)
@@ -127,20 +127,20 @@ def _yaml(value: Any) -> str:
         return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).removesuffix("\n...\n").strip()
 
 
-def reward_entry(fn: Callable | str | Mapping[str, Any]) -> dict[str, Any]:
-    """One entry of reward.functions: {name, weight, params, domains}."""
+def reward_entry(fn: Callable | str | Mapping[str, Any], position: int | None = None) -> dict[str, Any]:
+    """One entry of reward.functions: {name, weight, params, domains}; `position`: its index in reward_funcs."""
     if isinstance(fn, Mapping):
         entry = dict(fn)
         if "name" not in entry:
             raise TypeError(
                 f"a reward function given as a dict needs a 'name' (a callable or a string), got {sorted(entry)}"
             )
-        entry["name"] = reward_name(entry["name"])
+        entry["name"] = reward_name(entry["name"], position)
         return entry
-    return {"name": reward_name(fn)}
+    return {"name": reward_name(fn, position)}
 
 
-def reward_name(fn: Callable | str) -> str:
+def reward_name(fn: Callable | str, position: int | None = None) -> str:
     """A reward function's name in the config: a string as given; a callable by its import path when
     it has one (so config.yaml works in any process), else registered in-process."""
     if isinstance(fn, str):
@@ -154,7 +154,7 @@ def reward_name(fn: Callable | str) -> str:
                 return f"{module}:{qualname}"
         except (ImportError, AttributeError):
             pass
-    return register(fn)
+    return register(fn, position=position)
 
 
 def dataset_path(dataset: Any) -> str:

@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reinforge.config import build_config
 from reinforge.errors import ConfigError, UserError
-from reinforge.telemetry.errors import os_error_message
+
+# `reinforge --help` and `--version` must answer at once: torch and transformers (seconds to import) are
+# imported inside the commands that need them, never at module level here.
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="RL post-training of language models with verifiable rewards."
@@ -45,6 +46,8 @@ def user_errors(*fixable: type[Exception]) -> Iterator[None]:
         _error_line(str(err))
         raise typer.Exit(code=2) from None
     except OSError as err:
+        from reinforge.telemetry.errors import os_error_message
+
         _error_line(os_error_message(err))
         raise typer.Exit(code=1) from None
 
@@ -64,10 +67,25 @@ def _root(
     ] = False,
 ) -> None:
     """reinforge: RL post-training with verifiable rewards."""
-    # transformers' per-file progress bars (loading and saving weights) would interleave with ours.
-    from transformers.utils import logging as hf_logging
+    # transformers' per-file progress bars (loading and saving weights) would interleave with ours. Said
+    # through huggingface_hub's variable (which transformers' bars follow), not by importing transformers
+    # here: this callback runs before every command, `reinforge train --help` included.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:     # imported already (from Python): it read the variable then
+        from huggingface_hub.utils import disable_progress_bars
 
-    hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def build_config(overrides: list[str], config_file: str | None):
+    """reinforge.config.build_config, imported on first use (it pulls in torch)."""
+    from reinforge.config import build_config as build
+
+    return build(overrides, config_file)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -277,10 +277,59 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
         raise ConfigError(format_validation_error(err)) from None
     given = {leaf for leaf, _ in leaves("", preset)} | {leaf for leaf, _ in leaves("", merged_user)}
     given = {leaf.lstrip(".") for leaf in given}
+    cfg = _fit_sft_to_data(cfg, given)
     if (architecture_of or cfg.model.path) == "builtin":
+        check_lengths(cfg, cfg.model.max_positions, "model.max_positions")
         return _fit_builtin_moe(cfg, given)
     # The model folder's architecture decides the engine and the learner forward, before anything loads.
     return fit_to_model_dir(cfg, given, architecture_of)
+
+
+def _fit_sft_to_data(cfg: Config, given: set[str]) -> Config:
+    """A data file's run without cold-start SFT when the file has nothing to imitate. The built-in
+    tasks write teacher traces for SFT; a file has only the completions it holds. When the user left
+    sft.enabled unset (a TRL user's first run: GRPO does no SFT) and the file has no completion column,
+    SFT is turned off with one line that says so; a file's SFT never corrupts completions (it has no
+    wrong ones) unless sft.corrupt_fraction is set. Set explicitly, the settings are kept, and a file
+    without completions is refused when the run's inputs are checked (pipeline.prepare)."""
+    if cfg.task.name != "dataset" or not (cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher"):
+        return cfg
+    sft: dict[str, Any] = {}
+    if "sft.corrupt_fraction" not in given and cfg.sft.corrupt_fraction > 0:
+        sft["corrupt_fraction"] = 0.0
+    if "sft.enabled" not in given and "sft.source" not in given:
+        from reinforge.tasks import build_task
+
+        try:
+            first = build_task(cfg.task.name, **cfg.task.options).train_split(1)
+        except (ValueError, TypeError, OSError):     # the run's input check names what is wrong with the file
+            first = []
+        if first and "completion" not in first[0].meta:
+            sft["enabled"] = False
+            from rich.console import Console
+            from rich.markup import escape
+
+            Console(stderr=True).print(escape(
+                f"sft: off: the data file '{cfg.task.options.get('path')}' has no 'completion' column to imitate "
+                "before RL (RL starts from the model as it is, as TRL's GRPO does); map one with "
+                "task.options.fields.completion=COLUMN, or set sft.enabled=false to say so"),
+                soft_wrap=True, highlight=False)
+    return cfg.model_copy(update={"sft": cfg.sft.model_copy(update=sft)}) if sft else cfg
+
+
+def check_lengths(cfg: Config, positions: int | None, source: str) -> None:
+    """ConfigError when rollout.max_new_tokens leaves no room for a prompt in the model's `positions`
+    (`source`: where that number is read, for the message): every completion would run past what the
+    model was built for. Each prompt's own length is checked once the tokenizer has loaded
+    (rollout/prompts.py: check_context)."""
+    if not isinstance(positions, int) or positions <= 0:
+        return
+    value = cfg.rollout.max_new_tokens
+    if value >= positions:
+        raise ConfigError(
+            f"rollout.max_new_tokens={value} does not fit the model's {positions} positions ({source}) with any "
+            f"prompt: set rollout.max_new_tokens below {positions} less the longest prompt's tokens (e.g. "
+            f"rollout.max_new_tokens={max(1, positions // 2)})")
 
 
 def _fit_builtin_moe(cfg: Config, given: set[str]) -> Config:
@@ -337,6 +386,10 @@ def fit_to_model_dir(cfg: Config, given: set[str], architecture_of: str | None =
     except ConfigError:
         return cfg
     _check_builtin_sizes(cfg, given, config)
+    positions_key = next((k for k in ("max_position_embeddings", "n_positions") if isinstance(config.get(k), int)),
+                         None)
+    if positions_key is not None:
+        check_lengths(cfg, config[positions_key], f"{positions_key} in its config.json")
     plan = plan_for(config)
     path = cfg.model.path
     if cfg.model.moe is not None:

@@ -66,14 +66,34 @@ def _unknown_messages(path: str, key: str, value: Any, model: type[BaseModel], t
 
     known = [synonym_message(leaf, leaf_value, synonym) for leaf, leaf_value in leaves(path, value)
              if (synonym := find_synonym(leaf)) is not None]     # verl's nested names arrive as one unknown section
-    return known or [_unknown_message(path, key, model, top_level)]
+    if known:
+        return known
+    if top_level and key in _VERL_SECTIONS and isinstance(value, dict):
+        # verl's sections: a near spelling of ours (trainer -> train) would point at a key that does another job
+        return [f"unknown config key '{leaf}' (a name from verl's config, which reinforge has under no name; "
+                "`reinforge config` lists every key)" for leaf, _ in leaves(path, value)]
+    return [_unknown_message(path, key, value, model, top_level)]
 
 
-def _unknown_message(path: str, key: str, model: type[BaseModel], top_level: bool) -> str:
+# verl's top-level sections that reinforge does not have (its `critic` section is reinforge's too).
+_VERL_SECTIONS = ("data", "actor_rollout_ref", "algorithm", "trainer", "reward_model", "custom_reward_function")
+
+
+def _unknown_message(path: str, key: str, value: Any, model: type[BaseModel], top_level: bool) -> str:
     elsewhere = _sections_with(key, model) if top_level else []     # `lr=...` at the top: train.lr or sft.lr
     if elsewhere:
         return f"unknown config key '{path}'; did you mean {' or '.join(repr(k) for k in elsewhere)}?"
-    return _unknown_key_message(path, key, list(model.model_fields))
+    valid = list(model.model_fields)
+    if not isinstance(value, dict):      # a single value is never a section: `pretrain=x` is not `train`
+        scalar = [k for k in valid if not _is_section(model.model_fields[k].annotation)]
+        message = _unknown_key_message(path, key, scalar)
+        return message.replace(f"(valid: {', '.join(sorted(scalar))})", f"(valid: {', '.join(sorted(valid))})")
+    return _unknown_key_message(path, key, valid)
+
+
+def _is_section(annotation: Any) -> bool:
+    annotation = optional_section(annotation)
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def check_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
@@ -125,7 +145,9 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """`a.b=1 c=x` -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars."""
     tree: dict[str, Any] = {}
-    for item in overrides:
+    for i, item in enumerate(overrides):
+        if item.startswith("-"):
+            raise ConfigError(_argparse_message(item, overrides[i + 1] if i + 1 < len(overrides) else None))
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value")
@@ -146,6 +168,26 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"override '{item}' conflicts with an earlier override of '{part}'")
         node[parts[-1]] = value
     return tree
+
+
+def _argparse_message(item: str, following: str | None) -> str:
+    """The refusal of an argparse-style option (`--n_samples_per_prompt 8`, `--bf16`, `--seed=1`), as
+    launchers like OpenRLHF's take them: its key=value spelling, and where a peer's name lives here."""
+    name, sep, raw = item.lstrip("-").partition("=")
+    if not sep:      # `--key value`, or a flag (`--bf16`) when no plain value follows
+        takes_value = following is not None and "=" not in following and (
+            not following.startswith("-") or re.fullmatch(r"-\.?\d[\d.eE+-]*", following) is not None)   # -0.1
+        raw = following if takes_value else "true"
+    typed = f"{item} {following}" if not sep and raw == following else item
+    message = f"'{typed}': settings are key=value, write {name}={raw}"
+    from reinforge.synonyms import find_synonym, synonym_message
+
+    synonym = find_synonym(name)
+    if synonym is None:
+        return message
+    value = yaml.safe_load(raw) if raw else raw
+    hint = synonym_message(name, value, synonym).removeprefix(f"unknown config key '{name}'")
+    return f"{message}; and {name} is not a reinforge key{hint}"
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.run_dir import check_output_dir
 from reinforge.telemetry.watchdog import Watchdog
 from reinforge.telemetry.weight_sync import WeightSyncError
-from reinforge.trainers import check_data_parallel, preference_spec, run_dpo, run_rl, run_sft_stage
+from reinforge.trainers import check_data_parallel, preference_spec, probe_rewards, run_dpo, run_rl, run_sft_stage
 
 
 @dataclass
@@ -309,7 +309,7 @@ def _load_checked_policy(cfg: Config, task: Task) -> Policy:
     check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
     check_context(policy.model.config, policy.tokenizer, cfg.prompt.chat_template,
                   [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
-                  cfg.rollout.max_new_tokens)
+                  cfg.rollout.max_new_tokens, "model.max_positions" if cfg.model.path == "builtin" else None)
     return policy
 
 
@@ -401,6 +401,9 @@ def _start(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, group
     """SFT and the held-out evaluation of the model RL starts from, or for a resumed run what its
     checkpoint says they gave; the hooks of the training stage."""
     evaluator = split_generation(engine, group)
+    for warning in probe_rewards(cfg, task, engine):     # a reward that is no reward stops here, not after eval
+        if group.rank == 0:
+            Console(stderr=True).print(f"warning: {escape(warning)}", soft_wrap=True, highlight=False)
     sft_summary = run_sft_stage(cfg, policy, engine, task, recorder) if saved is None else saved.meta["sft"]
     held_out = task.eval_split(cfg.eval.num_prompts)
     if saved is None:

@@ -36,7 +36,7 @@ from typing import Literal
 
 import yaml
 
-from reinforge.config import build_config, load_yaml
+from reinforge.config import build_config, load_yaml, parse_overrides
 from reinforge.errors import ConfigError
 
 # The axes a group's runs differ in (the run's seed, or the RL stage's own seed from one SFT model);
@@ -72,6 +72,8 @@ def grid_axes(overrides: list[str]) -> list[tuple[str, list[str]]]:
     """(key, values) of each override in the order given; a key given twice is a ConfigError."""
     axes: list[tuple[str, list[str]]] = []
     for item in overrides:
+        if item.startswith("-"):      # `--key value` as argparse takes it: its key=value spelling, as train says
+            parse_overrides(overrides)
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value (a sweep axis is key=a,b,c)")

@@ -1,13 +1,16 @@
-"""Option names people bring from TRL's GRPOConfig and verl's trainer config, mapped to the
-reinforge key that does the same job, in whatever section it lives.
+"""Option names people bring from TRL's GRPOConfig, verl's trainer config and OpenRLHF's launcher
+(openrlhf.cli.train_ppo_ray), mapped to the reinforge key that does the same job, in whatever
+section it lives.
 
 An unknown key that is one of these names is refused (exit 2) with a hint that names the full
 reinforge key and, where the meaning differs (units, per-device vs global counts, a value that
 picks a recipe or a part), how. Refusing teaches the real name once; silently accepting would
 keep two spellings alive and hide the differences in meaning.
 
-TRL names are matched by their last component (`learning_rate`, `train.learning_rate`); verl
-names by their whole dotted path (`actor_rollout_ref.rollout.n`).
+TRL and OpenRLHF names are matched by their last component (`learning_rate`, `train.learning_rate`);
+verl names by their whole dotted path (`actor_rollout_ref.rollout.n`). OpenRLHF's table is in
+synonyms_openrlhf.py. An OpenRLHF flag typed as argparse (`--n_samples_per_prompt 8`) is refused
+with its `key=value` spelling (config_input.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ TRL = "TRL's GRPOConfig name"
 VERL = "verl's name"
 TRL_MODEL = "TRL's ModelConfig name"
 TRL_SCRIPT = "TRL's GRPOTrainer / script argument"
-_REWARD_FILE = "as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form"
+REWARD_FILE = "as reward.functions=[{name: path/to/file.py:function}], in TRL's, verl's or reinforge's form"
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ _AGG = {
     "token-sum": "objective.aggregation=token_sum",
 }
 # verl clamps its k3 ("low_var_kl") at 10 and its "+" forms take k2's gradient (straight-through).
-_KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=abs",
+KL_EST = {"kl": "objective.kl_estimator=k1", "k1": "objective.kl_estimator=k1", "abs": "objective.kl_estimator=abs",
            "mse": "objective.kl_estimator=k2", "k2": "objective.kl_estimator=k2",
            "low_var_kl": "objective.kl_estimator=k3 objective.kl_clamp=10",
            "k3": "objective.kl_estimator=k3 objective.kl_clamp=10",
@@ -52,7 +55,9 @@ _KL_EST_NOTE = ("kl: k1, mse: k2, abs: abs, low_var_kl: k3 clamped at 10 (object
 _SCALE = {"True": "objective.advantage=grpo", "group": "objective.advantage=grpo",
           "False": "objective.advantage=dr_grpo", "none": "objective.advantage=dr_grpo",
           "batch": "objective.advantage=lite_ppo"}
-_NO_VLLM = (
+PROMPT_LENGTH = ("reinforge never truncates prompts: a prompt that does not fit the model's positions with "
+                  "rollout.max_new_tokens is refused at start, naming its row")
+NO_VLLM = (
     "reinforge samples with its own engine (native, Llama-family) or transformers generate (hf); there is no vLLM"
 )
 
@@ -77,9 +82,7 @@ TRL_NAMES: dict[str, Synonym] = {
         "reinforge counts tool calls per trajectory (a call past it ends the trajectory), and model turns with "
         "rollout.max_turns",
     ),
-    "max_prompt_length": Synonym(
-        None, TRL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"
-    ),
+    "max_prompt_length": Synonym(None, TRL, PROMPT_LENGTH),
     "per_device_train_batch_size": Synonym(
         "train.micro_batch_size",
         TRL,
@@ -141,9 +144,9 @@ TRL_NAMES: dict[str, Synonym] = {
     "temperature": Synonym("rollout.temperature", TRL),
     "top_p": Synonym("rollout.top_p", TRL),
     "top_k": Synonym("rollout.top_k", TRL),
-    "use_vllm": Synonym("rollout.engine", TRL, _NO_VLLM),
-    "vllm_gpu_memory_utilization": Synonym(None, TRL, _NO_VLLM),
-    "vllm_mode": Synonym(None, TRL, _NO_VLLM),
+    "use_vllm": Synonym("rollout.engine", TRL, NO_VLLM),
+    "vllm_gpu_memory_utilization": Synonym(None, TRL, NO_VLLM),
+    "vllm_mode": Synonym(None, TRL, NO_VLLM),
     "logging_steps": Synonym(None, TRL, "every RL step is written to RUN_DIR/metrics.jsonl"),
     "save_steps": Synonym("checkpoint.every", TRL),
     "save_total_limit": Synonym("checkpoint.keep_last", TRL),
@@ -158,7 +161,7 @@ TRL_NAMES: dict[str, Synonym] = {
     "num_train_epochs": Synonym(
         "train.steps", TRL, "reinforge counts RL steps; train.num_prompts prompts are reshuffled every epoch"
     ),
-    "bf16": Synonym("model.dtype", TRL, "model.dtype=bfloat16"),
+    "bf16": Synonym("model.dtype", TRL, "model.dtype=bfloat16", {"True": "model.dtype=bfloat16"}),
     "sync_ref_model": Synonym("objective.reference", TRL, "objective.reference=ema with objective.reference_ema"),
     "ref_model_mixup_alpha": Synonym(
         "objective.reference_ema", TRL, "the weight of the old reference: reference_ema = 1 - alpha"
@@ -170,23 +173,8 @@ TRL_NAMES: dict[str, Synonym] = {
     ),
     "model_name_or_path": Synonym("model.path", TRL, "a local folder; nothing is downloaded"),
     # What a TRL user passes next to GRPOConfig: the trainer's arguments and ModelConfig's LoRA fields.
-    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, _REWARD_FILE + "; a reward model folder is "
+    "reward_funcs": Synonym("reward.functions", TRL_SCRIPT, REWARD_FILE + "; a reward model folder is "
                             "reward.model.path"),
-    "reward_pretrain": Synonym("reward.model.path", "OpenRLHF's name", "a sequence-classification folder"),
-    "normalize_reward": Synonym("reward.model.normalize", "OpenRLHF's name"),
-    "advantage_estimator": Synonym(
-        "objective.advantage",
-        "OpenRLHF's name",
-        "reinforce and reinforce_baseline are recipes (REINFORCE++), gae is recipe=ppo",
-        {
-            "gae": "recipe=ppo objective.whiten_advantages=true",
-            "reinforce": "recipe=reinforce_pp",
-            "reinforce_baseline": "recipe=reinforce_pp_baseline",
-            "rloo": "objective.advantage=rloo",
-            "group_norm": "objective.advantage=grpo",
-            "dr_grpo": "objective.advantage=dr_grpo",
-        },
-    ),
     "dataset_name": Synonym(
         "task.options.path",
         TRL_SCRIPT,
@@ -210,19 +198,17 @@ TRL_NAMES: dict[str, Synonym] = {
 
 VERL_NAMES: dict[str, Synonym] = {
     "data.train_batch_size": Synonym("train.prompts_per_step", VERL),
-    "data.max_prompt_length": Synonym(
-        None, VERL, "reinforge never truncates prompts; choose shorter prompts in the task or dataset"
-    ),
+    "data.max_prompt_length": Synonym(None, VERL, PROMPT_LENGTH),
     "data.max_response_length": Synonym("rollout.max_new_tokens", VERL),
     "data.train_files": Synonym("task.options.path", VERL, "with task.name=dataset"),
     "data.val_files": Synonym("task.options.eval_path", VERL, "with task.name=dataset"),
     "data.prompt_key": Synonym("task.options.fields", VERL, "task.options.fields.prompt=COLUMN"),
-    "custom_reward_function.path": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "custom_reward_function.path": Synonym("reward.functions", VERL, REWARD_FILE),
     "reward_model.enable": Synonym("reward.model.path", VERL, "setting reward.model.path turns the reward model on"),
     "reward_model.model.path": Synonym("reward.model.path", VERL, "a sequence-classification folder"),
     "reward_model.micro_batch_size_per_gpu": Synonym("reward.model.micro_batch_size", VERL),
     "reward_model.micro_batch_size": Synonym("reward.model.micro_batch_size", VERL),
-    "custom_reward_function.name": Synonym("reward.functions", VERL, _REWARD_FILE),
+    "custom_reward_function.name": Synonym("reward.functions", VERL, REWARD_FILE),
     "actor_rollout_ref.model.path": Synonym("model.path", VERL),
     "actor_rollout_ref.model.lora_rank": Synonym("model.lora.r", VERL),
     "actor_rollout_ref.model.lora_alpha": Synonym("model.lora.alpha", VERL),
@@ -232,7 +218,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.top_p": Synonym("rollout.top_p", VERL),
     "actor_rollout_ref.rollout.top_k": Synonym("rollout.top_k", VERL, "verl's -1 (off) is 0 here"),
     "actor_rollout_ref.rollout.response_length": Synonym("rollout.max_new_tokens", VERL),
-    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, _NO_VLLM),
+    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, NO_VLLM),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Synonym("rollout.max_turns", VERL),
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": Synonym(
         "rollout.max_tool_calls", VERL, "tool calls per trajectory; an environment's replies are bounded by "
@@ -242,7 +228,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": Synonym(
         "rollout.tools", VERL, "tools are typed Python functions named in a list (rollout.tools=[module:function]), "
         "not a YAML of tool classes; an environment class is task.environment"),
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, _NO_VLLM),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, NO_VLLM),
     "actor_rollout_ref.actor.optim.lr": Synonym("train.lr", VERL),
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": Synonym("train.warmup_steps", VERL),
@@ -284,7 +270,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.actor.use_kl_loss": Synonym("objective.kl_placement", VERL, "objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_coef": Synonym("objective.kl_coef", VERL, "with objective.kl_placement=in_loss"),
     "actor_rollout_ref.actor.kl_loss_type": Synonym(
-        "objective.kl_estimator", VERL, _KL_EST_NOTE, _KL_EST
+        "objective.kl_estimator", VERL, _KL_EST_NOTE, KL_EST
     ),
     "actor_rollout_ref.actor.entropy_coeff": Synonym("objective.entropy_coef", VERL),
     "actor_rollout_ref.actor.grad_clip": Synonym("train.grad_clip", VERL),
@@ -320,7 +306,7 @@ VERL_NAMES: dict[str, Synonym] = {
         "per-token KL, train.kl_target the mean of each sequence's summed KL; set train.kl_target to about "
         "target_kl x the mean completion length in tokens (the rl log's completion length)"),
     "algorithm.kl_penalty": Synonym(
-        "objective.kl_estimator", VERL, "with objective.kl_placement=in_reward; " + _KL_EST_NOTE, _KL_EST),
+        "objective.kl_estimator", VERL, "with objective.kl_placement=in_reward; " + _KL_EST_NOTE, KL_EST),
     "algorithm.kl_ctrl.type": Synonym("train.kl_target", VERL, "adaptive: set train.kl_target; fixed: leave it null"),
     "algorithm.gamma": Synonym("objective.value", VERL, "objective.value.gamma (PPO-family recipes)"),
     "algorithm.lam": Synonym("objective.value", VERL, "objective.value.lam_actor and lam_critic (PPO-family recipes)"),
@@ -331,6 +317,23 @@ VERL_NAMES: dict[str, Synonym] = {
     "trainer.test_freq": Synonym("eval.every", VERL),
     "trainer.default_local_dir": Synonym("output_dir", VERL),
     "trainer.resume_mode": Synonym(None, VERL, "continue a run with `reinforge train --resume RUN_DIR`"),
+    "trainer.val_before_train": Synonym(None, VERL, "reinforge always evaluates the model RL starts from (the 'start "
+                                        "of RL' column); eval.num_prompts and eval.num_samples make it cheaper"),
+    "trainer.experiment_name": Synonym("output_dir", VERL, "the run directory's name"),
+    "trainer.nnodes": Synonym(None, VERL, "to train on several GPUs run under torchrun --nproc-per-node N"),
+    "data.filter_overlong_prompts": Synonym(None, VERL, PROMPT_LENGTH),
+    "data.truncation": Synonym(None, VERL, PROMPT_LENGTH),
+    "data.shuffle": Synonym(None, VERL, "train.num_prompts prompts are reshuffled every epoch (seed)"),
+    "data.reward_fn_key": Synonym("reward.functions", VERL, "reward.functions[].domains names the domains a function "
+                                  "scores (task.name=mix)"),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": Synonym(
+        None, VERL, "reinforge has no activation checkpointing; a lower train.micro_batch_tokens uses less memory"),
+    "actor_rollout_ref.rollout.val_kwargs.n": Synonym("eval.num_samples", VERL),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": Synonym("train.micro_batch_size", VERL),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": Synonym("train.micro_batch_size", VERL),
+    "actor_rollout_ref.actor.entropy_coef": Synonym("objective.entropy_coef", VERL),
+    "critic.model.path": Synonym(None, VERL, "the critic of recipe=ppo starts from the policy's weights"),
+    "critic.ppo_micro_batch_size_per_gpu": Synonym("train.micro_batch_size", VERL),
     "trainer.project_name": Synonym("log.wandb_project", VERL),
     "trainer.logger": Synonym(
         "log.wandb", VERL, "log.wandb=true and log.tensorboard=true; metrics.jsonl is always written"
@@ -340,8 +343,12 @@ VERL_NAMES: dict[str, Synonym] = {
 
 
 def find_synonym(path: str) -> Synonym | None:
-    """The synonym of the dotted key `path` as typed: a verl path, else a TRL name by its last part."""
-    return VERL_NAMES.get(path) or TRL_NAMES.get(path.rpartition(".")[2])
+    """The synonym of the dotted key `path` as typed: a verl path, else a TRL or OpenRLHF name by its
+    last part."""
+    from reinforge.synonyms_openrlhf import OPENRLHF_NAMES, openrlhf_family
+
+    name = path.rpartition(".")[2]
+    return VERL_NAMES.get(path) or TRL_NAMES.get(name) or OPENRLHF_NAMES.get(name) or openrlhf_family(name)
 
 
 def synonym_message(path: str, value: Any, synonym: Synonym) -> str:

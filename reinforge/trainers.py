@@ -175,6 +175,26 @@ def reward_composer(cfg: Config, task: Task, policy: Policy) -> RewardComposer:
     return RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, build_sources(cfg.reward, context))
 
 
+def probe_rewards(cfg: Config, task: Task, engine: RolloutEngine, rows: int = 3) -> list[str]:
+    """The reward functions called on one sampled completion of each of the first `rows` training
+    prompts, before SFT and the start-of-RL evaluation: ConfigError at once for a function that returns
+    something other than a reward (RewardComposer.probe); the warnings of functions that scored none.
+    Reward sources (models, judges) are not loaded for it."""
+    if not cfg.reward.functions:
+        return []
+    examples = task.train_split(min(rows, cfg.train.num_prompts))[:rows]
+    if not examples:
+        return []
+    composer = RewardComposer(cfg.reward, task, cfg.rollout.max_new_tokens, check_domains=False)
+    params = dataclasses.replace(SamplingParams.from_config(cfg.rollout),
+                                 max_new_tokens=min(cfg.rollout.max_new_tokens, 32))   # a few tokens tell the type
+    # Its own random stream, the run's left as it was: a run samples the same with the probe as without it.
+    with torch.random.fork_rng():     # the CPU stream and every CUDA device's, restored after
+        rollout = engine.generate([e.prompt for e in examples], 1, params,
+                                  generator=torch.Generator().manual_seed(cfg.seed))
+    return composer.probe(examples, rollout)
+
+
 def run_scores(cfg: Config, composer: RewardComposer) -> Callable[[list, Rollout], Scores]:
     """The RL step's reward (`composed_scores`), its figures with the reflection words of the samples
     (analytics.reflection_words: telemetry/reflection.py)."""

@@ -77,3 +77,33 @@ def positional_only(completion, /):
 
 def always_raises(completion: str) -> float:
     raise ValueError("x")
+
+
+def returns_good(completion: str):
+    """A per-sample function that returns a label instead of a number."""
+    return "good"
+
+
+def trl_strings(prompts, completions, **kwargs):
+    """TRL style, but its numbers are strings: TRL refuses them."""
+    return ["1.0"] * len(completions)
+
+
+def trl_returns_none(prompts, completions, **kwargs):
+    """TRL style, with the `return` forgotten."""
+    [len(c) for c in completions]
+
+
+def verl_returns_none(data_source, solution_str, ground_truth, extra_info=None):
+    """verl style, with the `return` forgotten: scores no sample."""
+    len(solution_str)
+
+
+def sample_returns_none(completion: str):
+    """reinforge's per-sample form, with the `return` forgotten: declines every sample."""
+    len(completion)
+
+
+def declines_non_numbers(completion: str, answer: str):
+    """Declines (None) a completion that is not a number, as a strict parser does on an untrained model's text."""
+    return float(completion.strip() == answer) if completion.strip().lstrip("-").isdigit() else None

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import MICRO
 from typer.testing import CliRunner
 
@@ -15,7 +16,8 @@ from reinforge.api import dataset_path, reward_name, train_overrides
 from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
-from reinforge.rewards.compose import resolve_reward_function
+from reinforge.rewards.compose import RewardComposer, resolve_reward_function
+from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.user_rewards import register
 
 DOC = Path(__file__).parent.parent / "docs" / "python-api.md"
@@ -120,10 +122,23 @@ def test_reward_callables_resolve_through_the_composers_import_path() -> None:
     assert resolve_reward_function(name, {}) is local
     other = register(lambda completion: 0.0)
     assert (
-        other.startswith("reinforge.user_rewards:reward") and resolve_reward_function(other, {})(completion="x") == 0.0
+        other.startswith("reinforge.user_rewards:lambda_line") and resolve_reward_function(other, {})(completion="x")
+        == 0.0
     )
     with pytest.raises(ValueError, match="no reward function 'gone' is registered in this process"):
         resolve_reward_function("reinforge.user_rewards:gone", {})
+
+
+def test_lambdas_are_named_so_that_their_metrics_differ() -> None:
+    # A lambda's __name__ is "<lambda>": named by the variable it is assigned to, else its place in reward_funcs.
+    brevity = lambda completion: -len(completion) / 100.0     # noqa: E731  (what a notebook user writes)
+    overrides = train_overrides(None, None, [brevity, lambda completion: 1.0, lambda completions, **kw: [0.0]],
+                                None, {})
+    names = [f["name"] for f in yaml.safe_load(overrides[0].partition("=")[2])]
+    assert [n.partition(":")[2].split("_")[0] for n in names] == ["brevity", "lambda", "lambda"]
+    assert names[1].endswith(":lambda_1") and names[2].endswith(":lambda_2")
+    composer = RewardComposer(build_config(overrides).reward, ArithmeticTask(), 8)
+    assert [t.key for t in composer.terms] == [n.partition(":")[2] for n in names]
 
 
 def test_rows_and_datasets_give_one_content_named_file(tmp_path, monkeypatch) -> None:

@@ -26,6 +26,22 @@ def test_version() -> None:
     assert result.exit_code == 0 and result.output == f"reinforge {__version__}\n"
 
 
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["train", "--help"]])
+def test_help_and_version_do_not_import_torch(args: list[str]) -> None:
+    # torch and transformers take seconds to import; --help and --version must answer without them.
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['reinforge', *{args!r}]\n"
+             "try:\n    runpy.run_module('reinforge.cli', run_name='__main__')\n"
+             "except SystemExit as stop:\n    code = stop.code or 0\n"
+             "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+             "print('HEAVY', heavy, code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "HEAVY [] 0", done.stdout + done.stderr
+
+
 def test_train_help_says_how_to_list_every_key() -> None:
     result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "300"})
     assert (

@@ -204,12 +204,12 @@ def test_sft_needs_a_completion_field_and_never_corrupts() -> None:
 
     task = build_task("dataset", path=str(CODE_SMALL), verifier="code")
     example = task.train_split(1)[0]
-    with pytest.raises(NotImplementedError, match="sft.enabled=false"):
+    with pytest.raises(ConfigError, match="sft.enabled=false"):       # input to fix, from Python too
         task.teacher_completion(example, random.Random(0))
     mapped = build_task("dataset", path=str(CODE_SMALL), verifier="code", fields={"completion": "solution"})
     assert mapped.teacher_completion(mapped.train_split(1)[0], random.Random(0)).startswith("def add(")
     assert [s.correct for s in mapped.sft_examples(3, corrupt_fraction=0.0, seed=0)] == [True] * 3
-    with pytest.raises(NotImplementedError, match="sft.corrupt_fraction=0"):
+    with pytest.raises(ConfigError, match="sft.corrupt_fraction=0"):
         mapped.corrupt_completion(example, random.Random(0))
 
 

@@ -62,7 +62,8 @@ def test_trl_reward_function_on_trl_conversational_jsonl(llama_dir: Path, tmp_pa
     out = tmp_path / "run"
     result = run(build_config(_overrides(llama_dir, data, out, "convention_fixtures:trl_accuracy")))
     assert result.summary["rl_steps"] == 2 and _rl_steps(out) == [1, 2]
-    calls = CALLS["trl_accuracy"]
+    probe, *calls = CALLS["trl_accuracy"]
+    assert len(probe["prompts"]) == 3                        # the probe before training: 3 rows, 1 sample each
     assert len(calls) == 2                                   # one batched call per RL step
     solution_of = {r["prompt"][0]["content"]: r["solution"] for r in rows}
     for call in calls:
@@ -91,7 +92,7 @@ def test_verl_compute_score_on_verl_parquet(llama_dir: Path, tmp_path: Path) -> 
     out = tmp_path / "run"
     result = run(build_config(_overrides(llama_dir, data, out, "convention_fixtures:compute_score")))
     assert result.summary["rl_steps"] == 2 and _rl_steps(out) == [1, 2]
-    calls = CALLS["compute_score"]
+    calls = CALLS["compute_score"][3:]                       # after the probe's 3 samples before training
     assert len(calls) == 2 * 4                               # once per completion: 2 steps x 2 prompts x 2
     by_index = {r["extra_info"]["index"]: r for r in rows}
     for call in calls:
@@ -136,3 +137,26 @@ def test_a_reward_function_that_raises_ends_the_run_with_one_line(llama_dir: Pat
 
     header, (row,) = run_table(load_runs([out]))
     assert row[header.index("status")] == "failed in step 1"
+
+
+@pytest.mark.parametrize(("reward", "returned"), [
+    ("convention_fixtures:returns_good", "returned a str ('good'), expected a float"),
+    ("convention_fixtures:trl_returns_none", "returned None, expected a list of 3 floats (one per completion)"),
+    ("convention_fixtures:trl_wrong_length", "returned 1 values for 3 completions, expected one per completion"),
+    ("convention_fixtures:sample_returns_none", "returned None on all 3 probe samples and on their gold answers"),
+])
+def test_a_reward_that_returns_no_reward_stops_before_any_evaluation(llama_dir: Path, tmp_path: Path, reward: str,
+                                                                     returned: str) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n" for a in range(4)))
+    out = tmp_path / "run"
+    overrides = [o for o in _overrides(llama_dir, data, out, reward) if not o.startswith("eval.num_prompts")]
+    result = CliRunner().invoke(app, ["train", *overrides, "eval.num_prompts=200"])
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.output.splitlines() if "reward function" in x]
+    name = reward.replace(":", ".")
+    assert line.startswith(f"error: reward function {name} {returned}") and "before training): return " in line
+    # Nothing was evaluated or trained: the probe ran before the start-of-RL evaluation.
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] \
+        if (out / "metrics.jsonl").exists() else []
+    assert not [r for r in records if r.get("stage") in ("eval", "rl")]

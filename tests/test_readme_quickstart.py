@@ -73,6 +73,16 @@ def test_the_quickstart_python_trains_on_the_shipped_data(tmp_path: Path, monkey
     assert printed == f"{result.run_dir} {result.eval['final']['pass@1']}"
 
 
+def test_the_quickstart_is_a_short_run_that_says_it_is_a_template_and_how_long_it_takes() -> None:
+    # Run as written it must end in minutes: a few steps, not the 150 default, on a reward that stays near 0
+    # with the untrained built-in model, and the text says so and gives the time it was measured to take.
+    argv = shlex.split(_quickstart_block("bash").replace("\\\n", " ").splitlines()[-1])
+    settings = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("'"))
+    assert int(settings["train.steps"]) <= 10 and int(settings["eval.num_prompts"]) <= 20
+    text = " ".join((ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0].split())
+    assert "This is a template" in text and re.search(r"\(\d+ s measured", text)
+
+
 def test_the_example_reward_file_shows_the_three_forms() -> None:
     from reinforge.rewards.conventions import import_user_function, reward_form
 

@@ -45,8 +45,8 @@ def _rollout(texts: list[str], lengths: list[int], truncated: list[bool] | None 
     )
 
 
-def _composer(max_new_tokens: int = 20, **reward) -> RewardComposer:
-    return RewardComposer(RewardConfig(**reward), ArithmeticTask(), max_new_tokens)
+def _composer(max_new_tokens: int = 20, check_domains: bool = True, **reward) -> RewardComposer:
+    return RewardComposer(RewardConfig(**reward), ArithmeticTask(), max_new_tokens, check_domains=check_domains)
 
 
 EXAMPLES = [Example("23+23=", "46", {"target": 46}), Example("3+4=", "7", {"target": 7})]
@@ -407,3 +407,70 @@ def test_a_function_from_a_file_path_or_the_working_directory(tmp_path, monkeypa
     _close(out.parts["shout"], [1.0] * 4)
     with pytest.raises(ConfigError, match="file 'nope.py' does not exist"):
         build_config(["reward.functions=[{name: nope.py:f}]"])
+
+
+def test_verl_dict_extra_keys_are_logged_as_metrics():
+    # verl logs a dict result's other keys; compute_score returns {"score", "acc"} on the math rows only.
+    out = _composer(functions=[{"name": "convention_fixtures:compute_score"}]).score(
+        CHAT, _chat_rollout(["2", "3", "5", "4"]), group_size=2)
+    _close(out.extras["compute_score/acc"], [1.0, 0.0, NAN, NAN])
+    assert out.metrics()["reward/compute_score/acc"] == 0.5
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("returns_good", "returned a str ('good'), expected a float"),
+    ("trl_strings", "returned a list holding at 0 a str ('1.0'), expected a float"),
+    ("trl_returns_none", "returned None, expected a list of 4 floats (one per completion)"),
+    ("trl_wrong_length", "returned 1 values for 4 completions, expected one per completion"),
+])
+def test_a_result_that_is_not_a_reward_names_its_type_and_is_never_converted(name, message):
+    # TRL refuses ["1.0", ...] (torch.tensor of strings); a string is never parsed into a reward.
+    with pytest.raises(RewardError) as err:
+        _composer(functions=[{"name": f"convention_fixtures:{name}"}]).score(
+            EXAMPLES, _rollout(["1", "2", "3", "4"], [1] * 4), group_size=2)
+    assert message in err.value.details
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    ("returns_good", "reward function convention_fixtures.returns_good returned a str ('good'), expected a float "
+                     "(probed on 4 samples before training): return a float (None to leave the sample unscored)"),
+    ("trl_strings", "reward function convention_fixtures.trl_strings returned a list holding at 0 a str ('1.0'), "
+                    "expected a float (probed on 4 samples before training): return a list of floats, one per "
+                    "completion (None where it does not apply)"),
+    ("trl_returns_none", "reward function convention_fixtures.trl_returns_none returned None, expected a list of 4 "
+                         "floats (one per completion) (probed on 4 samples before training): return a list of "
+                         "floats, one per completion (None where it does not apply)"),
+    ("verl_no_score", "reward function convention_fixtures.verl_no_score returned a dict without a 'score' key "
+                      "(keys: acc) (probed on 4 samples before training): return a float, or a dict with a float "
+                      "'score'"),
+])
+def test_the_probe_refuses_a_result_that_is_not_a_reward(name, line):
+    composer = _composer(functions=[{"name": f"convention_fixtures:{name}"}], check_domains=False)
+    with pytest.raises(ConfigError) as err:
+        composer.probe([EXAMPLES[0], EXAMPLES[0], EXAMPLES[1], EXAMPLES[1]], _rollout(["1", "2", "3", "4"], [1] * 4))
+    assert str(err.value) == line
+
+
+def test_a_per_sample_function_that_scores_nothing_stops_and_one_that_declines_bad_samples_runs():
+    # reinforge's per-sample None is "do not score this sample": on every probe sample it may be the untrained
+    # model's unreadable output, so the gold answers are tried as completions too; None on them as well is a
+    # function that never returns a number.
+    with pytest.raises(ConfigError) as err:
+        _composer(functions=[{"name": "convention_fixtures:sample_returns_none"}]).probe(
+            EXAMPLES, _rollout(["xx", "yy"], [1, 1]))
+    assert str(err.value) == (
+        "reward function convention_fixtures.sample_returns_none returned None on all 2 probe samples and on their "
+        "gold answers: None leaves a sample unscored, so it would score nothing (probed before training): return a "
+        "float (None to leave the sample unscored)")
+    composer = _composer(functions=[{"name": "convention_fixtures:declines_non_numbers"}, {"name": "verifier"}])
+    assert composer.probe(EXAMPLES, _rollout(["xx", "yy"], [1, 1])) == []
+
+
+def test_verl_none_is_not_a_reward():
+    # verl has no "do not score": its reward manager fails on None, and so does the probe, at once.
+    with pytest.raises(ConfigError) as err:
+        _composer(functions=[{"name": "convention_fixtures:verl_returns_none"}]).probe(
+            EXAMPLES, _rollout(["46", "2"], [1, 1]))
+    assert str(err.value) == (
+        "reward function convention_fixtures.verl_returns_none returned None, expected a float or a dict with a "
+        "'score' (probed on 2 samples before training): return a float, or a dict with a float 'score'")

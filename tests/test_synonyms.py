@@ -16,6 +16,7 @@ from reinforge.config import Config, build_config
 from reinforge.config_input import optional_section
 from reinforge.errors import ConfigError
 from reinforge.synonyms import TRL_NAMES, VERL_NAMES
+from reinforge.synonyms_openrlhf import OPENRLHF_NAMES
 
 runner = CliRunner()
 
@@ -108,8 +109,9 @@ def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str
     [
         (
             "max_prompt_length=512",
-            "unknown config key 'max_prompt_length' (TRL's GRPOConfig name; reinforge never truncates "
-            "prompts; choose shorter prompts in the task or dataset); remove it",
+            "unknown config key 'max_prompt_length' (TRL's GRPOConfig name; reinforge never truncates prompts: a "
+            "prompt that does not fit the model's positions with rollout.max_new_tokens is refused at start, naming "
+            "its row); remove it",
         ),
         (
             "logging_steps=10",
@@ -145,7 +147,7 @@ def _is_key(dotted: str) -> bool:
 
 
 def test_every_hint_is_a_real_key_and_every_suggested_setting_builds() -> None:
-    names = {**TRL_NAMES, **VERL_NAMES}
+    names = {**TRL_NAMES, **VERL_NAMES, **OPENRLHF_NAMES}
     assert [name for name, s in names.items() if s.key is not None and not _is_key(s.key)] == []
     for synonym in names.values():
         for setting in synonym.values.values():
@@ -199,3 +201,123 @@ def test_the_command_line_refuses_a_synonym_with_one_line(tmp_path: Path) -> Non
         "error: unknown config key 'max_completion_length'; did you mean 'rollout.max_new_tokens'? "
         "(TRL's GRPOConfig name)\n"
     )
+
+
+# OpenRLHF's launcher flags (openrlhf/cli/train_ppo_ray.py) and the reinforge key that does their job.
+@pytest.mark.parametrize(("override", "key"), [
+    ("pretrain=/models/qwen", "model.path"),
+    ("reward_pretrain=/models/rm", "reward.model.path"),
+    ("rollout_batch_size=128", "train.prompts_per_step"),
+    ("micro_rollout_batch_size=16", "rollout.max_batch_rows"),
+    ("train_batch_size=128", "train.mini_batches"),
+    ("micro_train_batch_size=8", "train.micro_batch_size"),
+    ("n_samples_per_prompt=8", "train.group_size"),
+    ("init_kl_coef=0.001", "objective.kl_coef"),
+    ("kl_target=0.1", "train.kl_target"),
+    ("actor_learning_rate=5e-7", "train.lr"),
+    ("critic_learning_rate=9e-6", "critic.lr"),
+    ("generate_max_len=1024", "rollout.max_new_tokens"),
+    ("max_len=2048", "rollout.max_new_tokens"),
+    ("input_key=question", "task.options.fields"),
+    ("label_key=answer", "task.options.fields"),
+    ("max_epochs=2", "train.ppo_epochs"),
+    ("num_episodes=3", "train.steps"),
+    ("eps_clip=0.2", "objective.eps_low"),
+    ("value_clip=0.5", "objective.value"),
+    ("gamma=1.0", "objective.value"),
+    ("lambd=0.95", "objective.value"),
+    ("lora_rank=16", "model.lora.r"),
+    ("target_modules=[q_proj]", "model.lora.target_modules"),
+    ("save_path=/tmp/out", "output_dir"),
+    ("ckpt_path=/tmp/ckpt", "output_dir"),
+    ("max_ckpt_num=3", "checkpoint.keep_last"),
+    ("entropy_loss_coef=0.01", "objective.entropy_coef"),
+    ("prompt_data=/data/train.jsonl", "task.options.path"),
+    ("normalize_reward=true", "reward.model.normalize"),
+    ("temperature=0.7", "rollout.temperature"),
+    ("top_p=0.9", "rollout.top_p"),
+    ("save_steps=20", "checkpoint.every"),
+    ("eval_steps=20", "eval.every"),
+    ("lora_alpha=32", "model.lora.alpha"),
+])
+def test_openrlhf_names_give_the_full_key(override: str, key: str) -> None:
+    name = override.partition("=")[0]
+    with pytest.raises(ConfigError) as err:
+        build_config([override])
+    assert str(err.value).startswith(f"unknown config key '{name}'; did you mean '{key}'? (")
+
+
+@pytest.mark.parametrize(("override", "setting"), [
+    ("advantage_estimator=reinforce", "recipe=reinforce_pp"),
+    ("advantage_estimator=reinforce_baseline", "recipe=reinforce_pp_baseline"),
+    ("advantage_estimator=rloo", "objective.advantage=rloo"),
+    ("advantage_estimator=group_norm", "objective.advantage=grpo"),
+    ("advantage_estimator=gae", "recipe=ppo objective.whiten_advantages=true"),
+    ("use_kl_loss=true", "objective.kl_placement=in_loss"),
+    ("kl_estimator=k3", "objective.kl_estimator=k3 objective.kl_clamp=10"),
+    ("apply_chat_template=true", "prompt.chat_template=always"),
+    ("bf16=true", "model.dtype=bfloat16"),
+])
+def test_openrlhf_values_that_pick_a_part_name_the_setting(override: str, setting: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config([override])
+    assert f"did you mean '{setting}'?" in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("prompt_max_len=1024", "(OpenRLHF's name; reinforge never truncates prompts"),
+    ("data.max_prompt_length=1024", "(verl's name; reinforge never truncates prompts"),
+    ("zero_stage=3", "(OpenRLHF's name; reinforge does not use DeepSpeed"),
+    ("gradient_checkpointing=true", "(OpenRLHF's name; reinforge has no activation checkpointing"),
+    ("packing_samples=true", "(OpenRLHF's name; micro-batches are already packed by tokens"),
+    ("load_checkpoint=true", "`reinforge train --resume RUN_DIR`"),
+    ("vllm_num_engines=2", "there is no vLLM); remove it"),
+    ("actor_num_gpus_per_node=8", "reinforge places its models itself"),
+    ("trainer.val_before_train=false", "(verl's name; reinforge always evaluates the model RL starts from"),
+])
+def test_openrlhf_and_verl_names_without_an_equivalent_say_why(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config([override])
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("override", ["pretrain=/models/qwen", "rollout_batch_size=8", "trainer.val_before_train=1",
+                                      "trainer.some_new_flag=1", "rollouts=8"])
+def test_a_peer_name_never_points_at_a_section_with_another_job(override: str) -> None:
+    # difflib alone would say pretrain -> train, rollout_batch_size -> rollout, trainer -> train.
+    with pytest.raises(ConfigError) as err:
+        build_config([override])
+    assert "did you mean 'train'" not in str(err.value) and "did you mean 'rollout'" not in str(err.value)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--advantage_estimator", "reinforce"],
+     "error: '--advantage_estimator reinforce': settings are key=value, write advantage_estimator=reinforce; and "
+     "advantage_estimator is not a reinforge key; did you mean 'recipe=reinforce_pp'? (OpenRLHF's name for "
+     "objective.advantage; advantage_estimator=reinforce is recipe=reinforce_pp here)"),
+    (["--n_samples_per_prompt", "8"],
+     "error: '--n_samples_per_prompt 8': settings are key=value, write n_samples_per_prompt=8; and "
+     "n_samples_per_prompt is not a reinforge key; did you mean 'train.group_size'? (OpenRLHF's name)"),
+    (["--seed", "3"], "error: '--seed 3': settings are key=value, write seed=3"),
+    (["--bf16", "train.steps=2"], "error: '--bf16': settings are key=value, write bf16=true; and bf16 is not a "
+                                  "reinforge key; did you mean 'model.dtype=bfloat16'? (TRL's GRPOConfig name for "
+                                  "model.dtype; bf16=True is model.dtype=bfloat16 here)"),
+    (["--train.steps=5"], "error: '--train.steps=5': settings are key=value, write train.steps=5"),
+    (["--objective.entropy_coef", "-0.01"],
+     "error: '--objective.entropy_coef -0.01': settings are key=value, write objective.entropy_coef=-0.01"),
+])
+def test_argparse_style_options_get_their_key_value_spelling(tmp_path: Path, args: list[str], line: str) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", *args, f"output_dir={out}"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and not out.exists()
+    assert result.stderr == line + "\n"
+
+
+def test_a_sweep_axis_typed_as_argparse_gets_the_same_hint() -> None:
+    from reinforge.sweep import grid_axes
+
+    with pytest.raises(ConfigError) as err:
+        grid_axes(["--n_samples_per_prompt", "4,8"])
+    assert str(err.value) == ("'--n_samples_per_prompt 4,8': settings are key=value, write n_samples_per_prompt=4,8; "
+                              "and n_samples_per_prompt is not a reinforge key; did you mean 'train.group_size'? "
+                              "(OpenRLHF's name)")

@@ -22,9 +22,10 @@ CALLS = {"n": 0}
 
 
 def stuck_reward(completions, **kwargs):
-    """Answers the first two steps' calls, then sleeps far longer than a step (SLEEP)."""
+    """Answers the reward probe's call (before training) and the first two steps' calls, then sleeps far
+    longer than a step (SLEEP)."""
     CALLS["n"] += 1
-    if CALLS["n"] == 3:
+    if CALLS["n"] == 4:
         time.sleep(SLEEP["s"])
     return [float(len(c) % 2) for c in completions]
 

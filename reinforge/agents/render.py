@@ -67,6 +67,15 @@ class Renderer:
                 trailer = trailer[len(end):]
         return self.encode(trailer)
 
+    def ignores_tools(self) -> bool:
+        """Whether the chat template renders a conversation the same with and without the tools' schemas:
+        it never shows the model its tools. False without tools or without a template (plain text)."""
+        if not self.templated or not self.tools:
+            return False
+        probe: list[Message] = [{"role": "user", "content": "Hi"}]
+        with_tools = self._template(probe, generation_prompt=True)
+        return with_tools == self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+
     def _template(self, messages: list[Message], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=generation_prompt)

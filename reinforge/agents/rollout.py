@@ -74,6 +74,8 @@ class AgentEngine:
         self.reward_mode = reward_mode
         self.policy = engine.policy
         self.chat_template = engine.chat_template
+        # A turn's text as its tool parser reads it: the parser's markers kept when they are special tokens.
+        self.decode = turn_decoder(self.policy.tokenizer, tools.markers if tools is not None else ())
 
     def over(self, engine: Any) -> AgentEngine:
         """This agent rollout over another engine (an asynchronous worker's, on its own copy of the weights)."""
@@ -147,7 +149,7 @@ class AgentEngine:
             live = list(contexts)
             out = self.engine.generate_ids([contexts[i] for i in live], 1, params, version, generator)
             lengths = out.completion_mask.sum(dim=1).long().tolist()
-            turns = [GeneratedTurn(text=out.texts[r], token_ids=out.completion_ids[r, :n],
+            turns = [GeneratedTurn(text=self.decode(out.completion_ids[r, :n]), token_ids=out.completion_ids[r, :n],
                                    sampler_logprobs=out.sampler_logprobs[r, :n], version=version,
                                    truncated=bool(out.truncated[r]),
                                    top_ids=None if out.sampler_top_ids is None else out.sampler_top_ids[r, :n],
@@ -165,7 +167,7 @@ class AgentEngine:
                     del contexts[i]
 
     def _turn(self, row: Any, version: int) -> GeneratedTurn:
-        text = self.policy.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        text = self.decode(row.tokens)
         return GeneratedTurn(text=text, token_ids=row.tokens, sampler_logprobs=row.logprobs,
                              version=int(row.versions[0]) if len(row.versions) else version, truncated=row.truncated,
                              top_ids=row.top_ids, top_logprobs=row.top_logprobs)
@@ -186,6 +188,24 @@ class AgentEngine:
         rollout = collate([r.trajectory for r in results], tokenizer.pad_token_id or 0, version, lambda _: texts)
         rollout.episodes = agent_rows
         return rollout
+
+
+def turn_decoder(tokenizer: Any, keep: tuple[str, ...]) -> Callable[[Any], str]:
+    """ids -> the text of a model turn: special tokens removed (pad, eos, the template's markers) except
+    those whose text is one of `keep`, a tool parser's markers. A model whose `<tool_call>` is a special
+    token (Qwen2.5) writes its calls with it, and skip_special_tokens=True would hand the parser text
+    with no call in it: every call dropped, in silence."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    kept = {i for i, token in added.items() if str(token) in keep or getattr(token, "content", None) in keep}
+    if not kept:
+        return lambda ids: tokenizer.decode(_ids(ids), skip_special_tokens=True)
+    special = {i for i, token in added.items() if getattr(token, "special", False)} | set(tokenizer.all_special_ids)
+    drop = special - kept
+    return lambda ids: tokenizer.decode([i for i in _ids(ids) if i not in drop], skip_special_tokens=False)
+
+
+def _ids(ids: Any) -> list[int]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
 
 
 def _last_turn(result: EpisodeResult) -> str:

@@ -60,6 +60,15 @@ def build_agent(rollout: RolloutConfig, environment: str | None, chat_template: 
         box = ToolBox(tools, parser=parser, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
     renderer = Renderer(tokenizer, chat_template, box.schemas() if box is not None else None,
                         engine.policy.eos_token_ids)
+    if box is not None and renderer.ignores_tools():
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(escape(
+            f"warning: the model's chat template ignores `tools` (it renders the same prompt with and without the "
+            f"schemas of rollout.tools), so the model is never shown its tools; rollout.tool_parser={box.parser} "
+            "will find only the calls it makes unprompted: use a model whose chat template renders tools, or describe "
+            "the tools and their call format in prompt.system"), soft_wrap=True, highlight=False)
     limits = EpisodeLimits(max_turns=rollout.max_turns, max_model_tokens=rollout.max_model_tokens,
                            max_environment_tokens=rollout.max_environment_tokens)
     return AgentEngine(engine, renderer, ExampleRows(task), environment=environment_class, tools=box, limits=limits,

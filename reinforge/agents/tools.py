@@ -164,6 +164,10 @@ TOOL_CALL_PARSERS: dict[str, Callable[[str], ParsedTurn]] = {
 # The parser "auto" picks, by a marker its chat template renders tool calls with.
 _TEMPLATE_MARKERS = {"hermes": _HERMES_OPEN}
 
+# The text each parser reads calls by: a model may have them as special tokens (Qwen2.5's <tool_call>),
+# which the decoding of a turn for its parser must keep (agents/rollout.py: turn_decoder).
+TOOL_CALL_MARKERS: dict[str, tuple[str, ...]] = {"hermes": (_HERMES_OPEN, _HERMES_CLOSE)}
+
 
 def parser_for(chat_template: str | None, name: str = "auto") -> str:
     """The key in TOOL_CALL_PARSERS for a model: `name` itself unless "auto", else the format its chat template
@@ -312,6 +316,11 @@ class ToolBox:
         self._pool = BoundedPool(warmup=functools.partial(_load_tools, workers), max_workers=self.max_workers)
         self._lock = threading.Lock()
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The text its parser finds calls by (TOOL_CALL_MARKERS); () for a parser that names none."""
+        return TOOL_CALL_MARKERS.get(self.parser, ())
+
     def schemas(self) -> list[dict]:
         """The list to pass as `tokenizer.apply_chat_template(messages, tools=...)`."""
         return [tool.schema for tool in self.tools.values()]
@@ -380,6 +389,7 @@ class ToolBox:
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "TOOL_CALL_MARKERS",
     "TOOL_CALL_PARSERS",
     "ParsedTurn",
     "ToolBox",

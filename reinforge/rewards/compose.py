@@ -50,6 +50,7 @@ from reinforge.objectives.common import accepted_params
 from reinforge.rewards.conventions import (
     TRL_INPUTS,
     VERL_INPUTS,
+    NotARewardError,
     RewardForm,
     call_all,
     keywords,
@@ -58,6 +59,7 @@ from reinforge.rewards.conventions import (
     sample_value,
     trl_values,
     unfilled_parameters,
+    verl_extras,
     verl_value,
 )
 from reinforge.rewards.functions import (
@@ -164,6 +166,9 @@ class RewardBatch:
     # every model token by the learner; None when no source gives any
     token_advantages: Tensor | None = None
     source_metrics: dict[str, float] | None = None   # reward/<source>/<name> figures of the reward sources
+    # "<function key>/<name>" -> [N] float: the numeric extra keys of verl dict results ({"score": 1, "acc": 1});
+    # NaN on the rows that did not return one
+    extras: dict[str, Tensor] | None = None
 
     def metrics(self) -> dict[str, float]:
         """reward/<key>_mean over the rows the function scored (NaN if none), reward/<key>_errors,
@@ -175,6 +180,7 @@ class RewardBatch:
         out["reward/error_frac"] = _mean(self.raised)
         out["reward/valid_frac"] = _mean(self.valid)
         out.update(self.source_metrics or {})
+        out.update({f"reward/{key}": _nanmean(values) for key, values in (self.extras or {}).items()})
         return out
 
 
@@ -212,7 +218,9 @@ class RewardComposer:
     batched call whose sequence values add to the sum and whose token terms add to the advantage."""
 
     def __init__(self, cfg: RewardConfig, task: Task, max_new_tokens: int,
-                 sources: Sequence[RewardSource] = ()) -> None:
+                 sources: Sequence[RewardSource] = (), *, check_domains: bool = True) -> None:
+        """`check_domains=False`: a composer of the functions alone (the reward probe), whose sources
+        were left out, so a domain only a source scores is not refused."""
         self.task = task
         self.sources = list(sources)
         self.max_error_rate = cfg.max_error_rate
@@ -230,7 +238,8 @@ class RewardComposer:
             label = f.name if f.name.rpartition(":")[0].endswith(".py") else f.name.replace(":", ".")
             self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn),
                                     frozenset(f.domains) if f.domains is not None else None))
-        check_reward_domains(cfg.functions, task.domains, has_source=bool(self.sources))
+        if check_domains:
+            check_reward_domains(cfg.functions, task.domains, has_source=bool(self.sources))
         for source in self.sources:
             if source.key in taken:
                 raise ValueError(f"reward source {source.key!r} has the name of a reward function: rename the function")
@@ -265,12 +274,15 @@ class RewardComposer:
         applicable = torch.zeros(n, dtype=torch.long)   # functions that score the row's domain, per row
         domains = [self.task.domain_of(e) for e in rows]
         failures: list[_Failure] = []
+        extras: dict[str, Tensor] = {}
         for t in self.terms:
             # A function restricted to domains is not called on other rows: not applicable, left out of
             # the sum (NaN in its part), which is not a skip.
             index = [r for r in range(n) if t.domains is None or domains[r] in t.domains]
             applicable[index] += 1
-            values, failed = self._call(t, rows, rollout, index)
+            values, failed, found = self._call(t, rows, rollout, index)
+            for (name, r), value in found.items():
+                extras.setdefault(f"{t.key}/{name}", torch.full((n,), math.nan))[r] = value
             for r, err in failed.items():
                 failures.append(_Failure(t, r, err))
                 errors[t.key] += 1
@@ -299,7 +311,7 @@ class RewardComposer:
         first = failures[0] if failures else None
         return RewardBatch(total=total, parts=parts, valid=valid, raised=raised, skipped=skipped, errors=errors,
                            first_traceback=self._traceback(first) if first else None,
-                           token_advantages=token_advantages, source_metrics=source_metrics)
+                           token_advantages=token_advantages, source_metrics=source_metrics, extras=extras)
 
     def _sources(self, rows: list[Example], rollout: Rollout, parts: dict[str, Tensor], total: Tensor,
                  skipped: Tensor) -> tuple[Tensor | None, dict[str, float]]:
@@ -327,16 +339,17 @@ class RewardComposer:
 
     def _call(
         self, t: _Term, rows: list[Example], rollout: Rollout, index: list[int]
-    ) -> tuple[list[float | None], dict[int, BaseException]]:
-        """Term `t` on the rows `index`: their values in that order (None: declined) and the rows it raised on."""
+    ) -> tuple[list[float | None], dict[int, BaseException], dict[tuple[str, int], float]]:
+        """Term `t` on the rows `index`: their values in that order (None: declined), the rows it raised
+        on, and the numeric extra keys of verl dict results, by (name, row)."""
         if not index:
-            return [], {}
+            return [], {}, {}
         if t.form == "trl":
             try:
                 inputs = self._trl_inputs(t, rows, rollout, index)
-                return trl_values(run_trl(t.fn, keywords(t.accepts, inputs)), len(index)), {}
+                return trl_values(run_trl(t.fn, keywords(t.accepts, inputs)), len(index)), {}, {}
             except Exception as err:     # the batch call failed as a whole: every row is lost
-                return [None] * len(index), dict.fromkeys(index, err)
+                return [None] * len(index), dict.fromkeys(index, err), {}
         inputs = [
             self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
             for r in index
@@ -345,6 +358,7 @@ class RewardComposer:
         convert = sample_value if t.form == "sample" else verl_value
         values: list[float | None] = []
         failed: dict[int, BaseException] = {}
+        extras: dict[tuple[str, int], float] = {}
         for r, result in zip(index, results, strict=True):
             if isinstance(result, BaseException):      # raised inside the function: its own traceback
                 failed[r] = result
@@ -355,7 +369,49 @@ class RewardComposer:
             except Exception as err:                    # returned something that is not a reward
                 failed[r] = err
                 values.append(None)
-        return values, failed
+                continue
+            if t.form == "verl":
+                extras.update({(name, r): value for name, value in verl_extras(result).items()})
+        return values, failed, extras
+
+    def probe(self, examples: list[Example], rollout: Rollout) -> list[str]:
+        """Each reward function called once on `rollout` (one completion per example): ConfigError at
+        once, naming the function and what it returned, for a result that is not a reward (a str, a
+        list of the wrong length, a dict without 'score'), rather than after the start-of-RL
+        evaluation. Exceptions raised inside a function are left to the run (max_error_rate): the
+        probe's completions come from a model not yet trained. Returns one warning per function that
+        declined (None) every probe sample."""
+        n = len(rollout.texts)
+        domains = [self.task.domain_of(e) for e in examples]
+        warnings: list[str] = []
+        for t in self.terms:
+            index = [r for r in range(n) if t.domains is None or domains[r] in t.domains]
+            values, failed, _ = self._call(t, examples, rollout, index)
+            wrong = next((err for err in failed.values() if isinstance(err, NotARewardError)), None)
+            if wrong is not None:
+                raise ConfigError(f"reward function {t.label} {wrong} (probed on {len(index)} samples before "
+                                  f"training){_return_hint(t)}")
+            if index and not failed and all(v is None for v in values) and t.form == "sample":
+                if self._scores_nothing(t, examples, rollout, index):
+                    raise ConfigError(f"reward function {t.label} returned None on all {len(index)} probe samples and "
+                                      "on their gold answers: None leaves a sample unscored, so it would score nothing "
+                                      f"(probed before training){_return_hint(t)}")
+                if not any(examples[r].answer for r in index):
+                    warnings.append(f"reward function {t.label} returned None (do not score) on all {len(index)} "
+                                    "probe samples: if it should score them, make it return a float")
+        return warnings
+
+    def _scores_nothing(self, t: _Term, examples: list[Example], rollout: Rollout, index: list[int]) -> bool:
+        """Whether per-sample function `t`, which declined every probe sample, declines their gold answers
+        too (given as the completion): a function that never returns a number (a forgotten `return`),
+        told apart from one that declines the untrained model's unreadable samples."""
+        golden = [r for r in index if examples[r].answer]
+        if not golden:
+            return False
+        inputs = [{**self._sample_inputs(examples[r], rollout, r), "completion": str(examples[r].answer)}
+                  for r in golden]
+        results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
+        return all(result is None for result in results)
 
     def _sample_inputs(self, example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
         return {**example.meta, "prompt": example.prompt, "completion": rollout.texts[r], "answer": example.answer,
@@ -412,6 +468,13 @@ class RewardComposer:
         err = RewardError(message.replace("\n", " "), self._traceback(first))
         err.__cause__ = first.error
         return err
+
+
+def _return_hint(t: _Term) -> str:
+    """What the function's convention must return."""
+    return {"trl": ": return a list of floats, one per completion (None where it does not apply)",
+            "verl": ": return a float, or a dict with a float 'score'",
+            "sample": ": return a float (None to leave the sample unscored)"}[t.form]
 
 
 def _form_hint(failure: _Failure) -> str:

@@ -192,38 +192,81 @@ def call_all(fn: Callable[..., Any], calls: Sequence[dict[str, Any]]) -> list[An
     return out
 
 
+class NotARewardError(ValueError):
+    """A reward function returned something that is not a reward (a str, a list of the wrong length,
+    a dict without 'score'): a bug in the function, never in one sample, so the run stops on it."""
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _number(value: Any, what: str) -> float:
+    """`value` as a float; NotARewardError naming its type for anything that is not a number. A string
+    ("1.0", "good") is refused as TRL refuses it, never parsed: a function that returns text has a bug."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
+        raise NotARewardError(f"{what} a {type(value).__name__} ({_shown(value)}), expected a float")
+    try:
+        out = float(value)
+    except (TypeError, ValueError) as err:     # a tensor of several values, an object whose __float__ fails
+        raise NotARewardError(f"{what} a {type(value).__name__} ({_shown(value)}) that is not one float: "
+                              f"{err}") from None
+    if math.isinf(out):
+        raise ValueError(f"reward is not finite: {out}")
+    return out
+
+
 def sample_value(value: Any) -> float | None:
     """A per-sample result as a float (None stays None); ValueError for anything that is not a finite number."""
     if value is None:
         return None
-    out = float(value)
+    out = _number(value, "returned")
     if not math.isfinite(out):
         raise ValueError(f"reward is not finite: {out}")
     return out
 
 
 def verl_value(value: Any) -> float | None:
-    """verl's rule: a dict result's reward is its 'score' (the other keys are extra info verl logs)."""
+    """verl's rule: a dict result's reward is its 'score' (the other keys are extra info verl logs,
+    `verl_extras`); None is not a reward in verl, so it is refused rather than read as "do not score"."""
+    if value is None:      # verl has no "do not score": its reward manager fails on it
+        raise NotARewardError("returned None, expected a float or a dict with a 'score'")
     if isinstance(value, Mapping):
         if "score" not in value:
-            raise ValueError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
+            raise NotARewardError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
         value = value["score"]
     return sample_value(value)
 
 
+def verl_extras(value: Any) -> dict[str, float]:
+    """The numeric extra keys of a verl dict result (`acc`, `pred` when numeric): verl logs them, so do we."""
+    if not isinstance(value, Mapping):
+        return {}
+    out = {}
+    for key, extra in value.items():
+        if key == "score" or isinstance(extra, str | bytes) or not hasattr(extra, "__float__"):
+            continue
+        try:
+            out[str(key)] = float(extra)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 def trl_values(result: Any, n: int) -> list[float | None]:
     """A TRL batched result as n values: None (and NaN, which is what TRL turns None into) is
-    "not applicable"; ValueError for a wrong length or an infinite value."""
+    "not applicable"; NotARewardError for a result that is not a list of n numbers, ValueError for
+    an infinite value."""
     if isinstance(result, str | bytes | Mapping) or not hasattr(result, "__len__"):
-        raise ValueError(f"returned {type(result).__name__}, expected a list of {n} floats (one per completion)")
+        raise NotARewardError(f"returned {'None' if result is None else 'a ' + type(result).__name__}, expected a "
+                              f"list of {n} floats (one per completion)")
     values = list(result)
     if len(values) != n:
-        raise ValueError(f"returned {len(values)} values for {n} completions")
+        raise NotARewardError(f"returned {len(values)} values for {n} completions, expected one per completion")
     out: list[float | None] = []
-    for v in values:
-        f = None if v is None else float(v)
-        if f is not None and math.isinf(f):
-            raise ValueError(f"reward is not finite: {f}")
+    for i, v in enumerate(values):
+        f = None if v is None else _number(v, f"returned a list holding at {i}")
         out.append(None if f is None or math.isnan(f) else f)
     return out
 
@@ -241,5 +284,5 @@ __all__ = [
     "import_user_function",
     "module_from_file",
     "SAMPLE_INPUTS", "TRL_INPUTS", "VERL_INPUTS", "RewardForm", "call_all", "keywords", "reward_form", "run_trl",
-    "sample_value", "trl_values", "verl_value",
+    "sample_value", "trl_values", "verl_value", "verl_extras", "NotARewardError",
 ]

@@ -35,20 +35,34 @@ def check_chat_prompts(tokenizer: PreTrainedTokenizerBase, mode: str, prompts: l
 
 
 def check_context(model_config, tokenizer: PreTrainedTokenizerBase, mode: str, prompts: list[str],
-                  max_new_tokens: int) -> None:
-    """ConfigError when a prompt plus rollout.max_new_tokens does not fit a model with a table of learned
-    positions (GPT-2's `n_positions`): generation would index past it, an IndexError deep in transformers.
-    Models without one (rotary: the Llama family) are not checked."""
-    limit = getattr(model_config, "n_positions", None)
-    if not isinstance(limit, int) or not prompts:
+                  max_new_tokens: int, positions_key: str | None = None) -> None:
+    """ConfigError when a prompt plus rollout.max_new_tokens does not fit the model's positions
+    (n_positions, or max_position_embeddings): past a table of learned positions (GPT-2) generation
+    fails deep in transformers with an IndexError, and past the context a rotary model was built for
+    (Llama-family) it goes on, out of what it was trained on, with no word. The message counts the
+    rows too long, names the longest and the settings that decide. `positions_key`: the setting
+    that sizes the model's context, when it is not its config.json's (the built-in model's
+    model.max_positions). Prompts are never truncated: a cut prompt asks another question."""
+    key = next((k for k in ("n_positions", "max_position_embeddings")
+                if isinstance(getattr(model_config, k, None), int)), None)
+    if key is None or not prompts:
         return
-    longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, mode))
-    if longest + max_new_tokens <= limit:
+    limit = getattr(model_config, key)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts, mode)]
+    room = limit - max_new_tokens
+    over = [i for i, n in enumerate(lengths) if n > room]
+    if not over:
         return
-    fix = (f"set rollout.max_new_tokens={limit - longest} or less, or shorten the prompts" if longest < limit
-           else "shorten the prompts")
-    raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({max_new_tokens}) exceed the "
-                      f"model's {limit} positions (n_positions in its config.json): {fix}")
+    longest = max(over, key=lambda i: lengths[i])
+    source = positions_key or f"{key} in its config.json"
+    shown = str(prompts[longest])
+    shown = repr(shown if len(shown) <= 60 else shown[:57] + "...")
+    fixes = [f"set rollout.max_new_tokens={limit - lengths[longest]} or less"] if lengths[longest] < limit else []
+    raise ConfigError(
+        f"{len(over)} of {len(prompts)} prompts are longer than {max(room, 0)} tokens, the model's {limit} positions "
+        f"({source}) less rollout.max_new_tokens={max_new_tokens} (the longest: {lengths[longest]} tokens, "
+        f"{shown}): {', or '.join([*fixes, 'remove or shorten those rows of the data'])}; prompts are never "
+        "truncated")
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode: str = "auto") -> list[list[int]]:

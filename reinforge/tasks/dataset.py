@@ -28,6 +28,7 @@ from typing import Any
 
 from reinforge.data.chat import Conversation
 from reinforge.data.loading import DatasetError, read_records
+from reinforge.errors import ConfigError
 from reinforge.tasks.base import Example, Split, Task
 
 logger = logging.getLogger(__name__)
@@ -265,14 +266,14 @@ class DatasetTask(Task):
 
     def teacher_completion(self, example: Example, rng: random.Random) -> str:
         if "completion" not in example.meta:
-            raise NotImplementedError(
+            raise ConfigError(
                 f"dataset '{self.path}' has no reference completions (no 'completion' field): "
                 "set sft.enabled=false, or map a column with task.options.fields.completion=COLUMN"
             )
         return example.meta["completion"]
 
     def corrupt_completion(self, example: Example, rng: random.Random) -> str:
-        raise NotImplementedError(
+        raise ConfigError(
             f"dataset '{self.path}' has no wrong completions to corrupt SFT with: set sft.corrupt_fraction=0"
         )
 
