@@ -111,7 +111,10 @@ def test_policy_update_gradient_does_not_depend_on_micro_batches(policy, recipe:
     estimator = "dr_grpo" if spec.needs_critic else spec.advantage
     # The inputs some estimators declare: ReMax's greedy-completion rewards, REINFORCE++'s token mask and
     # per-token KL penalty (their [N, T] advantages must split across micro-batches like the rest).
-    advantages = AdvantagePipeline(estimator, {} if spec.needs_critic else spec.advantage_params)(
+    params = {} if spec.needs_critic else dict(spec.advantage_params)
+    if estimator == "passk":
+        params["k"] = 2   # the recipe's k=4 on these groups of 4 gives every row 0: pass@4 is 1 whenever one is right
+    advantages = AdvantagePipeline(estimator, params)(
         rewards, rollout.group_ids, baselines=torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]),
         mask=rollout.completion_mask, token_penalty=0.1 * rollout.completion_mask,
     )
