@@ -36,7 +36,9 @@ from reinforge.rollout.sampling import keyed_uniforms, sample_tokens
 if TYPE_CHECKING:
     from reinforge.rollout.native import NativeEngine
 
-CAPTURE_AFTER = 4       # asks of a bucket, in a session, before it is captured
+# Asks of a bucket, in a session, before it is captured: a capture costs a few eager steps (a warm-up, the
+# capture, the check), so buckets that live a handful of steps stay eager.
+CAPTURE_AFTER = 8
 # The capture's check against the eager step: logits of the same kernels on the same inputs agree to
 # float rounding; a graph reading stale buffers would be off by far more.
 CHECK_RTOL = CHECK_ATOL = 1e-3
@@ -117,13 +119,15 @@ class DecodeGraphs:
             bucket = self.buckets[rows] = _Bucket(rows, rot.shape[-1], tokens.device)
             bucket.load(tokens, positions, rot, keys, counters)
             if self.capture:
-                self._capture(bucket)
+                self._capture(bucket)           # its checked replay is this step
+            else:
+                bucket.out = self._body(bucket)
         else:
             bucket.load(tokens, positions, rot, keys, counters)
-        if bucket.graph is not None:
-            bucket.graph.replay()
-        else:
-            bucket.out = self._body(bucket)
+            if bucket.graph is not None:
+                bucket.graph.replay()
+            else:
+                bucket.out = self._body(bucket)
         logits, token, logprob = bucket.out
         return logits[:live], token[:live], logprob[:live]
 
@@ -144,7 +148,8 @@ class DecodeGraphs:
             reference = [t.clone() for t in self._body(bucket)]
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: a learner in another thread (the asynchronous loop) may use the device meanwhile
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             bucket.out = self._body(bucket)
         self.pool = graph.pool()
         graph.replay()
