@@ -38,6 +38,7 @@ from reinforge.telemetry.weight_sync import default_tolerance
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
+CUDA_ONLY = [pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # Log-probs of two fp32 computations of the same tokens (other kernels, other summation orders): logits reach
@@ -168,6 +169,66 @@ def test_chunked_head_equals_the_naive_log_softmax(device: str, dtype: torch.dty
         assert err < rounding, f"{name}: {err:.3g}"
 
 
+def test_a_head_without_the_fp32_output_gemm_falls_back_to_the_upcast_head(monkeypatch, caplog) -> None:
+    """The 16-bit GEMM with fp32 output (CUDA only) refused, here by the CPU: logged, then the upcast fp32 head's
+    logits, and the fast path stays off."""
+    from reinforge.learner import logprobs as lp
+
+    monkeypatch.setitem(lp._FP32_OUT_MM, "on", True)
+    g = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(5, 16, generator=g).bfloat16(), torch.randn(33, 16, generator=g).bfloat16()
+    with caplog.at_level("WARNING", logger="reinforge.learner.logprobs"):
+        z = lp._chunk_logits(hidden, weight, None, 0.5, fp32_out=True)
+    assert lp._FP32_OUT_MM["on"] is False
+    assert "the 16-bit GEMM with fp32 output is unavailable (NotImplementedError: Could not run" in caplog.text
+    assert z.dtype == torch.float32
+    assert torch.equal(z, lp._chunk_logits(hidden, weight.float(), None, 0.5))
+
+
+def test_the_split_bf16_logit_gradient_gives_the_fp32_heads_gradients() -> None:
+    """The bf16 head's backward on CUDA (`_split_grads`: the fp32 logit gradient as two bf16 parts), here through
+    the upcast products: dz W and dz^T h within ~2^-16 of the fp32 products, far inside bf16's 2^-9."""
+    from reinforge.learner.logprobs import _split_grads
+
+    g = torch.Generator().manual_seed(4)
+    dz = torch.randn(40, 301, generator=g) * torch.rand(40, 301, generator=g).pow(8)   # entries spanning decades
+    hidden, weight = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(301, 24, generator=g).bfloat16()
+    grad_h, grad_w = _split_grads(dz, hidden, weight, True, True)
+    exact_h, exact_w = dz.double() @ weight.double(), dz.double().t() @ hidden.double()
+    for got, exact in ((grad_h, exact_h), (grad_w, exact_w)):
+        assert got.dtype == torch.float32
+        assert float((got.double() - exact).abs().max()) < 2e-5 * float(exact.abs().max())
+    assert float((dz.bfloat16().double() @ weight.double() - exact_h).abs().max()) > 1e-3 * float(exact_h.abs().max())
+
+
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, monkeypatch) -> None:
+    """bf16 head on CUDA through the 16-bit GEMM with fp32 output against the upcast fp32 GEMM: the same products,
+    so log-probs, entropies and gradients equal up to fp32 summation order."""
+    from reinforge.learner import logprobs as lp
+
+    g = torch.Generator().manual_seed(3)
+    m, h, v = 300, 64, 5003
+    hidden = torch.randn(m, h, generator=g).to(device=device, dtype=torch.bfloat16).requires_grad_()
+    weight = (0.3 * torch.randn(v, h, generator=g)).to(device=device, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, v, (m,), generator=g).to(device)
+
+    def run(on: bool):
+        monkeypatch.setitem(lp._FP32_OUT_MM, "on", on)
+        hidden.grad = weight.grad = None
+        logp, ent = chunked_token_logprobs_and_entropy(hidden, weight, None, targets, temperature=0.7, chunk_size=64)
+        (logp.sum() + 0.5 * ent.sum()).backward()
+        out = (logp.detach(), ent.detach(), hidden.grad.float(), weight.grad.float())
+        assert lp._FP32_OUT_MM["on"] is on, "the fp32-output GEMM failed on this device (see the log)"
+        return out
+
+    fast, upcast = run(True), run(False)
+    for name, f, u in zip(["logprobs", "entropy", "d hidden", "d weight"], fast, upcast, strict=True):
+        rounding = 1e-4 if name in ("logprobs", "entropy") else 1e-2     # gradients come back in bf16
+        err = float((f - u).abs().max()) / max(1.0, float(u.abs().max()))
+        assert err < rounding, f"{name}: {err:.3g}"
+
+
 def _update_gradient(policy: Policy, batch: LearnerBatch) -> torch.Tensor:
     """The flat fp32 gradient (on the CPU) of one dr_grpo update of `policy` on `batch` (lr 0: weights kept)."""
     model = copy.deepcopy(policy.model)
@@ -254,3 +315,47 @@ def test_weight_sync_probe_passes_every_step_of_a_run_on_the_device(micro_overri
     tolerance = default_tolerance(torch.nn.Linear(1, 1).to(device=device, dtype=dtype))
     assert all(0 <= x["sync/probe_tv"] < tolerance / 10 for x in rl), [x["sync/probe_tv"] for x in rl]
     assert all(x["grad_norm"] > 0 for x in rl)
+
+
+
+@pytest.mark.parametrize("params", [
+    pytest.param(SamplingParams(temperature=1.0, max_new_tokens=16), id="plain"),
+    pytest.param(SamplingParams(temperature=0.8, top_k=12, top_p=0.9, max_new_tokens=16), id="filtered"),
+])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_decode_graphs_give_the_eager_steps_rows(device: str, dtype: torch.dtype, params: SamplingParams,
+                                                monkeypatch) -> None:
+    """The native engine's CUDA graphs (rollout/graphs.py, every bucket captured on its first step here) against
+    the same engine decoding eagerly, same keys. 40 rows ending at different steps run as 40, 32, 16, ... rows
+    (padded). fp32: every row's tokens, and log-probs equal up to the fp32 rounding of other GEMM shapes (a
+    graph reading a stale buffer is off by far more); bf16: the same kernels but for the padded shapes, so a
+    row departs only where rounding moves a CDF boundary across one of its uniforms."""
+    from reinforge.rollout import graphs
+
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 1)
+    captured: list[int] = []
+    real_capture = graphs.DecodeGraphs._capture
+
+    def capture(self, bucket) -> None:
+        captured.append(bucket.rows)
+        real_capture(self, bucket)
+
+    monkeypatch.setattr(graphs.DecodeGraphs, "_capture", capture)
+    policy = tiny(device, dtype)
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    eager = NativeEngine(policy, cuda_graphs=False).generate(PROMPTS, 8, params, group_keys=keys)
+    engine = NativeEngine(policy)
+    assert engine.graph_mode == "capture"
+    graphed = engine.generate(PROMPTS, 8, params, group_keys=keys)
+    assert engine.graph_mode == "capture", "a graph failed or disagreed with its eager step (see the log)"
+    assert 40 in captured and len(captured) > 1
+    same = [a == b for a, b in zip(_rows(eager), _rows(graphed), strict=True)]
+    assert eager.lengths.float().std() > 0
+    if dtype == torch.float32:
+        assert all(same)
+        torch.testing.assert_close(graphed.sampler_logprobs, eager.sampler_logprobs, atol=FP32_TOL, rtol=0)
+    else:
+        assert sum(same) >= 0.8 * len(same)
+        rows = torch.tensor(same)
+        torch.testing.assert_close(graphed.sampler_logprobs[rows], eager.sampler_logprobs[rows], atol=0.05, rtol=0)
