@@ -359,3 +359,50 @@ def test_decode_graphs_give_the_eager_steps_rows(device: str, dtype: torch.dtype
         assert sum(same) >= 0.8 * len(same)
         rows = torch.tensor(same)
         torch.testing.assert_close(graphed.sampler_logprobs[rows], eager.sampler_logprobs[rows], atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_logits_of_a_bf16_head_are_its_fp32_products(device: str, monkeypatch, caplog) -> None:
+    """The native engine's logits of a bf16 model (`DecoderWeights.logits`): on CUDA the bf16 GEMM with fp32
+    output, on the CPU (which lacks it) the logged fallback to the fp32 product; either way the exact products
+    of the bf16 numbers, summed in fp32."""
+    from dataclasses import replace
+
+    from reinforge.models import decoder
+
+    monkeypatch.setitem(decoder._FP32_OUT_MM, "on", True)
+    policy = tiny(device, torch.bfloat16)
+    w = decoder.DecoderWeights.of(policy.model)
+    if device == "cpu":
+        assert w.head16 is None
+        w = replace(w, head16=policy.model.get_output_embeddings().weight)
+    assert w.head16 is not None and w.head16.dtype == torch.bfloat16
+    hidden = torch.randn(7, 64, generator=torch.Generator().manual_seed(5)).to(device=device, dtype=torch.bfloat16)
+    with caplog.at_level("WARNING", logger="reinforge.models.decoder"), torch.no_grad():
+        got = w.logits(hidden)
+    exact = hidden.double() @ w.head.detach().double().t()
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert float((got.double() - exact).abs().max()) < 1e-5 * float(exact.abs().max())
+    assert decoder._FP32_OUT_MM["on"] is (device == "cuda")
+    assert ("16-bit GEMM with fp32 output is unavailable" in caplog.text) is (device == "cpu")
+
+
+@pytest.mark.parametrize("keys_last", [False, True])
+def test_grouped_decode_attention_is_the_attention_of_one_query(keys_last: bool) -> None:
+    """The decode step's attention on a GPU (`grouped_decode_attention`: each key/value head's query heads as
+    its queries, no GQA expansion), run here through the CPU's SDPA, against `attention`'s CPU path: 14 heads
+    over 2 key/value heads and 3 rows of different lengths, fp32."""
+    from reinforge.models.decoder import additive_mask, attention, grouped_decode_attention
+
+    g = torch.Generator().manual_seed(6)
+    b, h, kv, length, d = 3, 14, 2, 11, 16
+    q = torch.randn(b, h, 1, d, generator=g)
+    k, v = torch.randn(b, kv, length, d, generator=g), torch.randn(b, kv, length, d, generator=g)
+    allowed = torch.arange(length)[None, :] <= torch.tensor([2, 10, 6])[:, None]
+    bias = additive_mask(allowed, torch.float32)[:, None, None, :]
+    reference = attention(q, k.transpose(-1, -2) if keys_last else k, v, bias, keys_last=keys_last)
+    torch.testing.assert_close(grouped_decode_attention(q, k, v, bias), reference, atol=1e-5, rtol=1e-5)
+    # Masked keys are unseen: changing them changes nothing.
+    k2 = k.clone()
+    k2[0, :, 3:] = 1e3
+    torch.testing.assert_close(grouped_decode_attention(q, k2, v, bias), reference, atol=1e-5, rtol=1e-5)

@@ -18,6 +18,7 @@ them to its `attend` callback.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
+
+log = logging.getLogger(__name__)
+# Whether `DecoderWeights.logits` may use the 16-bit GEMM with fp32 output (off after it failed once).
+_FP32_OUT_MM = {"on": True}
 
 # one list, readable without torch at config check (models/model_dir.py)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MOE_MODEL_TYPES
@@ -151,7 +156,25 @@ class DecoderWeights:
     final_norm: torch.Tensor
     head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
     eps: float
+    # [V, E] the head's own 16-bit weight on CUDA (`logits`); None elsewhere
+    head16: torch.Tensor | None = None
     _packed: dict[bool, list[PackedProjections]] = field(default_factory=dict)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits [R, V] of hidden states [R, E] in the model's dtype: hidden.float() @ head^T.
+        On CUDA with a bf16/fp16 model, cuBLAS's 16-bit GEMM with fp32 accumulation and output on the
+        16-bit head: the products of 16-bit numbers are exact in fp32, so these are the same logits up to
+        summation order, at the tensor cores' rate (an fp32 GEMM runs ~15x slower on an H100/H200; at 256
+        rows and Qwen's 151,936 tokens it was most of a decode step's time). Without that GEMM in the
+        installed torch: the fp32 product, with a logged warning."""
+        if self.head16 is not None and hidden.dtype == self.head16.dtype and _FP32_OUT_MM["on"]:
+            try:
+                return torch.mm(hidden, self.head16.t(), out_dtype=torch.float32)
+            except (RuntimeError, TypeError) as err:
+                _FP32_OUT_MM["on"] = False
+                log.warning("decoder head: the 16-bit GEMM with fp32 output is unavailable (%s: %s); computing "
+                            "the logits in fp32", type(err).__name__, str(err)[:200])
+        return hidden.float() @ self.head.t()
 
     def packed(self, ops, transposed: bool = False) -> list[PackedProjections]:
         """Each layer's projections packed for the CPU kernels (`ops.pack_weight`: 32-column panels),
@@ -242,6 +265,7 @@ class DecoderWeights:
             final_norm=model.model.norm.weight,
             head=head.float(),
             eps=model.config.rms_norm_eps,
+            head16=head if head.device.type == "cuda" and head.dtype in (torch.bfloat16, torch.float16) else None,
         )
 
 
@@ -382,10 +406,24 @@ def attention(
     kv = k.shape[1]
     kt = k if keys_last else k.transpose(-1, -2)
     if q.device.type != "cpu":
+        if s == 1 and kv != h and bias.shape[1] == 1 and bias.shape[2] == 1:
+            return grouped_decode_attention(q, kt.transpose(-1, -2), v, bias)
         return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=bias, enable_gqa=kv != h)
     q = q.reshape(b, kv, h // kv, s, d)                    # the query heads that share a key/value head
     scores = torch.matmul(q, kt.unsqueeze(2)).mul_(d ** -0.5).add_(bias.unsqueeze(2))
     return torch.matmul(scores.softmax(dim=-1), v.unsqueeze(2)).reshape(b, h, s, d)
+
+
+def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`attention` of one query position per row (a decode step) through SDPA without its GQA option: q
+    [B, H, 1, D], k and v [B, kv, L, D], bias [B, 1, 1, L]. The H / kv query heads that share a key/value
+    head (consecutive heads, HF's repeat_kv order) are that head's queries, [B, kv, H / kv, D], all seeing
+    the row's allowed keys: the same attention, without expanding the keys and values to H heads (which
+    SDPA's GQA option can do, in its math fallback, at every layer of every step)."""
+    b, h, _, d = q.shape
+    kv = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, kv, h // kv, d), k, v, attn_mask=bias)   # [B, kv, H/kv, D]
+    return out.reshape(b, h, 1, d)
 
 
 def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:

@@ -191,7 +191,7 @@ class NativeEngine:
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
         last = hidden[torch.arange(len(chunk), device=device), lengths - 1]   # [B, E]
-        return last.float() @ w.head.t()
+        return w.logits(last)
 
     def _window(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Mistral's sliding window: a query sees only the last `sliding_window` positions."""
@@ -227,7 +227,7 @@ class NativeEngine:
 
         hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), rot[:, None, None, :], attend,
                                 routes)
-        return hidden[:, 0].float() @ w.head.t()
+        return w.logits(hidden[:, 0])
 
     def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                       freqs: torch.Tensor) -> torch.Tensor:
