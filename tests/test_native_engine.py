@@ -376,3 +376,57 @@ def test_graph_buckets_are_powers_of_two_up_to_the_slots() -> None:
 
     assert [bucket_of(n, 256) for n in (1, 2, 3, 5, 8, 9, 100, 129, 256)] == [1, 2, 4, 8, 8, 16, 128, 256, 256]
     assert [bucket_of(n, 12) for n in (1, 5, 9, 12)] == [1, 8, 12, 12]
+
+
+def test_the_capture_path_with_an_emulated_graph_gives_the_eager_rows(monkeypatch) -> None:
+    """The CUDA-graph path's plumbing (capture after CAPTURE_AFTER asks, the check against the eager step,
+    replays, buckets shrinking with the rows) on the CPU, with torch.cuda's graph emulated: a capture
+    records the step, a replay runs it again on the static buffers (what a CUDA graph does)."""
+    import contextlib
+
+    from reinforge.rollout import graphs
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        def replay(self) -> None:
+            self.run()
+
+        def pool(self):
+            return id(self)
+
+    captured: list[int] = []
+
+    def capture_here(self, bucket) -> None:
+        @contextlib.contextmanager
+        def graph_context(graph, pool=None, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local"
+            yield
+
+            def run() -> None:
+                for out, new in zip(bucket.out, self._body(bucket), strict=True):
+                    out.copy_(new)
+            graph.run = run
+        monkeypatch.setattr(torch.cuda, "graph", graph_context)
+        captured.append(bucket.rows)
+        real_capture_here(self, bucket)
+
+    real_capture_here = graphs.DecodeGraphs._capture_here
+    monkeypatch.setattr(graphs.DecodeGraphs, "_capture_here", capture_here)
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 2)
+    for name, value in (("CUDAGraph", Graph), ("Stream", Stream), ("current_stream", Stream),
+                        ("stream", lambda s: contextlib.nullcontext()), ("device", lambda d: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    policy = qwen2(num_kv_heads=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=14)
+    keys = torch.tensor([5, 6, 7, 8, 9])
+    eager = NativeEngine(policy, cpu_kernels=False).generate(PROMPTS, 3, params, group_keys=keys)
+    engine = NativeEngine(policy, cpu_kernels=False)
+    engine.graph_mode = "capture"
+    graphed = engine.generate(PROMPTS, 3, params, group_keys=keys)
+    assert engine.graph_mode == "capture"
+    assert captured[0] == 15 and len(captured) >= 3
+    assert _rows(graphed) == _rows(eager)
+    torch.testing.assert_close(graphed.sampler_logprobs, eager.sampler_logprobs, atol=1e-5, rtol=0)

@@ -244,7 +244,7 @@ class DecodeSession:
         after a failure, which the engine logs; the eager step then rewrites this step's keys/values)."""
         engine, cache = self.engine, self.cache
         try:
-            if cache.capacity < cache.limit:      # (a cache made for graphs starts at its limit)
+            if cache.capacity < cache.limit:      # (grown: new tensors, graphs captured again)
                 cache.reserve(int(pos.max()) + 1)
             if self.graphs is None or not self.graphs.serves(self.weights, cache, self.params):
                 self.graphs = DecodeGraphs(engine, self.weights, cache, self.params,
@@ -348,8 +348,11 @@ class DecodeSession:
         longest = prompt_len + self.params.max_new_tokens
         if self.cache is None or not self.busy:
             spare = self.cache or self.engine._spare
-            # Decode graphs read fixed cache tensors: their cache is made at its limit, never grown.
-            initial = longest if getattr(self.engine, "graph_mode", None) else prompt_len + 64
+            # Decode graphs read fixed cache tensors, captured again when the cache grows: with them it starts
+            # twice as large (attention reads every position of the capacity, so not at its limit).
+            initial = prompt_len + 64
+            if getattr(self.engine, "graph_mode", None):
+                initial = min(longest, 2 * initial)
             self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=initial,
                                  limit=longest, dtype=self.model.dtype, device=self.device, reuse=spare)
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
