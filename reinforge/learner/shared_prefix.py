@@ -52,12 +52,15 @@ PASS_COST_POSITIONS = 256
 PASS_COST_POSITIONS_GPU = 2048
 
 
-def length_buckets(need: torch.Tensor, pass_cost: int = PASS_COST_POSITIONS) -> list[torch.Tensor]:
+def length_buckets(need: torch.Tensor, pass_cost: int | None = None) -> list[torch.Tensor]:
     """The rows with need > 0 (need [N]: completion positions a row's pass covers), grouped so that each
     group's pass, padded to its longest row, wastes little: classes of need in (w/2, w] for powers of
     two w, neighbours merged (shortest first) while the merge pads fewer than `pass_cost` positions.
     With long-tailed completion lengths one padded pass spends most of its work on padding; with
-    similar lengths this is a single pass over every row."""
+    similar lengths this is a single pass over every row. `pass_cost` defaults to PASS_COST_POSITIONS,
+    or PASS_COST_POSITIONS_GPU for rows on a GPU."""
+    if pass_cost is None:
+        pass_cost = PASS_COST_POSITIONS_GPU if need.device.type == "cuda" else PASS_COST_POSITIONS
     rows = (need > 0).nonzero().squeeze(1)
     if not len(rows):
         return []
@@ -188,8 +191,7 @@ def completion_token_stats_shared(
     first = (cols == 0).nonzero().squeeze(1)
     pieces, order = [prompt_hidden[slot[rows[first]], starts[rows[first]] - 1]], [first]
     bucket_of = torch.full_like(starts, -1)
-    pass_cost = PASS_COST_POSITIONS if device.type == "cpu" else PASS_COST_POSITIONS_GPU
-    for b, sub in enumerate(length_buckets(need, pass_cost)):
+    for b, sub in enumerate(length_buckets(need)):
         bucket_of[sub] = b
         # row -> its place in sub
         local = torch.empty_like(starts).index_copy_(0, sub, torch.arange(len(sub), device=device))
