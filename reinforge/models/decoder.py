@@ -37,6 +37,8 @@ from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
 log = logging.getLogger(__name__)
 # Whether `DecoderWeights.logits` may use the 16-bit GEMM with fp32 output (off after it failed once).
 _FP32_OUT_MM = {"on": True}
+# Whether `attention` may run a decode step's grouped queries through plain SDPA (off after it failed once).
+_GROUPED_DECODE = {"on": True}
 
 # one list, readable without torch at config check (models/model_dir.py)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MOE_MODEL_TYPES
@@ -406,8 +408,13 @@ def attention(
     kv = k.shape[1]
     kt = k if keys_last else k.transpose(-1, -2)
     if q.device.type != "cpu":
-        if s == 1 and kv != h and bias.shape[1] == 1 and bias.shape[2] == 1:
-            return grouped_decode_attention(q, kt.transpose(-1, -2), v, bias)
+        if s == 1 and kv != h and bias.shape[1] == 1 and bias.shape[2] == 1 and _GROUPED_DECODE["on"]:
+            try:
+                return grouped_decode_attention(q, kt.transpose(-1, -2), v, bias)
+            except RuntimeError as err:
+                _GROUPED_DECODE["on"] = False
+                log.warning("decode attention: SDPA refused the grouped queries (%s: %s); using its GQA option",
+                            type(err).__name__, str(err)[:200])
         return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=bias, enable_gqa=kv != h)
     q = q.reshape(b, kv, h // kv, s, d)                    # the query heads that share a key/value head
     scores = torch.matmul(q, kt.unsqueeze(2)).mul_(d ** -0.5).add_(bias.unsqueeze(2))
