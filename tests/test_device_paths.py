@@ -358,7 +358,7 @@ def test_decode_graphs_give_the_eager_steps_rows(device: str, dtype: torch.dtype
     else:
         assert sum(same) >= 0.8 * len(same)
         rows = torch.tensor(same)
-        torch.testing.assert_close(graphed.sampler_logprobs[rows], eager.sampler_logprobs[rows], atol=0.05, rtol=0)
+        torch.testing.assert_close(graphed.sampler_logprobs[rows], eager.sampler_logprobs[rows], atol=0.15, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
