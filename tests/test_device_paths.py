@@ -406,3 +406,24 @@ def test_grouped_decode_attention_is_the_attention_of_one_query(keys_last: bool)
     k2 = k.clone()
     k2[0, :, 3:] = 1e3
     torch.testing.assert_close(grouped_decode_attention(q, k2, v, bias), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_expanded_attention_is_the_grouped_query_attention_of_a_pass() -> None:
+    """A learner or prefill pass's attention on a GPU (`expanded_attention`: keys and values repeated to every
+    query head, so that SDPA's fused kernels take the mask), run here through the CPU's SDPA, against
+    `attention`'s CPU path: 6 query positions of 3 rows over 9 keys, a causal mask after a 3-key prefix, fp32,
+    forward and gradients."""
+    from reinforge.models.decoder import additive_mask, attention, expanded_attention
+
+    g = torch.Generator().manual_seed(7)
+    b, h, kv, s, length, d = 3, 14, 2, 6, 9, 16
+    q = torch.randn(b, h, s, d, generator=g, requires_grad=True)
+    k = torch.randn(b, kv, length, d, generator=g, requires_grad=True)
+    v = torch.randn(b, kv, length, d, generator=g, requires_grad=True)
+    allowed = torch.arange(length)[None, :] <= torch.arange(s)[:, None] + 3
+    bias = additive_mask(allowed[None, None].expand(b, 1, s, length), torch.float32)
+    out = [f(q, k, v, bias) for f in (expanded_attention, attention)]
+    grads = [torch.autograd.grad(o.mul(torch.arange(d) / d).sum(), (q, k, v)) for o in out]
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+    for a, r in zip(*grads, strict=True):
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)

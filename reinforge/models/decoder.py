@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _FP32_OUT_MM = {"on": True}
 # Whether `attention` may run a decode step's grouped queries through plain SDPA (off after it failed once).
 _GROUPED_DECODE = {"on": True}
+# Whether `attention` may expand a pass's keys and values to every query head for SDPA (off after it failed once).
+_EXPAND_KV = {"on": True}
 
 # one list, readable without torch at config check (models/model_dir.py)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MOE_MODEL_TYPES
@@ -402,7 +404,9 @@ def attention(
     an additive bias broadcastable to [B, 1, S, L]. `keys_last`: k is given transposed, [B, kv, D, L].
 
     On CPU as plain matmuls: for the short rows of RL rollouts and learner passes they ran 1.3-3x
-    faster than SDPA's CPU kernel (forward and backward); elsewhere SDPA's fused kernels.
+    faster than SDPA's CPU kernel (forward and backward); elsewhere SDPA's fused kernels (a decode
+    step's query heads grouped by key/value head, `grouped_decode_attention`; other passes with the
+    keys and values expanded to every head, as SDPA's fused kernels take no mask with its GQA option).
     """
     b, h, s, d = q.shape
     kv = k.shape[1]
@@ -414,6 +418,15 @@ def attention(
             except RuntimeError as err:
                 _GROUPED_DECODE["on"] = False
                 log.warning("decode attention: SDPA refused the grouped queries (%s: %s); using its GQA option",
+                            type(err).__name__, str(err)[:200])
+        if kv != h and _EXPAND_KV["on"]:
+            # SDPA's GQA option with a mask runs its math fallback (fp32 scores [B, H, S, L], kept for the
+            # backward); keys and values expanded to every head (HF's repeat_kv) keep the fused kernels.
+            try:
+                return expanded_attention(q, kt.transpose(-1, -2), v, bias)
+            except RuntimeError as err:
+                _EXPAND_KV["on"] = False
+                log.warning("attention: SDPA refused the expanded keys and values (%s: %s); using its GQA option",
                             type(err).__name__, str(err)[:200])
         return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=bias, enable_gqa=kv != h)
     q = q.reshape(b, kv, h // kv, s, d)                    # the query heads that share a key/value head
@@ -431,6 +444,14 @@ def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     kv = k.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(b, kv, h // kv, d), k, v, attn_mask=bias)   # [B, kv, H/kv, D]
     return out.reshape(b, h, 1, d)
+
+
+def expanded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`attention` through SDPA with keys and values k, v [B, kv, L, D] expanded to q's H heads (head h reads
+    key/value head h // (H / kv), HF's repeat_kv) and the additive bias broadcastable to [B, 1, S, L]."""
+    group = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                          attn_mask=bias)
 
 
 def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:
