@@ -286,7 +286,25 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
             "native_decode_tokens_per_s": rounded(decode_rate), "decode_step_ms": round(1e3 * step_s, 3),
             "step_ms_1_row": round(step_ms_1_row, 3), "bandwidth_bound_tokens_per_s": round(bound_rate, 1),
             "decode_vs_bound": None if decode_rate is None else sig(decode_rate / bound_rate, 3),
-            "step_bytes": int(step_bytes), "native_seconds": round(seconds["long"], 4), "hf_seconds": round(hf_s, 4)}
+            "step_bytes": int(step_bytes), "native_seconds": round(seconds["long"], 4), "hf_seconds": round(hf_s, 4),
+            **_fast_paths(device, engine)}
+
+
+def _fast_paths(device: torch.device, engine: NativeEngine | None = None) -> dict:
+    """Which CUDA fast paths were still on after a part (each turns itself off, logged, on a failure):
+    the engine's decode graphs, the 16-bit LM-head GEMMs with fp32 output, SDPA's fused kernels for
+    grouped-query attention. None on a CPU, which runs none of them."""
+    from reinforge.learner import logprobs
+    from reinforge.models import decoder
+
+    if device.type != "cuda":
+        return {"fast_paths": None}
+    paths = {"head_fp32_output_gemm": logprobs._FP32_OUT_MM["on"] and decoder._FP32_OUT_MM["on"],
+             "grouped_decode_attention": decoder._GROUPED_DECODE["on"],
+             "expanded_kv_attention": decoder._EXPAND_KV["on"]}
+    if engine is not None:
+        paths["decode_graphs"] = engine.graph_mode == "capture"
+    return {"fast_paths": paths}
 
 
 def part_learner(device: torch.device, size: dict, state: dict) -> dict:
@@ -318,7 +336,7 @@ def part_learner(device: torch.device, size: dict, state: dict) -> dict:
             "update_seconds": round(seconds, 4), "learner_tokens_per_s": round(tokens / seconds, 1),
             "model_tflops": sig(achieved), "mfu_measured": sig(achieved / state["bf16_tflops"], 4),
             "mfu_datasheet": None if datasheet is None else round(achieved / datasheet, 4),
-            "datasheet_tflops": datasheet, "measured_bf16_tflops": sig(state["bf16_tflops"])}
+            "datasheet_tflops": datasheet, "measured_bf16_tflops": sig(state["bf16_tflops"]), **_fast_paths(device)}
 
 
 def _profile_tables(prof, steps: int, top: int = 15) -> dict:
