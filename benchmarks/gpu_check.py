@@ -24,8 +24,11 @@ Parts, in this order, each under its own time budget (a part over it, or failing
   paying for launches and Python, not for memory.
 - `learner`: one policy update (dr_grpo, the default forward plan) of the same model on 256 rows with
   long-tailed completions up to 256 tokens: learner tokens/s, and the model FLOPs (6 x matmul parameters
-  x tokens plus attention, train_throughput.model_flops) per second against the measured bf16 rate
+  x positions run plus attention, train_throughput.model_flops) per second against the measured bf16 rate
   (`mfu_measured`) and against the data sheet's (`mfu_datasheet`, H100/H200 SXM 989 TFLOP/s dense).
+- `profile`: torch.profiler over 2 decode steps of the rollout part's model and rows (its CUDA graphs
+  captured) and over one learner micro-step (forward and backward of the learner part's first micro-batch):
+  kernels, launches and host syncs per step, the top 15 device kernels and CPU ops by their own time.
 - `default_job`: the README's `make run` job (SFT -> held-out eval -> GRPO -> held-out eval) at its
   default size with model.device set: pass@1 before and after, wall time, RL step time.
 
@@ -90,7 +93,7 @@ DRY_JOB = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "m
            "eval.num_prompts=6", "eval.num_samples=4"]
 # Seconds per part on an H100 (the last part gets what is left of --budget-s, 450 s by default); with the
 # process's start and the bundle's install the whole check fits 8 minutes.
-BUDGETS = {"card": 30, "cuda_tests": 120, "rollout": 70, "learner": 50, "default_job": 200}
+BUDGETS = {"card": 30, "cuda_tests": 120, "rollout": 70, "learner": 50, "profile": 40, "default_job": 200}
 
 
 class OutOfTime(BaseException):
@@ -283,7 +286,25 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
             "native_decode_tokens_per_s": rounded(decode_rate), "decode_step_ms": round(1e3 * step_s, 3),
             "step_ms_1_row": round(step_ms_1_row, 3), "bandwidth_bound_tokens_per_s": round(bound_rate, 1),
             "decode_vs_bound": None if decode_rate is None else sig(decode_rate / bound_rate, 3),
-            "step_bytes": int(step_bytes), "native_seconds": round(seconds["long"], 4), "hf_seconds": round(hf_s, 4)}
+            "step_bytes": int(step_bytes), "native_seconds": round(seconds["long"], 4), "hf_seconds": round(hf_s, 4),
+            **_fast_paths(device, engine)}
+
+
+def _fast_paths(device: torch.device, engine: NativeEngine | None = None) -> dict:
+    """Which CUDA fast paths were still on after a part (each turns itself off, logged, on a failure):
+    the engine's decode graphs, the 16-bit LM-head GEMMs with fp32 output, SDPA's fused kernels for
+    grouped-query attention. None on a CPU, which runs none of them."""
+    from reinforge.learner import logprobs
+    from reinforge.models import decoder
+
+    if device.type != "cuda":
+        return {"fast_paths": None}
+    paths = {"head_fp32_output_gemm": logprobs._FP32_OUT_MM["on"] and decoder._FP32_OUT_MM["on"],
+             "grouped_decode_attention": decoder._GROUPED_DECODE["on"],
+             "expanded_kv_attention": decoder._EXPAND_KV["on"]}
+    if engine is not None:
+        paths["decode_graphs"] = engine.graph_mode == "capture"
+    return {"fast_paths": paths}
 
 
 def part_learner(device: torch.device, size: dict, state: dict) -> dict:
@@ -313,9 +334,90 @@ def part_learner(device: torch.device, size: dict, state: dict) -> dict:
             "rows": len(batch.group_ids),
             "batch_tokens": int(tokens), "completion_tokens": int(batch.sequences.completion_mask.sum()),
             "update_seconds": round(seconds, 4), "learner_tokens_per_s": round(tokens / seconds, 1),
-            "model_tflops": sig(achieved), "mfu_measured": sig(achieved / state["bf16_tflops"], 3),
+            "model_tflops": sig(achieved), "mfu_measured": sig(achieved / state["bf16_tflops"], 4),
             "mfu_datasheet": None if datasheet is None else round(achieved / datasheet, 4),
-            "datasheet_tflops": datasheet, "measured_bf16_tflops": sig(state["bf16_tflops"])}
+            "datasheet_tflops": datasheet, "measured_bf16_tflops": sig(state["bf16_tflops"]), **_fast_paths(device)}
+
+
+def _profile_tables(prof, steps: int, top: int = 15) -> dict:
+    """The profiler's top `top` device kernels and CPU ops by their own time, and the kernels per step."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    cpu_ops = [e for e in events if e.device_type == DeviceType.CPU]
+
+    def rows(evts, attr):
+        chosen = sorted(evts, key=lambda e: getattr(e, attr), reverse=True)[:top]
+        return [{"name": e.key[:90], "ms": round(getattr(e, attr) / 1e3, 4), "calls": e.count} for e in chosen]
+
+    device_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernel_ms = sum(getattr(e, device_attr) for e in kernels) / 1e3
+    launches = sum(e.count for e in cpu_ops if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                            "cuLaunchKernelEx"))
+    graph_launches = sum(e.count for e in cpu_ops if e.key == "cudaGraphLaunch")
+    syncs = sum(e.count for e in cpu_ops if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                       "cudaMemcpyAsync"))
+    return {"kernels_per_step": round(sum(e.count for e in kernels) / steps, 1) if kernels else None,
+            "kernel_ms_per_step": round(kernel_ms / steps, 4) if kernels else None,
+            "kernel_launches_per_step": round(launches / steps, 1),
+            "graph_launches_per_step": round(graph_launches / steps, 1),
+            "syncs_and_copies_per_step": round(syncs / steps, 1),
+            "cpu_ops_per_step": round(sum(e.count for e in cpu_ops) / steps, 1),
+            "top_kernels": rows(kernels, device_attr), "top_cpu_ops": rows(cpu_ops, "self_cpu_time_total")}
+
+
+def part_profile(device: torch.device, size: dict, state: dict) -> dict:
+    """torch.profiler over 2 decode steps of the native engine (the rollout part's model and rows, after
+    enough steps that its decode graphs are captured) and over 1 learner micro-step (forward and backward
+    of the learner part's first micro-batch): what the time goes to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from reinforge.learner import token_stats
+    from reinforge.rollout import SamplingParams
+    from reinforge.rollout.graphs import CAPTURE_AFTER
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    policy = shaped_policy(size["shape"], torch.bfloat16, device)
+    config = policy.model.config
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, config.vocab_size, (size["prompts"], size["prompt_length"]), generator=g).tolist()
+    rows, steps = size["prompts"] * size["group_size"], 2
+    engine = NativeEngine(policy)
+    warm = CAPTURE_AFTER + 2
+    session = engine.session(SamplingParams(temperature=1.0, max_new_tokens=warm + steps + 2), slots=rows,
+                             generator=torch.Generator().manual_seed(0))
+    session.add(prompt_ids, size["group_size"], tags=range(rows))
+    for _ in range(warm):
+        session.step()
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            session.step()
+        synchronize(device)
+    decode = {"rows": rows, "steps": steps, "graph_mode": engine.graph_mode, **_profile_tables(prof, steps)}
+    del session
+
+    new_tokens = size["learner_new_tokens"]
+    batch = learner_batch(prompt_ids, size["group_size"], new_tokens, config.vocab_size,
+                          policy.tokenizer.pad_token_id, g)
+    plan = ForwardPlan.from_config(build_config(["recipe=dr_grpo", f"rollout.max_new_tokens={new_tokens}"]).train)
+    micro = plan.micro_batches(batch.sequences)[0]
+    seq = batch.sequences.rows(micro)
+
+    def micro_step() -> None:
+        stats = token_stats(policy.model, seq, 1.0, plan)
+        (stats.logprobs.sum() + 0.01 * stats.entropy.sum()).backward()
+        policy.model.zero_grad(set_to_none=True)
+
+    micro_step()                                                       # warm-up: allocator, kernels
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        micro_step()
+        synchronize(device)
+    learner = {"rows": len(micro), "micro_batches": len(plan.micro_batches(batch.sequences)),
+               "tokens": int(seq.attention_mask.sum()), **_profile_tables(prof, 1)}
+    return {"decode": decode, "learner_micro_step": learner}
 
 
 def part_default_job(device: torch.device, size: dict, state: dict) -> dict:
@@ -349,7 +451,7 @@ def _job_progress(out_dir: Path) -> dict:
 
 PARTS: dict[str, Callable[[torch.device, dict, dict], dict]] = {
     "card": part_card, "cuda_tests": part_cuda_tests, "rollout": part_rollout, "learner": part_learner,
-    "default_job": part_default_job,
+    "profile": part_profile, "default_job": part_default_job,
 }
 
 

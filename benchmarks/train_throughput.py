@@ -117,17 +117,21 @@ def model_flops(config: Qwen2Config, batch: LearnerBatch, group_size: int) -> fl
     head_dim = e // heads
     kv = config.num_key_value_heads
     per_layer = e * (heads * head_dim + 2 * kv * head_dim) + heads * head_dim * e + 3 * e * config.intermediate_size
-    matmul_params = layers * per_layer + config.vocab_size * e          # the LM head is a matmul, the lookup is not
+    head_params = config.vocab_size * e                                  # the LM head is a matmul, the lookup is not
     seq = batch.sequences
     prompt_len = seq.starts.float()
     completion = seq.completion_mask.sum(dim=1)
-    # Tokens run: each group's prompt once, every row's completion (its last token feeds nothing).
+    # Positions through the layers: each group's prompt once, and each row's completion but its last token
+    # (it predicts nothing; the first is predicted by the prompt's last position). The head runs on the
+    # positions that predict a completion token: one per completion token.
+    run = (completion - 1).clamp(min=0)
     prompt_tokens = float(prompt_len[::group_size].sum())
-    completion_tokens = float(completion.sum())
-    # Keys attended: prompt token i sees i + 1 keys; completion token j (0-based) sees prompt + j + 1.
+    layer_tokens = prompt_tokens + float(run.sum())
+    head_tokens = float(completion.sum())
+    # Keys attended: prompt token i sees i + 1 keys; completion position j (0-based) sees prompt + j + 1.
     prompt_keys = float((prompt_len[::group_size] * (prompt_len[::group_size] + 1) / 2).sum())
-    completion_keys = float((completion * prompt_len + completion * (completion + 1) / 2).sum())
-    dense = 6.0 * matmul_params * (prompt_tokens + completion_tokens)
+    completion_keys = float((run * prompt_len + run * (run + 1) / 2).sum())
+    dense = 6.0 * (layers * per_layer * layer_tokens + head_params * head_tokens)
     attention = 12.0 * layers * heads * head_dim * (prompt_keys + completion_keys)
     return dense + attention
 

@@ -103,8 +103,9 @@ def test_train_throughput_model_flops_by_hand():
     batch = LearnerBatch(sequences=seq, advantages=torch.zeros(1), old_logprobs=None,
                          sampler_logprobs=torch.zeros(1, 3), group_ids=torch.tensor([0]))
     # Matmul parameters: q/k/v 4 x (2 x 2 + 2 x 1 x 2) = 32, o 16, MLP 3 x 4 x 8 = 96, head 10 x 4 = 40.
-    # 5 tokens run; keys attended: prompt 1 + 2, completion (2 + 1) + (2 + 2) + (2 + 3) = 12.
-    assert module.model_flops(config, batch, group_size=1) == 6 * 184 * 5 + 12 * 1 * 2 * 2 * 15
+    # Through the layers the prompt's 2 positions and the completion's first 2 (its last predicts nothing); the
+    # head on the 3 positions predicting a completion token. Keys attended: prompt 1 + 2, completion (2 + 1) + (2 + 2).
+    assert module.model_flops(config, batch, group_size=1) == 6 * (144 * 4 + 40 * 3) + 12 * 1 * 2 * 2 * 10
 
 
 def test_verifier_latency_times_correct_programs_and_a_bounded_bomb():
@@ -203,7 +204,7 @@ def test_gpu_check_dry_run_runs_every_part_on_the_cpu():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(x) for x in done.stdout.strip().splitlines()]
     parts = {line["part"]: line for line in lines}
-    assert list(parts) == ["card", "cuda_tests", "rollout", "learner", "default_job", "summary"]
+    assert list(parts) == ["card", "cuda_tests", "rollout", "learner", "profile", "default_job", "summary"]
     assert all(line["device"].startswith("cpu") and line.get("ok", True) for line in lines)
     assert parts["summary"]["ok"] and parts["summary"]["failed"] == []
     card, tests, rollout, learner, job = (parts[p] for p in ["card", "cuda_tests", "rollout", "learner", "default_job"])
@@ -220,6 +221,15 @@ def test_gpu_check_dry_run_runs_every_part_on_the_cpu():
     assert abs(learner["mfu_measured"] - learner["model_tflops"] / learner["measured_bf16_tflops"]) \
         <= 2e-3 * learner["mfu_measured"]
     assert learner["mfu_datasheet"] is None                  # no data-sheet rate for a CPU
+    # The profile: 2 decode steps of the 8 rows, and the first micro-batch (all 8 rows) forward and backward;
+    # a CPU has no device kernels, its aten ops are counted and ranked.
+    decode, micro = parts["profile"]["decode"], parts["profile"]["learner_micro_step"]
+    assert (decode["rows"], decode["steps"], decode["graph_mode"], decode["kernels_per_step"]) == (8, 2, None, None)
+    assert (micro["rows"], micro["micro_batches"]) == (8, 1) and micro["tokens"] == learner["batch_tokens"]
+    for table, steps in ((decode, 2), (micro, 1)):
+        ops = table["top_cpu_ops"]
+        assert 0 < len(ops) <= 15 and table["cpu_ops_per_step"] * steps >= sum(op["calls"] for op in ops)
+        assert [op["ms"] for op in ops] == sorted((op["ms"] for op in ops), reverse=True)
     assert job["rl_steps"] == job["rl_steps_done"] == 3 and 0.0 <= job["pass@1_after"] <= 1.0
     assert job["eval_pass@1"] == [job["pass@1_before"], job["pass@1_after"]]
 

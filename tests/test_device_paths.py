@@ -38,6 +38,7 @@ from reinforge.telemetry.weight_sync import default_tolerance
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
+CUDA_ONLY = [pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # Log-probs of two fp32 computations of the same tokens (other kernels, other summation orders): logits reach
@@ -168,6 +169,66 @@ def test_chunked_head_equals_the_naive_log_softmax(device: str, dtype: torch.dty
         assert err < rounding, f"{name}: {err:.3g}"
 
 
+def test_a_head_without_the_fp32_output_gemm_falls_back_to_the_upcast_head(monkeypatch, caplog) -> None:
+    """The 16-bit GEMM with fp32 output (CUDA only) refused, here by the CPU: logged, then the upcast fp32 head's
+    logits, and the fast path stays off."""
+    from reinforge.learner import logprobs as lp
+
+    monkeypatch.setitem(lp._FP32_OUT_MM, "on", True)
+    g = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(5, 16, generator=g).bfloat16(), torch.randn(33, 16, generator=g).bfloat16()
+    with caplog.at_level("WARNING", logger="reinforge.learner.logprobs"):
+        z = lp._chunk_logits(hidden, weight, None, 0.5, fp32_out=True)
+    assert lp._FP32_OUT_MM["on"] is False
+    assert "the 16-bit GEMM with fp32 output is unavailable (NotImplementedError: Could not run" in caplog.text
+    assert z.dtype == torch.float32
+    assert torch.equal(z, lp._chunk_logits(hidden, weight.float(), None, 0.5))
+
+
+def test_the_split_bf16_logit_gradient_gives_the_fp32_heads_gradients() -> None:
+    """The bf16 head's backward on CUDA (`_split_grads`: the fp32 logit gradient as two bf16 parts), here through
+    the upcast products: dz W and dz^T h within ~2^-16 of the fp32 products, far inside bf16's 2^-9."""
+    from reinforge.learner.logprobs import _split_grads
+
+    g = torch.Generator().manual_seed(4)
+    dz = torch.randn(40, 301, generator=g) * torch.rand(40, 301, generator=g).pow(8)   # entries spanning decades
+    hidden, weight = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(301, 24, generator=g).bfloat16()
+    grad_h, grad_w = _split_grads(dz, hidden, weight, True, True)
+    exact_h, exact_w = dz.double() @ weight.double(), dz.double().t() @ hidden.double()
+    for got, exact in ((grad_h, exact_h), (grad_w, exact_w)):
+        assert got.dtype == torch.float32
+        assert float((got.double() - exact).abs().max()) < 2e-5 * float(exact.abs().max())
+    assert float((dz.bfloat16().double() @ weight.double() - exact_h).abs().max()) > 1e-3 * float(exact_h.abs().max())
+
+
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, monkeypatch) -> None:
+    """bf16 head on CUDA through the 16-bit GEMM with fp32 output against the upcast fp32 GEMM: the same products,
+    so log-probs, entropies and gradients equal up to fp32 summation order."""
+    from reinforge.learner import logprobs as lp
+
+    g = torch.Generator().manual_seed(3)
+    m, h, v = 300, 64, 5003
+    hidden = torch.randn(m, h, generator=g).to(device=device, dtype=torch.bfloat16).requires_grad_()
+    weight = (0.3 * torch.randn(v, h, generator=g)).to(device=device, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, v, (m,), generator=g).to(device)
+
+    def run(on: bool):
+        monkeypatch.setitem(lp._FP32_OUT_MM, "on", on)
+        hidden.grad = weight.grad = None
+        logp, ent = chunked_token_logprobs_and_entropy(hidden, weight, None, targets, temperature=0.7, chunk_size=64)
+        (logp.sum() + 0.5 * ent.sum()).backward()
+        out = (logp.detach(), ent.detach(), hidden.grad.float(), weight.grad.float())
+        assert lp._FP32_OUT_MM["on"] is on, "the fp32-output GEMM failed on this device (see the log)"
+        return out
+
+    fast, upcast = run(True), run(False)
+    for name, f, u in zip(["logprobs", "entropy", "d hidden", "d weight"], fast, upcast, strict=True):
+        rounding = 1e-4 if name in ("logprobs", "entropy") else 1e-2     # gradients come back in bf16
+        err = float((f - u).abs().max()) / max(1.0, float(u.abs().max()))
+        assert err < rounding, f"{name}: {err:.3g}"
+
+
 def _update_gradient(policy: Policy, batch: LearnerBatch) -> torch.Tensor:
     """The flat fp32 gradient (on the CPU) of one dr_grpo update of `policy` on `batch` (lr 0: weights kept)."""
     model = copy.deepcopy(policy.model)
@@ -254,3 +315,115 @@ def test_weight_sync_probe_passes_every_step_of_a_run_on_the_device(micro_overri
     tolerance = default_tolerance(torch.nn.Linear(1, 1).to(device=device, dtype=dtype))
     assert all(0 <= x["sync/probe_tv"] < tolerance / 10 for x in rl), [x["sync/probe_tv"] for x in rl]
     assert all(x["grad_norm"] > 0 for x in rl)
+
+
+
+@pytest.mark.parametrize("params", [
+    pytest.param(SamplingParams(temperature=1.0, max_new_tokens=16), id="plain"),
+    pytest.param(SamplingParams(temperature=0.8, top_k=12, top_p=0.9, max_new_tokens=16), id="filtered"),
+])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_decode_graphs_give_the_eager_steps_rows(device: str, dtype: torch.dtype, params: SamplingParams,
+                                                monkeypatch) -> None:
+    """The native engine's CUDA graphs (rollout/graphs.py, every bucket captured on its first step here) against
+    the same engine decoding eagerly, same keys. 40 rows ending at different steps run as 40, 32, 16, ... rows
+    (padded). fp32: every row's tokens, and log-probs equal up to the fp32 rounding of other GEMM shapes (a
+    graph reading a stale buffer is off by far more); bf16: the same kernels but for the padded shapes, so a
+    row departs only where rounding moves a CDF boundary across one of its uniforms."""
+    from reinforge.rollout import graphs
+
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 1)
+    captured: list[int] = []
+    real_capture = graphs.DecodeGraphs._capture
+
+    def capture(self, bucket) -> None:
+        captured.append(bucket.rows)
+        real_capture(self, bucket)
+
+    monkeypatch.setattr(graphs.DecodeGraphs, "_capture", capture)
+    policy = tiny(device, dtype)
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    eager = NativeEngine(policy, cuda_graphs=False).generate(PROMPTS, 8, params, group_keys=keys)
+    engine = NativeEngine(policy)
+    assert engine.graph_mode == "capture"
+    graphed = engine.generate(PROMPTS, 8, params, group_keys=keys)
+    assert engine.graph_mode == "capture", "a graph failed or disagreed with its eager step (see the log)"
+    assert 40 in captured and len(captured) > 1
+    same = [a == b for a, b in zip(_rows(eager), _rows(graphed), strict=True)]
+    assert eager.lengths.float().std() > 0
+    if dtype == torch.float32:
+        assert all(same)
+        torch.testing.assert_close(graphed.sampler_logprobs, eager.sampler_logprobs, atol=FP32_TOL, rtol=0)
+    else:
+        assert sum(same) >= 0.8 * len(same)
+        rows = torch.tensor(same)
+        torch.testing.assert_close(graphed.sampler_logprobs[rows], eager.sampler_logprobs[rows], atol=0.15, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_logits_of_a_bf16_head_are_its_fp32_products(device: str, monkeypatch, caplog) -> None:
+    """The native engine's logits of a bf16 model (`DecoderWeights.logits`): on CUDA the bf16 GEMM with fp32
+    output, on the CPU (which lacks it) the logged fallback to the fp32 product; either way the exact products
+    of the bf16 numbers, summed in fp32."""
+    from dataclasses import replace
+
+    from reinforge.models import decoder
+
+    monkeypatch.setitem(decoder._FP32_OUT_MM, "on", True)
+    policy = tiny(device, torch.bfloat16)
+    w = decoder.DecoderWeights.of(policy.model)
+    if device == "cpu":
+        assert w.head16 is None
+        w = replace(w, head16=policy.model.get_output_embeddings().weight)
+    assert w.head16 is not None and w.head16.dtype == torch.bfloat16
+    hidden = torch.randn(7, 64, generator=torch.Generator().manual_seed(5)).to(device=device, dtype=torch.bfloat16)
+    with caplog.at_level("WARNING", logger="reinforge.models.decoder"), torch.no_grad():
+        got = w.logits(hidden)
+    exact = hidden.double() @ w.head.detach().double().t()
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert float((got.double() - exact).abs().max()) < 1e-5 * float(exact.abs().max())
+    assert decoder._FP32_OUT_MM["on"] is (device == "cuda")
+    assert ("16-bit GEMM with fp32 output is unavailable" in caplog.text) is (device == "cpu")
+
+
+@pytest.mark.parametrize("keys_last", [False, True])
+def test_grouped_decode_attention_is_the_attention_of_one_query(keys_last: bool) -> None:
+    """The decode step's attention on a GPU (`grouped_decode_attention`: each key/value head's query heads as
+    its queries, no GQA expansion), run here through the CPU's SDPA, against `attention`'s CPU path: 14 heads
+    over 2 key/value heads and 3 rows of different lengths, fp32."""
+    from reinforge.models.decoder import additive_mask, attention, grouped_decode_attention
+
+    g = torch.Generator().manual_seed(6)
+    b, h, kv, length, d = 3, 14, 2, 11, 16
+    q = torch.randn(b, h, 1, d, generator=g)
+    k, v = torch.randn(b, kv, length, d, generator=g), torch.randn(b, kv, length, d, generator=g)
+    allowed = torch.arange(length)[None, :] <= torch.tensor([2, 10, 6])[:, None]
+    bias = additive_mask(allowed, torch.float32)[:, None, None, :]
+    reference = attention(q, k.transpose(-1, -2) if keys_last else k, v, bias, keys_last=keys_last)
+    torch.testing.assert_close(grouped_decode_attention(q, k, v, bias), reference, atol=1e-5, rtol=1e-5)
+    # Masked keys are unseen: changing them changes nothing.
+    k2 = k.clone()
+    k2[0, :, 3:] = 1e3
+    torch.testing.assert_close(grouped_decode_attention(q, k2, v, bias), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_expanded_attention_is_the_grouped_query_attention_of_a_pass() -> None:
+    """A learner or prefill pass's attention on a GPU (`expanded_attention`: keys and values repeated to every
+    query head, so that SDPA's fused kernels take the mask), run here through the CPU's SDPA, against
+    `attention`'s CPU path: 6 query positions of 3 rows over 9 keys, a causal mask after a 3-key prefix, fp32,
+    forward and gradients."""
+    from reinforge.models.decoder import additive_mask, attention, expanded_attention
+
+    g = torch.Generator().manual_seed(7)
+    b, h, kv, s, length, d = 3, 14, 2, 6, 9, 16
+    q = torch.randn(b, h, s, d, generator=g, requires_grad=True)
+    k = torch.randn(b, kv, length, d, generator=g, requires_grad=True)
+    v = torch.randn(b, kv, length, d, generator=g, requires_grad=True)
+    allowed = torch.arange(length)[None, :] <= torch.arange(s)[:, None] + 3
+    bias = additive_mask(allowed[None, None].expand(b, 1, s, length), torch.float32)
+    out = [f(q, k, v, bias) for f in (expanded_attention, attention)]
+    grads = [torch.autograd.grad(o.mul(torch.arange(d) / d).sum(), (q, k, v)) for o in out]
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+    for a, r in zip(*grads, strict=True):
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)

@@ -294,3 +294,139 @@ def test_cache_growth_keeps_entries_and_long_rows_match_generate(keys_last: bool
     native = NativeEngine(policy).generate(PROMPTS[:2], 1, params)
     assert int(native.lengths.max()) > 70
     assert _rows(native) == _rows(HFEngine(policy).generate(PROMPTS[:2], 1, params))
+
+
+GRAPH_PARAMS = [
+    pytest.param(SamplingParams(temperature=1.0, max_new_tokens=14), id="plain"),
+    pytest.param(SamplingParams(temperature=0.8, top_k=12, top_p=0.9, min_p=0.01, max_new_tokens=14), id="filtered"),
+    pytest.param(SamplingParams(greedy=True, max_new_tokens=14, record_top_k=3), id="greedy_top"),
+]
+
+
+@pytest.mark.parametrize("params", GRAPH_PARAMS)
+def test_bucketed_graph_step_gives_the_eager_steps_rows(params: SamplingParams) -> None:
+    """The decode graphs' step (rollout/graphs.py), run eagerly on its static buffers: rows padded to a
+    power of two, sampling inside the step. Rows end at different steps (eos_prone), so the batch shrinks
+    through several buckets; every row's tokens, stop flag, log-probs and top-K are the eager engine's."""
+    from reinforge.rollout import graphs
+
+    policy = qwen2(num_kv_heads=2)
+    eager = NativeEngine(policy, cpu_kernels=False)
+    bucketed = NativeEngine(policy, cpu_kernels=False)
+    bucketed.graph_mode = "eager"
+    buckets = []
+    real_step = graphs.DecodeGraphs.step
+
+    def step(self, tokens, *args):
+        buckets.append((len(tokens), graphs.bucket_of(len(tokens), len(self.cache.v[0]))))
+        return real_step(self, tokens, *args)
+
+    keys = torch.tensor([5, 6, 7, 8, 9])
+    a = eager.generate(PROMPTS, 3, params, group_keys=keys)
+    graphs.DecodeGraphs.step = step
+    try:
+        b = bucketed.generate(PROMPTS, 3, params, group_keys=keys)
+    finally:
+        graphs.DecodeGraphs.step = real_step
+    assert bucketed.graph_mode == "eager"                  # no failure turned the graphs off
+    if not params.greedy:   # (greedy: a prompt's 3 samples are one row 3 times, ending together)
+        assert {rows for _, rows in buckets} >= {15, 8, 4}     # 15 slots: all of them, then powers of two
+        assert any(live < rows for live, rows in buckets)
+    assert _rows(a) == _rows(b)
+    torch.testing.assert_close(b.sampler_logprobs, a.sampler_logprobs, atol=1e-5, rtol=0)
+    if params.record_top_k:
+        assert torch.equal(b.sampler_top_ids, a.sampler_top_ids)
+        torch.testing.assert_close(b.sampler_top_logprobs, a.sampler_top_logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_failing_graph_step_falls_back_to_the_eager_step_with_a_logged_reason(caplog) -> None:
+    from reinforge.rollout import graphs
+
+    policy = qwen2()
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    keys = torch.tensor([1, 2, 3, 4, 5])
+    eager = NativeEngine(policy, cpu_kernels=False).generate(PROMPTS, 2, params, group_keys=keys)
+    engine = NativeEngine(policy, cpu_kernels=False)
+    engine.graph_mode = "eager"
+    real_body = graphs.step_body
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return real_body(*args)
+
+    graphs.step_body = broken
+    try:
+        with caplog.at_level("WARNING", logger="reinforge.rollout.native"):
+            out = engine.generate(PROMPTS, 2, params, group_keys=keys)
+    finally:
+        graphs.step_body = real_body
+    assert engine.graph_mode is None
+    assert len(calls) == 3                                  # off for good after the failure
+    assert "CUDA graphs of the decode step are off, decoding eagerly: RuntimeError: operation not permitted" in (
+        caplog.text)
+    assert _rows(out) == _rows(eager)
+    torch.testing.assert_close(out.sampler_logprobs, eager.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+def test_graph_buckets_are_powers_of_two_up_to_the_slots() -> None:
+    from reinforge.rollout.graphs import bucket_of
+
+    assert [bucket_of(n, 256) for n in (1, 2, 3, 5, 8, 9, 100, 129, 256)] == [1, 2, 4, 8, 8, 16, 128, 256, 256]
+    assert [bucket_of(n, 12) for n in (1, 5, 9, 12)] == [1, 8, 12, 12]
+
+
+def test_the_capture_path_with_an_emulated_graph_gives_the_eager_rows(monkeypatch) -> None:
+    """The CUDA-graph path's plumbing (capture after CAPTURE_AFTER asks, the check against the eager step,
+    replays, buckets shrinking with the rows) on the CPU, with torch.cuda's graph emulated: a capture
+    records the step, a replay runs it again on the static buffers (what a CUDA graph does)."""
+    import contextlib
+
+    from reinforge.rollout import graphs
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        def replay(self) -> None:
+            self.run()
+
+        def pool(self):
+            return id(self)
+
+    captured: list[int] = []
+
+    def capture_here(self, bucket) -> None:
+        @contextlib.contextmanager
+        def graph_context(graph, pool=None, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local"
+            yield
+
+            def run() -> None:
+                for out, new in zip(bucket.out, self._body(bucket), strict=True):
+                    out.copy_(new)
+            graph.run = run
+        monkeypatch.setattr(torch.cuda, "graph", graph_context)
+        captured.append(bucket.rows)
+        real_capture_here(self, bucket)
+
+    real_capture_here = graphs.DecodeGraphs._capture_here
+    monkeypatch.setattr(graphs.DecodeGraphs, "_capture_here", capture_here)
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 2)
+    for name, value in (("CUDAGraph", Graph), ("Stream", Stream), ("current_stream", Stream),
+                        ("stream", lambda s: contextlib.nullcontext()), ("device", lambda d: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    policy = qwen2(num_kv_heads=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=14)
+    keys = torch.tensor([5, 6, 7, 8, 9])
+    eager = NativeEngine(policy, cpu_kernels=False).generate(PROMPTS, 3, params, group_keys=keys)
+    engine = NativeEngine(policy, cpu_kernels=False)
+    engine.graph_mode = "capture"
+    graphed = engine.generate(PROMPTS, 3, params, group_keys=keys)
+    assert engine.graph_mode == "capture"
+    assert captured[0] == 15 and len(captured) >= 3
+    assert _rows(graphed) == _rows(eager)
+    torch.testing.assert_close(graphed.sampler_logprobs, eager.sampler_logprobs, atol=1e-5, rtol=0)

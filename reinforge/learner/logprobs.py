@@ -19,6 +19,8 @@ the objective's importance ratios compare them across engines.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 from transformers import PreTrainedModel
@@ -27,17 +29,47 @@ from reinforge.learner.sequences import SequenceBatch, TokenStats
 from reinforge.learner.truncation import Truncation, kept_log_mass
 from reinforge.models.lora import linear_weight
 
+log = logging.getLogger(__name__)
+
+# On CUDA a 16-bit head's fp32 logits come from cuBLAS's 16-bit GEMM with fp32 accumulation and
+# output (`torch.mm(..., out_dtype=torch.float32)`): the products of bf16/fp16 numbers are exact in
+# fp32, so these are the upcast fp32 matmul's logits up to summation order, at the tensor cores' rate
+# (an fp32 GEMM runs ~15x slower on an H100/H200) and without an fp32 copy of the [V, E] head. Turned
+# off, with a logged reason, if this torch lacks the op.
+_FP32_OUT_MM = {"on": True}
+
 
 def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
     """The dtype of the head matmul: at least fp32 when `fp32_head` (fp64 stays fp64, for gradcheck)."""
     return torch.promote_types(dtype, torch.float32) if fp32_head else dtype
 
 
+def _fp32_out(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    """Whether the head's fp32 logits (`dtype`) can come from the 16-bit GEMM with fp32 output (see
+    `_FP32_OUT_MM`): on CUDA, hidden and weight of one 16-bit dtype, no bias."""
+    return (_FP32_OUT_MM["on"] and dtype == torch.float32 and hidden.device.type == "cuda" and bias is None
+            and hidden.dtype == weight.dtype and hidden.dtype in (torch.bfloat16, torch.float16))
+
+
 def _chunk_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+    fp32_out: bool = False,
 ) -> torch.Tensor:
     """z = (h W^T + b) / temperature for one chunk, [C, V], in at least fp32 (a fresh tensor, safe to
-    modify); the matmul runs in `weight`'s dtype (the head's compute dtype, cast once by the caller)."""
+    modify); the matmul runs in `weight`'s dtype (the head's compute dtype, cast once by the caller),
+    or, `fp32_out`, in hidden's and weight's 16-bit dtype with fp32 accumulation and output."""
+    if fp32_out and _FP32_OUT_MM["on"]:
+        try:
+            logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+            if temperature != 1.0:
+                logits.div_(temperature)
+            return logits
+        except (RuntimeError, TypeError) as err:
+            _FP32_OUT_MM["on"] = False
+            log.warning("LM head: the 16-bit GEMM with fp32 output is unavailable (%s: %s); upcasting the head "
+                        "to fp32 instead", type(err).__name__, str(err)[:200])
+    if fp32_out:
+        weight = weight.float()
     h = hidden.to(weight.dtype)
     logits = torch.mm(h, weight.t()) if bias is None else torch.addmm(bias, h, weight.t())
     # The softmax statistics are fp32 even when the matmul is not (fp32_head=False).
@@ -83,7 +115,8 @@ class _ChunkedTokenStats(torch.autograd.Function):
         m = hidden.shape[0]
         dtype = _compute_dtype(hidden.dtype, fp32_head)
         stats_dtype = torch.promote_types(dtype, torch.float32)
-        w = weight.to(dtype)  # [V, H], a copy only when the head is upcast
+        fp32_out = _fp32_out(hidden, weight, bias, dtype)
+        w = weight if fp32_out else weight.to(dtype)  # [V, H], a copy only when the head is upcast
         b = None if bias is None else bias.to(dtype)
         logprobs = hidden.new_empty(m, dtype=stats_dtype)  # [M]
         entropy = hidden.new_empty(m, dtype=stats_dtype)   # [M]
@@ -93,7 +126,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
             rows = slice(start, start + chunk_size)
             # Shifted logits z - max, kept as such: log p = (z - max) - log_sum loses no precision
             # to a large lse (fp32 z ~ 20 has an ulp of 2e-6). At most two [C, V] buffers alive.
-            shifted = _chunk_logits(hidden[rows], w, b, temperature)  # [C, V]
+            shifted = _chunk_logits(hidden[rows], w, b, temperature, fp32_out)  # [C, V]
             row_max[rows] = shifted.amax(dim=-1)
             shifted.sub_(row_max[rows].unsqueeze(1))
             probs = shifted.exp()  # [C, V], unnormalised
@@ -119,7 +152,11 @@ class _ChunkedTokenStats(torch.autograd.Function):
         g = zeros if grad_logprobs is None else grad_logprobs.to(entropy.dtype)  # [M]
         e = zeros if grad_entropy is None else grad_entropy.to(entropy.dtype)    # [M]
         dtype = _compute_dtype(hidden.dtype, fp32_head)
-        w = weight.to(dtype)  # [V, H]
+        fp32_out = _fp32_out(hidden, weight, bias, dtype)    # the forward's logits, recomputed as it did
+        # bf16 head on CUDA: the fp32 logit gradient as two bf16 parts through bf16 GEMMs (`_split_grads`; not
+        # fp16, whose range would flush the small entries of the gradient)
+        split = fp32_out and weight.dtype == torch.bfloat16
+        w = None if split else weight.to(dtype)  # [V, H]
         b = None if bias is None else bias.to(dtype)
         grad_hidden = torch.empty_like(hidden) if need_h else None
         # Accumulate over chunks in at least fp32, whatever the parameter dtype.
@@ -128,7 +165,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
         grad_bias = torch.zeros(weight.shape[0], dtype=acc_dtype, device=weight.device) if need_b else None
         for start in range(0, m, chunk_size):
             rows = slice(start, start + chunk_size)
-            dz = _chunk_logits(hidden[rows], w, b, temperature)  # [C, V], z for now
+            dz = _chunk_logits(hidden[rows], weight if fp32_out else w, b, temperature, fp32_out)  # [C, V], z
             dz.sub_(row_max[rows].unsqueeze(1)).sub_(log_sum[rows].unsqueeze(1))  # log p, as in forward
             p = dz.exp()  # [C, V]
             g_c, e_c = g[rows].unsqueeze(1), e[rows].unsqueeze(1)  # [C, 1]
@@ -137,6 +174,20 @@ class _ChunkedTokenStats(torch.autograd.Function):
             del p
             dz.scatter_add_(1, targets[rows].unsqueeze(1), g_c)
             dz.div_(temperature)  # z = logits / tau
+            if split:
+                try:
+                    grad_h, grad_w = _split_grads(dz, hidden[rows], weight, need_h, need_w)
+                    if need_h:
+                        grad_hidden[rows] = grad_h.to(hidden.dtype)
+                    if need_w:
+                        grad_weight.add_(grad_w)
+                    continue
+                except (RuntimeError, TypeError) as err:
+                    split, _FP32_OUT_MM["on"] = False, False
+                    log.warning("LM head backward: the 16-bit GEMM with fp32 output failed (%s: %s); upcasting the "
+                                "head to fp32 instead", type(err).__name__, str(err)[:200])
+            if w is None:
+                w = weight.to(dtype)
             dz = dz.to(dtype)
             h = hidden[rows].to(dtype)
             if need_h:
@@ -152,6 +203,32 @@ class _ChunkedTokenStats(torch.autograd.Function):
         if need_b:
             grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _split_grads(dz: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, need_h: bool,
+                 need_w: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dz W and dz^T h (fp32) for a chunk's fp32 logit gradient dz [C, V] and bf16 hidden [C, H] and weight
+    [V, H], through bf16 GEMMs with fp32 accumulation and output: dz = hi + lo, two bf16 numbers per entry
+    (hi its rounding, lo the rest's), exact to ~2^-16 of each entry (2 x 8 significant bits), and the
+    products of bf16 numbers exact in fp32. The gradients come back in bf16 (rounding 2^-9), so this is
+    the fp32 head's gradient within a fraction of that rounding, at the tensor cores' rate."""
+    hi = dz.to(weight.dtype)
+    lo = (dz - hi.float()).to(weight.dtype)
+    grad_h = grad_w = None
+    if need_h:
+        grad_h = _mm32(hi, weight).add_(_mm32(lo, weight))
+    if need_w:
+        h = hidden.to(weight.dtype)
+        grad_w = _mm32(torch.cat([hi, lo]).t(), torch.cat([h, h]))
+    return grad_h, grad_w
+
+
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of 16-bit matrices in fp32: on CUDA the 16-bit GEMM with fp32 output, elsewhere (tests) the
+    upcast fp32 product, the same products."""
+    if a.device.type == "cuda":
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
 
 
 class _ChunkedKeptLogMass(torch.autograd.Function):

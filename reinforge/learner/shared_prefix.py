@@ -46,14 +46,21 @@ OPTION = "train.shared_prefix=false"
 # took 850 ms in one pass, 190-205 ms with 64 or 256 here (4-5 passes, ~2,400 positions) and
 # 250 ms with 1024 (2 passes).
 PASS_COST_POSITIONS = 256
+# On a GPU a pass costs its launches whatever its rows (every layer's kernels forward and backward, with
+# host syncs between passes: ~10-20 ms for a 0.5B model), while a padded position costs ~10 us of
+# tensor-core time there (6 x 0.5 GFLOP at a few hundred TFLOP/s): merging pays up to ~2,000 positions.
+PASS_COST_POSITIONS_GPU = 2048
 
 
-def length_buckets(need: torch.Tensor, pass_cost: int = PASS_COST_POSITIONS) -> list[torch.Tensor]:
+def length_buckets(need: torch.Tensor, pass_cost: int | None = None) -> list[torch.Tensor]:
     """The rows with need > 0 (need [N]: completion positions a row's pass covers), grouped so that each
     group's pass, padded to its longest row, wastes little: classes of need in (w/2, w] for powers of
     two w, neighbours merged (shortest first) while the merge pads fewer than `pass_cost` positions.
     With long-tailed completion lengths one padded pass spends most of its work on padding; with
-    similar lengths this is a single pass over every row."""
+    similar lengths this is a single pass over every row. `pass_cost` defaults to PASS_COST_POSITIONS,
+    or PASS_COST_POSITIONS_GPU for rows on a GPU."""
+    if pass_cost is None:
+        pass_cost = PASS_COST_POSITIONS_GPU if need.device.type == "cuda" else PASS_COST_POSITIONS
     rows = (need > 0).nonzero().squeeze(1)
     if not len(rows):
         return []
@@ -184,7 +191,7 @@ def completion_token_stats_shared(
     first = (cols == 0).nonzero().squeeze(1)
     pieces, order = [prompt_hidden[slot[rows[first]], starts[rows[first]] - 1]], [first]
     bucket_of = torch.full_like(starts, -1)
-    for b, sub in enumerate(length_buckets(need, PASS_COST_POSITIONS)):
+    for b, sub in enumerate(length_buckets(need)):
         bucket_of[sub] = b
         # row -> its place in sub
         local = torch.empty_like(starts).index_copy_(0, sub, torch.arange(len(sub), device=device))

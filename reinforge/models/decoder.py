@@ -18,6 +18,7 @@ them to its `attend` callback.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,14 @@ from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
+
+log = logging.getLogger(__name__)
+# Whether `DecoderWeights.logits` may use the 16-bit GEMM with fp32 output (off after it failed once).
+_FP32_OUT_MM = {"on": True}
+# Whether `attention` may run a decode step's grouped queries through plain SDPA (off after it failed once).
+_GROUPED_DECODE = {"on": True}
+# Whether `attention` may expand a pass's keys and values to every query head for SDPA (off after it failed once).
+_EXPAND_KV = {"on": True}
 
 # one list, readable without torch at config check (models/model_dir.py)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MOE_MODEL_TYPES
@@ -151,7 +160,25 @@ class DecoderWeights:
     final_norm: torch.Tensor
     head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
     eps: float
+    # [V, E] the head's own 16-bit weight on CUDA (`logits`); None elsewhere
+    head16: torch.Tensor | None = None
     _packed: dict[bool, list[PackedProjections]] = field(default_factory=dict)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits [R, V] of hidden states [R, E] in the model's dtype: hidden.float() @ head^T.
+        On CUDA with a bf16/fp16 model, cuBLAS's 16-bit GEMM with fp32 accumulation and output on the
+        16-bit head: the products of 16-bit numbers are exact in fp32, so these are the same logits up to
+        summation order, at the tensor cores' rate (an fp32 GEMM runs ~15x slower on an H100/H200; at 256
+        rows and Qwen's 151,936 tokens it was most of a decode step's time). Without that GEMM in the
+        installed torch: the fp32 product, with a logged warning."""
+        if self.head16 is not None and hidden.dtype == self.head16.dtype and _FP32_OUT_MM["on"]:
+            try:
+                return torch.mm(hidden, self.head16.t(), out_dtype=torch.float32)
+            except (RuntimeError, TypeError) as err:
+                _FP32_OUT_MM["on"] = False
+                log.warning("decoder head: the 16-bit GEMM with fp32 output is unavailable (%s: %s); computing "
+                            "the logits in fp32", type(err).__name__, str(err)[:200])
+        return hidden.float() @ self.head.t()
 
     def packed(self, ops, transposed: bool = False) -> list[PackedProjections]:
         """Each layer's projections packed for the CPU kernels (`ops.pack_weight`: 32-column panels),
@@ -242,6 +269,7 @@ class DecoderWeights:
             final_norm=model.model.norm.weight,
             head=head.float(),
             eps=model.config.rms_norm_eps,
+            head16=head if head.device.type == "cuda" and head.dtype in (torch.bfloat16, torch.float16) else None,
         )
 
 
@@ -376,16 +404,54 @@ def attention(
     an additive bias broadcastable to [B, 1, S, L]. `keys_last`: k is given transposed, [B, kv, D, L].
 
     On CPU as plain matmuls: for the short rows of RL rollouts and learner passes they ran 1.3-3x
-    faster than SDPA's CPU kernel (forward and backward); elsewhere SDPA's fused kernels.
+    faster than SDPA's CPU kernel (forward and backward); elsewhere SDPA's fused kernels (a decode
+    step's query heads grouped by key/value head, `grouped_decode_attention`; other passes with the
+    keys and values expanded to every head, as SDPA's fused kernels take no mask with its GQA option).
     """
     b, h, s, d = q.shape
     kv = k.shape[1]
     kt = k if keys_last else k.transpose(-1, -2)
     if q.device.type != "cpu":
+        if s == 1 and kv != h and bias.shape[1] == 1 and bias.shape[2] == 1 and _GROUPED_DECODE["on"]:
+            try:
+                return grouped_decode_attention(q, kt.transpose(-1, -2), v, bias)
+            except RuntimeError as err:
+                _GROUPED_DECODE["on"] = False
+                log.warning("decode attention: SDPA refused the grouped queries (%s: %s); using its GQA option",
+                            type(err).__name__, str(err)[:200])
+        if kv != h and _EXPAND_KV["on"]:
+            # SDPA's GQA option with a mask runs its math fallback (fp32 scores [B, H, S, L], kept for the
+            # backward); keys and values expanded to every head (HF's repeat_kv) keep the fused kernels.
+            try:
+                return expanded_attention(q, kt.transpose(-1, -2), v, bias)
+            except RuntimeError as err:
+                _EXPAND_KV["on"] = False
+                log.warning("attention: SDPA refused the expanded keys and values (%s: %s); using its GQA option",
+                            type(err).__name__, str(err)[:200])
         return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=bias, enable_gqa=kv != h)
     q = q.reshape(b, kv, h // kv, s, d)                    # the query heads that share a key/value head
     scores = torch.matmul(q, kt.unsqueeze(2)).mul_(d ** -0.5).add_(bias.unsqueeze(2))
     return torch.matmul(scores.softmax(dim=-1), v.unsqueeze(2)).reshape(b, h, s, d)
+
+
+def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`attention` of one query position per row (a decode step) through SDPA without its GQA option: q
+    [B, H, 1, D], k and v [B, kv, L, D], bias [B, 1, 1, L]. The H / kv query heads that share a key/value
+    head (consecutive heads, HF's repeat_kv order) are that head's queries, [B, kv, H / kv, D], all seeing
+    the row's allowed keys: the same attention, without expanding the keys and values to H heads (which
+    SDPA's GQA option can do, in its math fallback, at every layer of every step)."""
+    b, h, _, d = q.shape
+    kv = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, kv, h // kv, d), k, v, attn_mask=bias)   # [B, kv, H/kv, D]
+    return out.reshape(b, h, 1, d)
+
+
+def expanded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`attention` through SDPA with keys and values k, v [B, kv, L, D] expanded to q's H heads (head h reads
+    key/value head h // (H / kv), HF's repeat_kv) and the additive bias broadcastable to [B, 1, S, L]."""
+    group = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                          attn_mask=bias)
 
 
 def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:

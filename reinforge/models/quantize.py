@@ -86,7 +86,8 @@ def _int8(weights: DecoderWeights, head: bool) -> DecoderWeights:
               for lw in weights.layers]
     # A fresh DecoderWeights: its packed copies for the CPU kernels are made from the int8 weights.
     return DecoderWeights(embed=weights.embed, layers=layers, final_norm=weights.final_norm,
-                          head=fake_int8(weights.head) if head else weights.head, eps=weights.eps)
+                          head=fake_int8(weights.head) if head else weights.head, eps=weights.eps,
+                          head16=None if head else weights.head16)
 
 
 # rollout.quantization -> (the engine's weights, quantise the LM head too) -> the weights it samples with.

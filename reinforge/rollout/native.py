@@ -33,6 +33,8 @@ the learner's recomputed log-probs (fp32) within 1e-4 (tests/test_native_engine.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +57,8 @@ from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.session import DecodeSession, FinishedRow, rows_to_rollout
 from reinforge.rollout.stopping import stop_string_end
 
+log = logging.getLogger(__name__)
+
 
 class NativeEngine:
     """Batched KV-cache sampling with continuous batching (see the module docstring).
@@ -66,7 +70,7 @@ class NativeEngine:
 
     def __init__(self, policy: Policy, chat_template: str = "auto", max_batch_rows: int | None = None,
                  prefill_tokens: int = 16384, cpu_kernels: bool = True, quantization: str = "none",
-                 quantize_lm_head: bool = False):
+                 quantize_lm_head: bool = False, cuda_graphs: bool = True):
         self.policy = policy
         # The sampler's weight precision (rollout.quantization, models/quantize.py); the learner stays fp32.
         self.quantization, self.quantize_lm_head = quantization, quantize_lm_head
@@ -89,6 +93,17 @@ class NativeEngine:
                    and self.shape.head_dim in HEAD_DIMS
                    and getattr(model.config, "hidden_act", None) in ("silu", "swish"))
         self.kernels = load_cpu_kernels() if fusable else None
+        # On CUDA the decode step replays CUDA graphs (rollout/graphs.py): "capture", or None (eager).
+        # Tests set "eager" to run the graphs' bucketed step without capturing it (any device).
+        self.graph_mode: str | None = (
+            "capture" if cuda_graphs and model.device.type == "cuda" and not self.moe_layers
+            and quantization == "none" else None)
+
+    def disable_graphs(self, reason: str) -> None:
+        """Decode eagerly from now on: a CUDA graph failed or disagreed with the eager step (`reason`)."""
+        if self.graph_mode is not None:
+            log.warning("native engine: CUDA graphs of the decode step are off, decoding eagerly: %s", reason)
+        self.graph_mode = None
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams, policy_version: int = 0,
@@ -176,7 +191,7 @@ class NativeEngine:
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
         last = hidden[torch.arange(len(chunk), device=device), lengths - 1]   # [B, E]
-        return last.float() @ w.head.t()
+        return w.logits(last)
 
     def _window(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Mistral's sliding window: a query sees only the last `sliding_window` positions."""
@@ -189,10 +204,16 @@ class NativeEngine:
         """One token for each of the front slots: tokens [live] at positions [live] (their cache lengths).
         Writes their keys/values and returns fp32 next-token logits [live, V]. `routes`: each MoE layer
         appends the experts [live, 1, k] of these tokens."""
-        live = tokens.shape[0]
         cache.reserve(int(positions.max()) + 1)
         if self.kernels is not None and cache.keys_last:
             return self._decode_fused(w, cache, tokens, positions, freqs)
+        return self._decode_rows(w, cache, tokens, positions, freqs[positions], routes)
+
+    def _decode_rows(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                     rot: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`_decode` through `decoder_layers` with the cache already large enough and the rows' rotary
+        factors `rot` [live, D/2]: no host synchronisation (a CUDA graph's body, rollout/graphs.py)."""
+        live = tokens.shape[0]
         key_pos = torch.arange(cache.capacity, device=tokens.device)
         allowed = self._window(key_pos[None, :] <= positions[:, None], positions[:, None], key_pos[None, :])
         bias = additive_mask(allowed, cache.v[0].dtype)[:, None, None, :]   # [live, 1, 1, capacity]
@@ -204,10 +225,9 @@ class NativeEngine:
                             keys_last=cache.keys_last)   # [live, H, 1, D]
             return out.reshape(live, 1, -1)
 
-        hidden = decoder_layers(
-            self.shape, w, F.embedding(tokens[:, None], w.embed), freqs[positions][:, None, None, :], attend, routes
-        )
-        return hidden[:, 0].float() @ w.head.t()
+        hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), rot[:, None, None, :], attend,
+                                routes)
+        return w.logits(hidden[:, 0])
 
     def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                       freqs: torch.Tensor) -> torch.Tensor:

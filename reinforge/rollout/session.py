@@ -13,7 +13,8 @@ This module owns
 
 The prefill and decode passes themselves are the engine's (`rollout.native.NativeEngine`), which a
 session reads as a duck-typed object: `policy`, `shape`, `kernels`, `_prefill`, `_decode`,
-`_stop_strings` and `_spare`.
+`_stop_strings` and `_spare`; and, when it has decode graphs (rollout/graphs.py), `graph_mode`,
+`_decode_rows` and `disable_graphs`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from reinforge.models.decoder import pass_geometry, rotary_factors, run_pass
 from reinforge.models.lora import base_model
 from reinforge.rollout.base import Rollout, SamplingParams
+from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
@@ -130,6 +132,7 @@ class DecodeSession:
         self.eos = torch.tensor(engine.policy.eos_token_ids, device=self.device)
         self.waiting: deque[WaitingRow] = deque()
         self.cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None    # the decode graphs of this session's weights and cache
         self.freqs: torch.Tensor | None = None
         self.live = 0
         max_new, d = params.max_new_tokens, self.device
@@ -216,9 +219,13 @@ class DecodeSession:
             live = self.live
             g, pos = self.generated[:live], self.length[:live]
             step_routes: list[torch.Tensor] | None = None if self.routes is None else []
-            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
+            out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
+            if out is None:
+                logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
+                token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
+            else:
+                logits, token, logprob = out
             self.length[:live] += 1
-            token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
             rows = torch.arange(live, device=self.device)
             if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
                 self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
@@ -229,6 +236,25 @@ class DecodeSession:
             self.last[:live] = token
             self.generated[:live] += 1
         return finished
+
+    def _graph_step(self, live: int, g: torch.Tensor, pos: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The live rows' decode step and sampling through the engine's decode graphs (rollout/graphs.py):
+        (logits, tokens, log-probs), or None for the eager step (bucket not captured yet, or graphs off
+        after a failure, which the engine logs; the eager step then rewrites this step's keys/values)."""
+        engine, cache = self.engine, self.cache
+        try:
+            if cache.capacity < cache.limit:      # (grown: new tensors, graphs captured again)
+                cache.reserve(int(pos.max()) + 1)
+            if self.graphs is None or not self.graphs.serves(self.weights, cache, self.params):
+                self.graphs = DecodeGraphs(engine, self.weights, cache, self.params,
+                                           capture=engine.graph_mode == "capture")
+            return self.graphs.step(self.last[:live], pos, self.freqs[pos], self.keys[:live],
+                                    g + self.drawn[:live])
+        except Exception as err:   # noqa: BLE001 - any failure of the fast path falls back, logged
+            engine.disable_graphs(f"{type(err).__name__}: {err}")
+            self.graphs = None
+            return None
 
     def _context(self, slot: int, tokens: list[int]) -> RowContext:
         """The row in `slot` that just ended its turn (`tokens`), for `extend`: its keys/values copied out
@@ -275,7 +301,7 @@ class DecodeSession:
                                 fused=engine.kernels is not None)
         keys = [torch.cat([old[None], nk.transpose(1, 2)], dim=2) for old, nk in zip(context.keys, k, strict=True)]
         values = [torch.cat([old[None], nv.transpose(1, 2)], dim=2) for old, nv in zip(context.values, v, strict=True)]
-        return PromptBlock([ids], keys, values), hidden[:, -1].float() @ self.weights.head.t()
+        return PromptBlock([ids], keys, values), self.weights.logits(hidden[:, -1])
 
     def _sample(
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
@@ -322,7 +348,12 @@ class DecodeSession:
         longest = prompt_len + self.params.max_new_tokens
         if self.cache is None or not self.busy:
             spare = self.cache or self.engine._spare
-            self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=prompt_len + 64,
+            # Decode graphs read fixed cache tensors, captured again when the cache grows: with them it starts
+            # twice as large (attention reads every position of the capacity, so not at its limit).
+            initial = prompt_len + 64
+            if getattr(self.engine, "graph_mode", None):
+                initial = min(longest, 2 * initial)
+            self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=initial,
                                  limit=longest, dtype=self.model.dtype, device=self.device, reuse=spare)
             self.freqs = rotary_factors(self.model, self.engine.shape, longest)
         elif longest > len(self.freqs):   # (the cache's limit may already be past it: its BLAS floor)
