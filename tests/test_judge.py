@@ -142,7 +142,9 @@ def test_judge_source_in_the_reward_composer() -> None:
 
 @pytest.fixture(scope="module")
 def trained_judge():
-    """The micro built-in model taught to answer "judge: X+Y=c" with a fixed verdict for each c."""
+    """The micro built-in model taught to answer "judge: X+Y=c" with a fixed verdict for each c. Learned
+    exactly: with the seeds 0 / 1 / 2 (torch, the model, the SFT order) all 400 judge prompts (100 sums x 4
+    completions) gave their taught verdict word for word on each, so seed 0 alone is no fragile pick."""
     cfg = build_config([*MICRO_MODEL, "sft.steps=200", "sft.batch_size=16", "sft.lr=1e-2", "sft.warmup_steps=0"])
     torch.manual_seed(0)
     threads = torch.get_num_threads()

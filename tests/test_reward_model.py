@@ -111,16 +111,19 @@ def test_reward_model_learns_to_prefer_right_arithmetic_answers():
     held_out = [p for p in arithmetic_pairs(task, problems, reps=1, seed=1) if (p.prompt, p.rejected) not in seen]
     assert len(held_out) == 63
 
-    rm = tiny_reward_model(layers=2)
+    rm = tiny_reward_model(layers=2, seed=0)
     before = pair_accuracy(rm.model, rm.tokenizer, held_out)
     result = train_reward_model(rm.model, rm.tokenizer, train, steps=1500, batch_size=32, lr=1e-3, seed=0)
     after = pair_accuracy(rm.model, rm.tokenizer, held_out)
 
     assert before == 0.0                                      # a zero head ties every pair, and a tie is wrong
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
-    assert result.final_loss < 0.2                            # measured 0.074
-    assert result.train_accuracy >= 0.95                      # measured 0.991
-    assert after >= 0.9                                       # measured 0.968 (61 of 63)
+    # Measured with the model's and the batch order's seed 0 / 1 / 2 (0 runs here): final loss 0.074 / 0.171 /
+    # 0.189, train accuracy 0.991 / 0.968 / 0.954, held-out 0.968 / 0.921 / 0.921 (61, 58, 58 of 63). The
+    # bounds keep a margin of 0.1 or more to the worst seed; chance is 0.5 (ln 2 = 0.69 for the loss).
+    assert result.final_loss < 0.4
+    assert result.train_accuracy >= 0.85
+    assert after >= 0.8
 
 
 def test_saved_reward_model_loads_with_transformers_and_gives_the_same_scores(tmp_path):
@@ -239,7 +242,7 @@ def test_reward_model_job_from_a_pairs_file(tmp_path):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = build_config(SMALL + ["model.num_layers=2", "rm.pairs=dataset", f"rm.pairs_path={data}", "rm.steps=600",
-                                "rm.heldout_fraction=0.25", "threads=1"])
+                                "rm.heldout_fraction=0.25", "threads=1", "seed=0"])
     result = run_reward_model_job(cfg, tmp_path / "rm")
     assert (result.train_pairs, result.heldout_pairs) == (300, 100)
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
