@@ -295,7 +295,10 @@ def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_r
                       f"reward.model.path={sevens_rm}", f"output_dir={out}", *extra]))
     start, final = held_out_pass_rates(out)
     assert start <= 0.05
-    assert final >= start + MIN_PASS_RATE           # measured 0.97 (dr_grpo), 0.85 (ppo)
+    # Measured with the reward model's and the run's seed 0 / 1 / 2 (0 runs here): 0 -> 1.0 on all three, dr_grpo
+    # and ppo alike; the train reward rose by 7.0 / 7.6 / 6.8 (dr_grpo) and 7.6 / 7.6 / 7.8 (ppo), "7" scored
+    # 7.7-7.8 above the next completion. Bounds: 0.6, 1.0 and 3.
+    assert final >= start + MIN_PASS_RATE
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x.get("stage") == "rl"]
     assert "reward/verifier_mean" not in steps[0] and list(json.loads(
