@@ -238,15 +238,17 @@ def test_reward_model_job_from_a_pairs_file(tmp_path):
     task = ArithmeticTask(seed=0, digits=1)
     problems = task.train_split(80) + task.eval_split(20)
     rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
-            for p in arithmetic_pairs(task, problems, reps=4, seed=0)]
+            for p in arithmetic_pairs(task, problems, reps=10, seed=0)]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = build_config(SMALL + ["model.num_layers=2", "rm.pairs=dataset", f"rm.pairs_path={data}", "rm.steps=600",
                                 "rm.heldout_fraction=0.25", "threads=1", "seed=0"])
     result = run_reward_model_job(cfg, tmp_path / "rm")
-    assert (result.train_pairs, result.heldout_pairs) == (300, 100)
+    assert (result.train_pairs, result.heldout_pairs) == (750, 250)
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
-    assert result.heldout_accuracy >= 0.8                     # measured 0.93 (held-out pairs of seen problems)
+    # Held-out pairs of seen problems, measured with the job's seed 0 / 1 / 2 (0 runs here): 0.936 / 0.900 / 0.940.
+    # With 4 pairs a problem (300 trained on) they were 0.92 / 0.66 / 0.94: too few pairs for every seed to learn.
+    assert result.heldout_accuracy >= 0.8
     summary = json.loads((tmp_path / "rm" / "rm_summary.json").read_text())
     assert summary["heldout_accuracy"] == result.heldout_accuracy
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
