@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -245,7 +246,8 @@ def start_model(args: argparse.Namespace) -> float:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start-model", default=None,
-                        help="folder of the SFT-only run (its model/); default: a folder per seed in the temp dir")
+                        help="folder of the SFT-only run (its model/); default: a folder per seed in "
+                             "$REINFORGE_CACHE (~/.cache/reinforge)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads of each side")
     parser.add_argument("--eval-every", type=int, default=1,
@@ -263,7 +265,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="reinforge config overrides (key=value) for both sides")
     args = parser.parse_args(argv)
     if args.start_model is None:
-        args.start_model = str(Path(tempfile.gettempdir()) / f"reinforge-tta-start-seed{args.seed}")
+        # The user's own cache, not the shared temp dir: a folder another user planted at a predictable temp
+        # path would be loaded as the start model (and written through, as this user).
+        cache = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge"))
+        args.start_model = str(cache / f"tta-start-seed{args.seed}")
     return args
 
 

@@ -7,8 +7,9 @@ first steps' groups of 8 x 8 samples hold a correct one now and then, which is a
 GRPO needs. The held-out prompts (the task's eval split) are never trained on, so their pass@1
 rising from ~0 measures what RL taught the policy, not a memorised prompt.
 
-Measured (grpo, lr 3e-2, 16 steps, seed 0): held-out pass@1 0.000 -> 0.92 (sync), 0.98 (async,
-max_staleness 1), 0.95 (async on two torchrun learner ranks).
+Measured (grpo, lr 3e-2, 16 steps), held-out pass@1 from 0.000-0.008 to, on seeds 0 / 1 / 2:
+0.92 / 0.98 / 1.00 (sync), 0.98 / 0.99 / 0.98 (async, max_staleness 1); 0.95 on seed 0 (async on two
+torchrun learner ranks). The train reward rose by 0.98 / 0.98 / 0.99 (sync) and 0.93 / 0.92 / 0.96 (async).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from conftest import MICRO
 
-# The rise the tests ask for: from ~0 to at least this (every run above measured > 0.9).
+# The rise the tests ask for: from ~0 to at least this. Every run above measured >= 0.92, so a CPU whose
+# rounding sends a run down another path keeps a margin of 0.3; chance (the untrained model) is ~1/40.
 MIN_PASS_RATE = 0.6
 
 
@@ -37,7 +39,7 @@ def constant_answer_task(directory: Path) -> list[str]:
     return [*(o for o in MICRO if o.startswith(keep)), "task.name=dataset", f"task.options.path={path}",
             "task.options.verifier=exact", "sft.enabled=false", "rollout.max_new_tokens=1", "train.prompts_per_step=8",
             "train.group_size=8", "train.micro_batch_size=64", "train.lr=3e-2", "train.steps=16", "eval.num_prompts=32",
-            "eval.num_samples=8"]
+            "eval.num_samples=8", "seed=0"]
 
 
 def held_out_pass_rates(out: Path) -> tuple[float, float]:

@@ -147,6 +147,8 @@ def test_value_pretraining_raises_explained_variance(policy) -> None:
     history = [credit.pretrain(seq, rewards, valid, torch.Generator().manual_seed(0))["critic/explained_variance"]
                for _ in range(40)]
     assert history[0] == pytest.approx(0.0, abs=1e-9)           # V = 0: explains nothing
+    # Measured 0.997 / 0.997 / 0.998 after 40 steps (0.37 / 0.57 / 0.59 after 10) with the policy's seed and the
+    # generator's 0 / 1 / 2 (and the sequences' seed 2 / 12 / 22): one seed runs here, the margin is 0.2.
     assert history[-1] > 0.8 and history[-1] > history[10] > history[0]
 
 

@@ -231,12 +231,14 @@ def test_on_policy_distillation_alone_raises_held_out_pass_rate_toward_the_teach
     start, final = held_out_pass_rates(out)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x.get("stage") == "rl"]
-    assert teacher_pass >= 0.8
+    # Measured with the teacher's seed 0 / 1 / 2 and the student's 5 / 6 / 7 (0 and 5 run here): teacher 0.92 /
+    # 0.98 / 1.00, student 0.008 / 0 / 0 -> 1.0 / 1.0 / 1.0, reverse KL 5.19 / 6.68 / 9.24 -> -0.04 / 0.01 / -0.002.
+    assert teacher_pass >= 0.7
     assert start <= 0.1
-    assert final >= 0.6                                             # measured 1.0 (seed 6: 0.992)
+    assert final >= 0.6
     assert all(x["reward_mean"] == 0.0 for x in steps)              # the sequence reward says nothing
     kl = [x["reward/teacher/reverse_kl"] for x in steps]
-    assert kl[-1] < 0.5 * kl[0]                                     # measured 5.19 -> -0.04 (per token)
+    assert kl[-1] < 0.5 * kl[0]
     # the pass rate of the training samples comes from the verifier, and rises with the held-out one
     assert steps[-1]["pass_rate"] > steps[0]["pass_rate"]
 
@@ -259,9 +261,11 @@ def test_offline_distillation_fine_tunes_on_the_teachers_verified_samples(tmp_pa
                       "sft.rejection_samples=2", "sft.rejection_max_per_prompt=1", f"output_dir={out}"]))
     summary = json.loads((out / "summary.json").read_text())
     # The teacher's samples (a fresh student's own would be right about once in 40 x 40), one per prompt.
-    assert teacher_pass >= 0.9                                      # measured 0.996
-    assert summary["sft"]["rejection/acceptance_rate"] >= 0.9 and summary["sft"]["rejection/kept"] == 64
-    assert summary["eval"]["final"]["pass@1"] >= 0.9                # measured 0.996
+    # Measured with the teacher's seed 0 / 1 / 2 and the student's 5 / 6 / 7 (0 and 5 run here): teacher 0.996,
+    # acceptance 1.0 and student 0.996 on each; 0.8 leaves a margin of 0.2, chance is 1/40.
+    assert teacher_pass >= 0.8
+    assert summary["sft"]["rejection/acceptance_rate"] >= 0.8 and summary["sft"]["rejection/kept"] == 64
+    assert summary["eval"]["final"]["pass@1"] >= 0.8
 
 
 def test_distill_benchmark_runs_in_a_small_configuration(tmp_path, micro_overrides):

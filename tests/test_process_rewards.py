@@ -304,27 +304,47 @@ def exact_labels(task: ChainSumTask, examples: list[Example], seed: int) -> list
     return out
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def train_prm(seed: int, folder) -> dict:
     """A width-64 policy after a brief SFT on 1-digit chain sums ("3+5+7=" -> "3+5=08\\n08+7=15\\n"), and a PRM
-    from its backbone trained on exactly labelled solutions of the train problems. ~50 s on one CPU thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # two threads on a busy two-core machine took ten times longer
-    torch.manual_seed(0)
+    from its backbone trained on exactly labelled solutions of the train problems, everything drawn from
+    `seed` (the held-out solutions stay those of seed 1). ~70 s on one CPU thread.
+
+    2000 PRM steps, not 1000: after 1000, one seed in three (2) still gave the right and the wrong first step
+    of ALL_WRONG the same score (0.73), so the all-wrong-group test below failed; after 2000 all five runs
+    measured (seeds 0 / 1 / 2, and 0 / 2 with another float rounding, see the next test) rank them right."""
+    torch.manual_seed(seed)
     cfg = build_config(WIDTH64)
     task = ChainSumTask(terms=3)
-    policy = build_tiny_qwen2(cfg.model, seed=0)
-    run_sft(policy, task.sft_examples(cfg.sft.steps * cfg.sft.batch_size, 0.0, seed=0), cfg.sft,
-            chat_template="auto", seed=0)
+    policy = build_tiny_qwen2(cfg.model, seed=seed)
+    run_sft(policy, task.sft_examples(cfg.sft.steps * cfg.sft.batch_size, 0.0, seed=seed), cfg.sft,
+            chat_template="auto", seed=seed)
     problems = task.train_split(780)
-    train = exact_labels(task, problems, seed=0) + exact_labels(task, problems, seed=2)
+    train = exact_labels(task, problems, seed=10 * seed) + exact_labels(task, problems, seed=10 * seed + 2)
     held_out = exact_labels(task, task.eval_split(150), seed=1)
     prm = build_process_reward_model(policy)
     before = step_accuracy(prm.model, prm.tokenizer, held_out)
-    fit = train_process_reward_model(prm.model, prm.tokenizer, train, steps=1000, batch_size=32, lr=1e-3)
-    path = save_process_reward_model(prm.model, prm.tokenizer, tmp_path_factory.mktemp("prm") / "prm", marker="\n")
-    yield {"task": task, "policy": policy, "prm": prm, "before": before, "fit": fit, "path": path,
-           "after": step_accuracy(prm.model, prm.tokenizer, held_out)}
+    fit = train_process_reward_model(prm.model, prm.tokenizer, train, steps=2000, batch_size=32, lr=1e-3, seed=seed)
+    path = save_process_reward_model(prm.model, prm.tokenizer, folder / "prm", marker="\n")
+    return {"task": task, "policy": policy, "prm": prm, "before": before, "fit": fit, "path": path,
+            "after": step_accuracy(prm.model, prm.tokenizer, held_out), "auc": step_auc(prm, held_out)}
+
+
+def step_auc(prm, data: list[StepLabels]) -> float:
+    """The probability that a right step of `data` scores above a wrong one (ties count 1/2): the PRM's ranking,
+    whatever its threshold."""
+    with torch.no_grad():
+        probs, mask = step_probabilities(prm.model, prm.tokenizer, [d.prompt for d in data],
+                                         [list(d.steps) for d in data])
+    scored = list(zip(probs[mask.bool()].tolist(), [h for d in data for h in d.hard], strict=True))
+    right, wrong = [p for p, h in scored if h == 1.0], [p for p, h in scored if h == 0.0]
+    return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # two threads on a busy two-core machine took ten times longer
+    yield train_prm(0, tmp_path_factory.mktemp("prm"))
     torch.set_num_threads(threads)
 
 
@@ -333,9 +353,23 @@ def test_a_prm_learns_which_steps_of_unseen_chain_sums_are_right(trained):
     assert fit.first_loss == pytest.approx(math.log(2), abs=1e-6)     # the zero head: every step at 1/2
     assert before.accuracy == pytest.approx(1 - before.positive_rate)   # 1/2 is not > 1/2: "wrong" everywhere
     assert after.steps == 300 and after.positive_rate == pytest.approx(0.55)
-    # held-out problems (eval split), never trained on: a constant guess scores max(0.55, 0.45)
-    assert after.accuracy >= 0.8                                        # measured 0.880
-    assert after.final_accuracy >= 0.72                                 # measured 0.827
+    # Held-out problems (eval split), never trained on: a constant guess scores max(0.55, 0.45), a random
+    # ranking an AUC of 0.5.
+    #
+    # These figures hang on the CPU's float rounding, not only on the seed. The thread count is fixed (1, above),
+    # but the fused training kernels (reinforge/kernels, built with -march=native -ffast-math) sum with `omp simd`
+    # in an order set by the CPU's vector width, and torch's own CPU kernels take an AVX2 or AVX-512 path; the
+    # last-bit differences grow over 2600 SFT and PRM steps into another end point. Seed 0 with torch held to
+    # AVX2 and the fused kernels off (ATEN_CPU_CAPABILITY=avx2 REINFORGE_CPU_KERNELS=0, as on another CPU) gave
+    # 0.767 instead of 0.880 after 1000 steps, the spread of the seeds (0.880 / 0.793 / 0.717) and of the
+    # 0.703 an Intel Xeon gave. So the bounds are set below the worst of five runs, 2000 steps each:
+    #     seed                        0       1       2       0, other rounding   2, other rounding
+    #     accuracy                    0.943   0.803   0.723   0.903               0.787
+    #     AUC                         0.983   0.887   0.795   0.947               0.846
+    #     last-step accuracy          0.907   0.693   0.613   0.853               0.727
+    # The last-step accuracy is not asserted: a constant guess scores 0.62 there, and seed 2 did not beat it.
+    assert after.accuracy >= 0.65
+    assert trained["auc"] >= 0.72
 
 
 def test_the_saved_prm_loads_with_transformers_and_gives_the_same_scores(trained):
@@ -354,11 +388,11 @@ def test_the_saved_prm_loads_with_transformers_and_gives_the_same_scores(trained
 
 
 # Four wrong solutions of 3+5+7 = 15: the verifier gives all 0, so without a PRM the group's advantages are 0.
-# (Errors of several units: the PRM above mistakes some near misses by 1, e.g. "3+5=07" scores 0.97.)
-ALL_WRONG = ["3+5=08\n08+7=16\n",   # step 1 right: PRM step scores 0.979, 0.048
-             "3+5=13\n13+7=20\n",   # wrong from step 1:        0.004, 0.148
-             "3+5=08\n08+7=11\n",   # step 1 right:             0.979, 0.032
-             "3+5=04\n04+7=11\n"]   # wrong from step 1:        0.003, 0.104
+# (Errors of several units: the PRM above may mistake near misses by 1.) The PRM's step scores, seeds 0 / 1 / 2:
+ALL_WRONG = ["3+5=08\n08+7=16\n",   # step 1 right:      0.992 0.728 / 0.979 0.392 / 0.885 0.518
+             "3+5=13\n13+7=20\n",   # wrong from step 1: 0.001 0.001 / 0.004 0.005 / 0.057 0.014
+             "3+5=08\n08+7=11\n",   # step 1 right:      0.992 0.001 / 0.979 0.845 / 0.885 0.518
+             "3+5=04\n04+7=11\n"]   # wrong from step 1: 0.001 0.001 / 0.004 0.006 / 0.008 0.007
 WRONG_EXAMPLE = Example("3+5+7=", "15", {"numbers": [3, 5, 7]})
 
 
@@ -453,7 +487,8 @@ def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
     assert (result.train_solutions, result.heldout_solutions) == (32, 16)
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
     # Math-Shepherd's labels from the SFT policy against each step's true correctness (step_correct)
-    assert result.label_exact_agreement >= 0.8                          # measured 0.917 (88 of 96 steps)
+    # measured 0.917 / 0.927 / 0.917 with the SFT policy of seeds 0 / 1 / 2 (88, 89, 88 of 96 steps)
+    assert result.label_exact_agreement >= 0.8
     lines = (tmp_path / "prm" / "step_labels.jsonl").read_text().splitlines()
     assert len(lines) == 48 and json.loads(lines[-1])["split"] == "heldout"
     assert json.loads((tmp_path / "prm" / "prm_summary.json").read_text())["train_steps"] == result.train_steps

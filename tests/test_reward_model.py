@@ -111,16 +111,19 @@ def test_reward_model_learns_to_prefer_right_arithmetic_answers():
     held_out = [p for p in arithmetic_pairs(task, problems, reps=1, seed=1) if (p.prompt, p.rejected) not in seen]
     assert len(held_out) == 63
 
-    rm = tiny_reward_model(layers=2)
+    rm = tiny_reward_model(layers=2, seed=0)
     before = pair_accuracy(rm.model, rm.tokenizer, held_out)
     result = train_reward_model(rm.model, rm.tokenizer, train, steps=1500, batch_size=32, lr=1e-3, seed=0)
     after = pair_accuracy(rm.model, rm.tokenizer, held_out)
 
     assert before == 0.0                                      # a zero head ties every pair, and a tie is wrong
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
-    assert result.final_loss < 0.2                            # measured 0.074
-    assert result.train_accuracy >= 0.95                      # measured 0.991
-    assert after >= 0.9                                       # measured 0.968 (61 of 63)
+    # Measured with the model's and the batch order's seed 0 / 1 / 2 (0 runs here): final loss 0.074 / 0.171 /
+    # 0.189, train accuracy 0.991 / 0.968 / 0.954, held-out 0.968 / 0.921 / 0.921 (61, 58, 58 of 63). The
+    # bounds keep a margin of 0.1 or more to the worst seed; chance is 0.5 (ln 2 = 0.69 for the loss).
+    assert result.final_loss < 0.4
+    assert result.train_accuracy >= 0.85
+    assert after >= 0.8
 
 
 def test_saved_reward_model_loads_with_transformers_and_gives_the_same_scores(tmp_path):
@@ -235,15 +238,17 @@ def test_reward_model_job_from_a_pairs_file(tmp_path):
     task = ArithmeticTask(seed=0, digits=1)
     problems = task.train_split(80) + task.eval_split(20)
     rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
-            for p in arithmetic_pairs(task, problems, reps=4, seed=0)]
+            for p in arithmetic_pairs(task, problems, reps=10, seed=0)]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = build_config(SMALL + ["model.num_layers=2", "rm.pairs=dataset", f"rm.pairs_path={data}", "rm.steps=600",
-                                "rm.heldout_fraction=0.25", "threads=1"])
+                                "rm.heldout_fraction=0.25", "threads=1", "seed=0"])
     result = run_reward_model_job(cfg, tmp_path / "rm")
-    assert (result.train_pairs, result.heldout_pairs) == (300, 100)
+    assert (result.train_pairs, result.heldout_pairs) == (750, 250)
     assert result.first_loss == pytest.approx(math.log(2), abs=1e-6)
-    assert result.heldout_accuracy >= 0.8                     # measured 0.93 (held-out pairs of seen problems)
+    # Held-out pairs of seen problems, measured with the job's seed 0 / 1 / 2 (0 runs here): 0.936 / 0.900 / 0.940.
+    # With 4 pairs a problem (300 trained on) they were 0.92 / 0.66 / 0.94: too few pairs for every seed to learn.
+    assert result.heldout_accuracy >= 0.8
     summary = json.loads((tmp_path / "rm" / "rm_summary.json").read_text())
     assert summary["heldout_accuracy"] == result.heldout_accuracy
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
@@ -292,7 +297,10 @@ def test_rl_with_only_a_reward_model_raises_held_out_accuracy(tmp_path, sevens_r
                       f"reward.model.path={sevens_rm}", f"output_dir={out}", *extra]))
     start, final = held_out_pass_rates(out)
     assert start <= 0.05
-    assert final >= start + MIN_PASS_RATE           # measured 0.97 (dr_grpo), 0.85 (ppo)
+    # Measured with the reward model's and the run's seed 0 / 1 / 2 (0 runs here): 0 -> 1.0 on all three, dr_grpo
+    # and ppo alike; the train reward rose by 7.0 / 7.6 / 6.8 (dr_grpo) and 7.6 / 7.6 / 7.8 (ppo), "7" scored
+    # 7.7-7.8 above the next completion. Bounds: 0.6, 1.0 and 3.
+    assert final >= start + MIN_PASS_RATE
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x.get("stage") == "rl"]
     assert "reward/verifier_mean" not in steps[0] and list(json.loads(

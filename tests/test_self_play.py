@@ -122,7 +122,7 @@ def test_self_judged_end_to_end(tmp_path, micro_overrides, monkeypatch) -> None:
     import reinforge.trainers
 
     def by_length(cfg, policy, device, chat_template):
-        return Judge(ScriptedEngine(policy.tokenizer, lambda p, k: f"score: {len(p)}"), cfg)
+        return Judge(ScriptedEngine(policy.tokenizer, lambda p, k: f"score: {len(p) / 1000}"), cfg)
 
     monkeypatch.setattr(reinforge.trainers, "build_judge", by_length)
     out = tmp_path / "judged"

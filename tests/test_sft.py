@@ -31,7 +31,9 @@ def test_untrained_loss_is_near_uniform_and_sft_lowers_it(micro_overrides) -> No
     # A random init predicts about uniformly over the 77-token vocabulary: NLL ~ ln 77 = 4.34.
     assert abs(result.first_loss - math.log(len(policy.tokenizer))) < 0.3
     # Digits of 2-digit sums are far from uniform (the eos always follows the 3rd digit, the 1st is 0 or 1).
-    assert result.final_loss < 1.8, result
+    # Measured 1.58 / 1.43 / 1.79 (seeds 0 / 1 / 2 of the model, the data and the SFT order; seed 0 runs here):
+    # 2.5 leaves 0.7 to the worst seed and is 2 nats below the untrained 4.47.
+    assert result.final_loss < 2.5, result
 
 
 def test_sft_loss_equals_token_mean_nll(micro_overrides) -> None:

@@ -149,7 +149,10 @@ def test_async_learner_ranks_learn_and_match_one_process(tmp_path: Path) -> None
     ahead = tmp_path / "ahead"
     _torchrun(*task, "train.max_staleness=1", f"output_dir={ahead}")
     start, final = held_out_pass_rates(ahead)
-    assert start <= 0.05 and final >= start + MIN_PASS_RATE       # measured 0.000 -> 0.953
+    # Measured 0.000 -> 0.953 (seed 0). One seed here (two ranks under torchrun are slow): the same task and
+    # settings in one process measured 0.98 / 0.99 / 0.98 on seeds 0 / 1 / 2 (tests/learning.py), and the
+    # ranks differ from it only by the order of the gradient sums (the max_staleness 0 check below).
+    assert start <= 0.05 and final >= start + MIN_PASS_RATE
     stale = [x["async/staleness_max"] for x in _rl_lines(ahead)]
     assert max(stale) == 1 and len(stale) == 16                   # it did run ahead, within the bound
 

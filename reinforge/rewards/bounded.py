@@ -37,12 +37,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from reinforge import stack_dumps
+
 # A fresh interpreter, not a fork (a forked child of a process with threads, torch's or a
 # tokenizer's, can deadlock) and not multiprocessing's spawn (which re-runs the caller's
 # `__main__` script in the child, so a script without a main guard would run twice).
 _BOOT = (
     "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from reinforge.rewards.bounded import _serve; _serve(int(sys.argv[2]))"
+    "from reinforge.rewards.bounded import _serve; _serve(int(sys.argv[2]), sys.argv[3] or None)"
 )
 
 
@@ -65,13 +67,13 @@ class _Worker:
     conn: Connection
 
 
-def _serve(fd: int) -> None:
+def _serve(fd: int, dump_dir: str | None) -> None:
     """A worker's main loop: warm up, then answer calls until EOF or None."""
     # Ctrl-C reaches the whole process group; the parent decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from reinforge.telemetry.watchdog import enable_child_dumps
-
-    enable_child_dumps()    # the hang watchdog can ask for this worker's stacks (SIGUSR1)
+    # The hang watchdog can ask for this worker's stacks (SIGUSR1); where that cannot be set up safely,
+    # the worker runs without it (a verifier must start whatever another user planted in the temp dir).
+    stack_dumps.enable(dump_dir)
     conn = Connection(fd)
     warmup = conn.recv()
     # Warm-up first, so that a call's bound does not pay for imports and first-use caches.
@@ -109,6 +111,7 @@ def _stop(worker: _Worker, graceful: bool) -> None:
     if worker.process.poll() is None:
         worker.process.kill()
     worker.process.wait()
+    stack_dumps.forget(worker.process.pid)
     worker.conn.close()
 
 
@@ -214,7 +217,9 @@ class BoundedPool:
     def _start(self) -> _Worker:
         ours, theirs = socket.socketpair()
         with ours, theirs:
-            process = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno())],
+            dump_dir = stack_dumps.private_dir()
+            process = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno()),
+                                        "" if dump_dir is None else str(dump_dir)],
                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
             worker = _Worker(process, Connection(os.dup(ours.fileno())))
         deadline = time.monotonic() + self.start_timeout_s

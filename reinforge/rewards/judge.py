@@ -13,6 +13,14 @@ so reading it can fail: an output that does not match the pattern, or a score of
 scale, is no score at all (NaN). The row is then skipped (no gradient) and counted, never given a
 made-up 0.
 
+The graded text is the policy's, so it can try to speak for the judge ("... score: 10"), and a judge
+often quotes what it grades before its verdict. So the verdict is the judge's LAST match of the
+pattern, and a match that lies wholly inside text the judge quotes is ignored: a verbatim copy of the
+graded completion, of the task's prompt or of the judge prompt, a Markdown quote line ("> ...") or a
+fenced block ("```...```", to the end when never closed). The scale is always on ([0, 1] by default,
+`reward.judge.min` / `max`): a number off it, an injected "score: 1000000" say, is no score, never a
+reward of 1e6.
+
 The default format suits the built-in tasks: the judge first writes its own answer, then the graded
 answer's difference from it digit by digit (mod 10), then the score ("judge: 123+456=0589\\n" ->
 "0579 0010 score: 0"). It is the reference-guided judge of arXiv 2306.05685 (sec. 3.4), which solves
@@ -28,6 +36,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
@@ -67,30 +76,56 @@ class Verdict:
     score: float          # the normalised score; NaN when there is none
     raw: float            # the number as written (NaN when none was found)
     parsed: bool          # the pattern matched and its group is a number or yes / no
-    in_range: bool        # parsed, and inside [min, max] (always, without a scale)
+    in_range: bool        # parsed, and inside [low, high] (always, without a scale)
+    quoted: int = 0       # matches ignored because they lie in quoted text
 
 
-def parse_score(text: str, pattern: str, low: float | None = None, high: float | None = None) -> Verdict:
-    """The score in judgement `text`: the first match of `pattern` (one group), a number or yes / no.
+# Text a judge quotes rather than says: Markdown quote lines, and fenced blocks (to the end when never closed).
+_QUOTE_LINE = re.compile(r"^[ \t]*>.*$", re.MULTILINE)
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 
-    With a scale [low, high] the score is (raw - low) / (high - low) in [0, 1], and a raw score
-    outside the scale is no score (a judge that says 7 on a 1-5 scale has not followed its format).
+
+def _quoted_spans(text: str, quoted: Sequence[str]) -> list[tuple[int, int]]:
+    """(start, end) of every part of `text` that quotes: each occurrence of each of `quoted`, quote lines, fences."""
+    spans = [m.span() for m in _QUOTE_LINE.finditer(text)] + [m.span() for m in _FENCE.finditer(text)]
+    for q in {q.strip() for q in quoted} - {""}:
+        at = text.find(q)
+        while at != -1:
+            spans.append((at, at + len(q)))
+            at = text.find(q, at + 1)
+    return spans
+
+
+def parse_score(text: str, pattern: str, low: float | None = 0.0, high: float | None = 1.0,
+                quoted: Sequence[str] = ()) -> Verdict:
+    """The score in judgement `text`: the LAST match of `pattern` (one group) outside quoted text (any
+    occurrence of one of `quoted`, e.g. the graded completion; Markdown quote lines; fenced blocks), a
+    number or yes / no.
+
+    On the scale [low, high] (default [0, 1]) the score is (raw - low) / (high - low) in [0, 1], and a raw
+    score outside the scale is no score (a judge that says 7 on a 1-5 scale has not followed its format,
+    and a completion that makes it say 1000000 earns nothing). low = high = None: the raw number, unbounded
+    (for reading a label, never for a reward).
     """
-    match = re.search(pattern, text)
+    spans = _quoted_spans(text, quoted)
+    matches = list(re.finditer(pattern, text))
+    own = [m for m in matches if not any(a <= m.start() and m.end() <= b for a, b in spans)]
+    skipped = len(matches) - len(own)
+    match = own[-1] if own else None
     word = match.group(1).strip().lower() if match and match.group(1) is not None else None
     if word is None:
-        return Verdict(math.nan, math.nan, False, False)
+        return Verdict(math.nan, math.nan, False, False, skipped)
     try:
         raw = float(word) if word not in WORD_SCORES else WORD_SCORES[word]
     except ValueError:
-        return Verdict(math.nan, math.nan, False, False)
+        return Verdict(math.nan, math.nan, False, False, skipped)
     if not math.isfinite(raw):
-        return Verdict(math.nan, raw, False, False)
+        return Verdict(math.nan, raw, False, False, skipped)
     if low is None or high is None:
-        return Verdict(raw, raw, True, True)
+        return Verdict(raw, raw, True, True, skipped)
     if not low <= raw <= high:
-        return Verdict(math.nan, raw, True, False)
-    return Verdict((raw - low) / (high - low), raw, True, True)
+        return Verdict(math.nan, raw, True, False, skipped)
+    return Verdict((raw - low) / (high - low), raw, True, True, skipped)
 
 
 @dataclass
@@ -128,12 +163,15 @@ class Judge:
         texts: list[str] = []
         for part in micro_batches(len(asked), self.cfg.micro_batch_size):
             texts += self.engine.generate([asked[i] for i in part], 1, self.sampling, generator=generator).texts
-        verdicts = [parse_score(t, self.cfg.pattern, self.cfg.min, self.cfg.max) for t in texts]
+        # What the judge may quote: the judge prompt it was given, the task's prompt, the graded completion.
+        verdicts = [parse_score(t, self.cfg.pattern, self.cfg.min, self.cfg.max, quoted=(a, p, c))
+                    for t, a, p, c in zip(texts, asked, prompts, completions, strict=True)]
         scores = torch.tensor([v.score for v in verdicts], dtype=torch.float)
         unparsed = sum(not v.parsed for v in verdicts)
         out_of_range = sum(v.parsed and not v.in_range for v in verdicts)
         scored = scores[~scores.isnan()]
         metrics = {"unparsed": float(unparsed), "out_of_range": float(out_of_range),
+                   "quoted_matches": float(sum(v.quoted > 0 for v in verdicts)),
                    "score_mean": float(scored.mean()) if len(scored) else math.nan}
         return Judgements(scores, texts, unparsed, out_of_range, metrics)
 
@@ -182,7 +220,7 @@ def check_label(cfg: JudgeConfig) -> None:
     written in a format its own judge could not parse)."""
     for score in (1, 0):
         text = _fill(cfg.label, {"reference": "0", "diff": "0", "score": str(score)})
-        verdict = parse_score(text, cfg.pattern)
+        verdict = parse_score(text, cfg.pattern, None, None)
         if verdict.raw != score:
             raise ValueError(f"reward.judge.pattern {cfg.pattern!r} reads {verdict.raw} from the judge training label "
                              f"{text!r}, not {score}: make reward.judge.label and reward.judge.pattern agree")

@@ -23,6 +23,24 @@ Anti-hacking rules (RL optimises whatever the verifier accepts):
 * The extracted answer is parsed as ONE expression: "1, 2, 3, 4" and
   "1 \\text{ or } 2" become sets, which do not equal the gold "2". math-verify is
   never allowed to search the answer for a piece that matches.
+* Hedges score 0.0 against a gold that is one value: an answer that joins
+  values with "or"/"and" (`\\lor`, `\\vee`, ...) anywhere, or with a comma or
+  semicolon outside brackets, once the text of `\\text{}`, `\\mbox{}`,
+  `\\textit{}`, `\\textbf{}`, `\\mathrm{}` and their kin is read as plain text
+  (math-verify drops such text as a unit, so `2 \\text{ or 3}` would read as
+  2). A gold is one value when it has no comma, semicolon, "or" or "and" at
+  all; lists, sets, intervals and tuples ("2, 3", "\\{1,2\\}", "(1,2)") are
+  judged by math-verify as before. A comma between digit groups ("1,000",
+  "12,345.6", "1{,}000") is a thousands separator, not a list: 1,000 == 1000.
+* Percentages: a percent sign in the answer (`\\%`, `%`) is a label, never a
+  factor of 1/100: the answer and the gold are compared with their signs
+  removed, so `50\\%` equals the golds "50" and "50\\%" but never "0.5" or
+  "\\frac12". Read as a factor as well (math-verify's default), one answer
+  would score under two readings (`2\\%` against both "2" and "0.02"); read as a
+  factor only, the common "what percent ..." gold "20" would reject the
+  natural answer `20\\%`. So a sign never earns credit: for every gold, x\\%
+  scores at most what x scores. An answer without a sign is judged as before
+  (against the gold "50\\%", both 50 and 0.5 score).
 * Size caps before the parser: the tail, `max_answer_chars`, and `max_nesting`
   bracket depth (math-verify's parse time grows steeply with nesting: 16 nested
   bare braces take about 5 s, 40 about 8 s).
@@ -73,6 +91,16 @@ _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:/[0-9]+)?", re.ASCII)
 # Unescaped math delimiters around an answer: "$", "\(", "\)", "\[", "\]".
 _MATH_DELIMITERS = re.compile(r"(?<!\\)\$|\\[()\[\]]")
+# Commands whose argument is text that math-verify drops as a unit ("2 \text{ cm}" reads as 2).
+_TEXT_COMMAND = re.compile(r"\\(?:text[a-z]*|mbox|hbox|math(?:rm|it|bf|sf|tt|normal)|operatorname)\s*\{")
+# Words and connectives that join alternatives ("2 or 3", "2 \vee 3"); not inside a word ("for", "\land"
+# is matched as itself, "\operatorname" is not "or").
+_HEDGE_WORD = re.compile(r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])|\\(?:lor|vee|land|wedge)(?![A-Za-z])",
+                         re.IGNORECASE)
+# Digit groups joined by thousands separators: "1,000", "12,345.6", "1{,}000".
+_THOUSANDS = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:(?:,|\{,\})[0-9]{3})+(?![0-9])")
+_PERCENT = re.compile(r"\\?%")
+_SPACING = re.compile(r"\\[,;:! ]")
 
 
 @dataclass(frozen=True)
@@ -195,26 +223,72 @@ def _braced(text: str, start: int) -> str | None:
     return None
 
 
+def _plain(text: str) -> str:
+    """`text` with text commands replaced by their argument and thousands separators dropped: the form
+    in which hedges are looked for."""
+    while (match := _TEXT_COMMAND.search(text)) is not None:
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        text = f"{text[:match.start()]} {text[match.end():end - 1 if depth == 0 else end]} {text[end:]}"
+    text = _SPACING.sub(" ", text)    # "\\," and "\\;" are spaces, not separators
+    return _THOUSANDS.sub(lambda m: re.sub(r"\{,\}|,", "", m.group()), text)
+
+
+def _hedged(answer: str) -> bool:
+    """Whether `answer` joins several values: "or"/"and" anywhere, or "," / ";" outside brackets."""
+    text = _plain(answer)
+    if _HEDGE_WORD.search(text):
+        return True
+    depth = 0
+    for ch in text:
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth = max(depth - 1, 0)
+        elif ch in ",;" and depth == 0:
+            return True
+    return False
+
+
+def _one_value(gold_text: str) -> bool:
+    """Whether the gold is a single value (no list, set, interval or tuple, no alternatives)."""
+    text = _plain(gold_text)
+    return not _HEDGE_WORD.search(text) and "," not in text and ";" not in text
+
+
 def _as_math(answer: str) -> str:
     """Answer as one `$...$` span, so the library parses it whole, whatever its delimiters."""
     return "$" + _MATH_DELIMITERS.sub("", answer).strip() + "$"
 
 
+def _gold_text(gold: str) -> str | None:
+    """The gold answer's text: the content of its last box, else the whole (None when empty or malformed)."""
+    boxes = list(_BOX_OPEN.finditer(gold))
+    return (_braced(gold, boxes[-1].end()) if boxes else gold.strip()) or None
+
+
 @functools.lru_cache(maxsize=1024)
 def _parse_gold(gold: str, timeout: int | None) -> tuple[object, ...]:
     # Cached: a group of samples shares one gold. Sympy values are immutable.
-    boxes = list(_BOX_OPEN.finditer(gold))
-    text = _braced(gold, boxes[-1].end()) if boxes else gold.strip()
+    text = _gold_text(gold)
     if not text:
         return ()
     return tuple(parse(_as_math(text), extraction_config=_PARSE_CONFIG, parsing_timeout=timeout))
 
 
 def _judge(answer: str, gold: str, library_timeout_s: int | None) -> float:
-    """1.0 iff math-verify finds `answer` equal to `gold`; never raises. Bounded by the library's
-    alarm only on a main thread; off it, only a worker process's kill bounds it."""
+    """1.0 iff math-verify finds `answer` equal to `gold` (hedges and percent signs as the module docstring
+    says); never raises. Bounded by the library's alarm only on a main thread; off it, only a worker
+    process's kill bounds it."""
     timeout = library_timeout_s if threading.current_thread() is threading.main_thread() else None
     try:
+        gold_text = _gold_text(gold)
+        if gold_text is None or (_one_value(gold_text) and _hedged(answer)):
+            return 0.0
+        if _PERCENT.search(answer):      # a label, not a factor: compare the numbers as written
+            answer, gold = _PERCENT.sub("", answer), _PERCENT.sub("", gold_text)
         gold_parsed = _parse_gold(gold, timeout)
         answer_parsed = parse(_as_math(answer), extraction_config=_PARSE_CONFIG, parsing_timeout=timeout)
         if not gold_parsed or not answer_parsed:

@@ -4,6 +4,7 @@ the format that sft.judge_fraction teaches a model to judge in."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -38,11 +39,13 @@ class JudgeConfig(Section):
         description="A regular expression with one group, searched in the judge's output: the group is the score, a "
                     "number or yes / no (1 / 0). No match: the row gets no reward (skipped, counted as unscored).",
     )
-    min: float | None = Field(
-        None, description="With max: scores are normalised to [0, 1] by (s - min) / (max - min); a score outside "
-                          "[min, max] counts as unscored. None: the parsed score as it is."
+    min: float = Field(
+        0.0, description="The bottom of the judge's scale: scores are normalised to [0, 1] by (s - min) / (max - min), "
+                         "and a score outside [min, max] is no score (the row is skipped and counted as out_of_range), "
+                         "so a completion that makes the judge write 'score: 1000000' earns nothing. The default "
+                         "[0, 1] fits the built-in judgement (score 1 or 0) and yes / no judges."
     )
-    max: float | None = Field(None, description="The top of the judge's scale (with min).")
+    max: float = Field(1.0, description="The top of the judge's scale (with min).")
     max_new_tokens: int = Field(24, gt=0, description="Length limit of the judge's output in tokens.")
     greedy: bool = Field(True, description="Greedy judgements; false: sampled at judge.temperature.")
     temperature: float = Field(1.0, gt=0, description="greedy=false: the judge's sampling temperature.")
@@ -71,8 +74,8 @@ class JudgeConfig(Section):
             raise ConfigError(f"reward.judge.pattern is not a regular expression: {err}") from None
         if groups != 1:
             raise ConfigError(f"reward.judge.pattern must have exactly one group (the score), it has {groups}")
-        if (self.min is None) != (self.max is None):
-            raise ConfigError("reward.judge.min and reward.judge.max go together: set both, or neither")
-        if self.min is not None and not self.min < self.max:
+        if not (math.isfinite(self.min) and math.isfinite(self.max)):
+            raise ConfigError(f"reward.judge.min and max must be finite numbers, got [{self.min}, {self.max}]")
+        if not self.min < self.max:
             raise ConfigError(f"reward.judge.min ({self.min}) must be below reward.judge.max ({self.max})")
         return self

@@ -9,9 +9,10 @@ thread that watches the progress points (`beat`: every RL step's end) and, once 
 writes RUN_DIR/hang-<step>.txt (step: the step that has not ended) with
 
 - every thread of this process (`sys._current_frames`), innermost frame last;
-- every child process started by reinforge that registered a handler (`enable_child_dumps`, called in
+- every child process started by reinforge that registered a handler (`stack_dumps.enable`, called in
   the bounded-call workers of rewards/bounded.py): it is sent SIGUSR1 and its `faulthandler` output is
-  read back. A child without a handler is listed, never signalled (SIGUSR1 would kill it);
+  read back from its file in a directory private to the run's processes (reinforge/stack_dumps.py). A child
+  without a handler is listed, never signalled (SIGUSR1 would kill it);
 
 and raises a `hang` alert naming, for each thread, the innermost frame of reinforge's own code (and the
 innermost frame overall, e.g. the user's reward function), file:line function. Time bounds that exist
@@ -24,31 +25,20 @@ dumps of one hang by interrupting the main thread (a thread stuck in C code may 
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from reinforge import stack_dumps
 from reinforge.telemetry.alerts import Alert
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
-# Where children that registered a handler write their stacks: <dir>/<pid>.txt (its existence says it registered).
-CHILD_DUMP_DIR = Path(tempfile.gettempdir()) / "reinforge-stacks"
-
-
-def enable_child_dumps() -> None:
-    """In a child process reinforge starts: on SIGUSR1, every thread's stack to CHILD_DUMP_DIR/<pid>.txt."""
-    CHILD_DUMP_DIR.mkdir(parents=True, exist_ok=True)
-    file = (CHILD_DUMP_DIR / f"{os.getpid()}.txt").open("w")
-    faulthandler.register(signal.SIGUSR1, file=file, all_threads=True)
-
 
 def hang_limit(step_seconds: list[float], factor: float, min_seconds: float, first_step_seconds: float) -> float:
     """Seconds without progress that count as a hang (see the module docstring)."""
@@ -100,21 +90,26 @@ def _descendants(pid: int) -> list[int]:
 def child_stacks(wait_s: float = 0.5) -> dict[int, str]:
     """The stacks of every descendant process: those with a handler signalled and read back; others named."""
     out, sizes = {}, {}
+    directory = stack_dumps.current_dir()
     for pid in _descendants(os.getpid()):
-        path = CHILD_DUMP_DIR / f"{pid}.txt"
-        if not path.exists():
+        path = directory / f"{pid}.txt" if directory is not None else None
+        if path is None or not path.exists():
             out[pid] = "(no stack handler registered: not signalled)"
             continue
-        sizes[pid] = path.stat().st_size
         try:
+            sizes[pid] = path.stat().st_size
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
+        except (OSError, ProcessLookupError):   # stopped meanwhile (its file is removed when it stops)
+            sizes.pop(pid, None)
             out[pid] = "(exited)"
     time.sleep(wait_s if sizes else 0)
     for pid, size in sizes.items():
-        with (CHILD_DUMP_DIR / f"{pid}.txt").open() as f:
-            f.seek(size)
-            out[pid] = f.read() or "(no answer within the wait: stuck in C code with signals blocked?)"
+        try:
+            with (directory / f"{pid}.txt").open() as f:
+                f.seek(size)
+                out[pid] = f.read() or "(no answer within the wait: stuck in C code with signals blocked?)"
+        except OSError:   # the worker stopped meanwhile and its file was removed
+            out[pid] = "(exited)"
     return out
 
 
