@@ -307,6 +307,13 @@ def _fast_paths(device: torch.device, engine: NativeEngine | None = None) -> dic
     return {"fast_paths": paths}
 
 
+def _update_config(prompt_length: int, new_tokens: int):
+    """The update's settings (dr_grpo, the default forward plan). The config's own model is never built here;
+    its positions are the shaped model's, so the config check sees prompts and completions that fit."""
+    return build_config(["recipe=dr_grpo", f"rollout.max_new_tokens={new_tokens}",
+                         f"model.max_positions={prompt_length + new_tokens}"])
+
+
 def part_learner(device: torch.device, size: dict, state: dict) -> dict:
     policy = shaped_policy(size["shape"], torch.bfloat16, device)
     config = policy.model.config
@@ -315,7 +322,7 @@ def part_learner(device: torch.device, size: dict, state: dict) -> dict:
     new_tokens = size["learner_new_tokens"]
     batch = learner_batch(prompt_ids, size["group_size"], new_tokens, config.vocab_size,
                           policy.tokenizer.pad_token_id, g)
-    cfg = build_config(["recipe=dr_grpo", f"rollout.max_new_tokens={new_tokens}"])
+    cfg = _update_config(size["prompt_length"], new_tokens)
     spec, plan = objective_spec(cfg), ForwardPlan.from_config(cfg.train)
     optimizer = build_optimizer(policy.model, 1e-6)
     scheduler = warmup_constant(optimizer, 0)
@@ -401,7 +408,7 @@ def part_profile(device: torch.device, size: dict, state: dict) -> dict:
     new_tokens = size["learner_new_tokens"]
     batch = learner_batch(prompt_ids, size["group_size"], new_tokens, config.vocab_size,
                           policy.tokenizer.pad_token_id, g)
-    plan = ForwardPlan.from_config(build_config(["recipe=dr_grpo", f"rollout.max_new_tokens={new_tokens}"]).train)
+    plan = ForwardPlan.from_config(_update_config(size["prompt_length"], new_tokens).train)
     micro = plan.micro_batches(batch.sequences)[0]
     seq = batch.sequences.rows(micro)
 

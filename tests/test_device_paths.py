@@ -349,7 +349,7 @@ def test_decode_graphs_give_the_eager_steps_rows(device: str, dtype: torch.dtype
     assert engine.graph_mode == "capture"
     graphed = engine.generate(PROMPTS, 8, params, group_keys=keys)
     assert engine.graph_mode == "capture", "a graph failed or disagreed with its eager step (see the log)"
-    assert 40 in captured and len(captured) > 1
+    assert len(captured) > 1   # several buckets (rows that end free theirs); the first may be below 40
     same = [a == b for a, b in zip(_rows(eager), _rows(graphed), strict=True)]
     assert eager.lengths.float().std() > 0
     if dtype == torch.float32:
