@@ -80,7 +80,7 @@ def test_the_quickstart_is_a_short_run_that_says_it_is_a_template_and_how_long_i
     settings = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("'"))
     assert int(settings["train.steps"]) <= 10 and int(settings["eval.num_prompts"]) <= 20
     text = " ".join((ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0].split())
-    assert "This is a template" in text and re.search(r"\(\d+ s measured", text)
+    assert "This is a template" in text and re.search(r"\(\d+( to \d+)? s measured", text)
 
 
 def test_the_example_reward_file_shows_the_three_forms() -> None:
