@@ -37,7 +37,7 @@ import torch
 from reinforge.settings.run import word_key
 
 if TYPE_CHECKING:
-    from reinforge.loops.curation import Scores
+    from reinforge.records import Scores
     from reinforge.rollout import Rollout
     from reinforge.tasks import Example
 
