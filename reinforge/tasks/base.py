@@ -2,8 +2,9 @@
 
 This module owns what every task shares: the `Example` / `SFTExample` records,
 the deterministic train / held-out split machinery, the noisy-teacher SFT
-data generator, and the `TASKS` registry (filled by the package). Concrete tasks only say how to sample one problem, how to
-verify a completion, and how to write a right and a wrong completion.
+data generator, and the `TASKS` registry (filled by the package). Concrete
+tasks only say how to sample one problem, how to verify a completion, and how
+to write a right and a wrong completion.
 
 Splits. A task draws candidate problems from one `random.Random(seed)` stream.
 Each distinct problem goes to the held-out split when a stable hash of its
