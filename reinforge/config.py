@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from reinforge.config_input import (
     _unknown_key_message,
@@ -173,6 +173,14 @@ class Config(Section):
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             data = {**data, "model": {"path": data["model"]}}
         return data
+
+    @field_validator("reward")
+    @classmethod
+    def _check_reward(cls, reward: RewardConfig, info: ValidationInfo) -> RewardConfig:
+        # A check of the section, reported at key `reward`; here, as it needs reinforge.rewards (above settings/).
+        from reinforge.rewards.functions import check_reward_section
+
+        return check_reward_section(reward, resolve=(info.context or {}).get("resolve_rewards") is not False)
 
     @model_validator(mode="after")
     def _check_reward_domains(self) -> Config:

@@ -9,8 +9,9 @@ keep two spellings alive and hide the differences in meaning.
 
 TRL and OpenRLHF names are matched by their last component (`learning_rate`, `train.learning_rate`);
 verl names by their whole dotted path (`actor_rollout_ref.rollout.n`). OpenRLHF's table is in
-synonyms_openrlhf.py. An OpenRLHF flag typed as argparse (`--n_samples_per_prompt 8`) is refused
-with its `key=value` spelling (config_input.py).
+synonyms_openrlhf.py, which builds on this module's `Synonym`; the lookup across the three tables
+(`find_synonym`) is in config_input.py, above both. An OpenRLHF flag typed as argparse
+(`--n_samples_per_prompt 8`) is refused with its `key=value` spelling (config_input.py).
 """
 
 from __future__ import annotations
@@ -340,15 +341,6 @@ VERL_NAMES: dict[str, Synonym] = {
     ),
     "trainer.n_gpus_per_node": Synonym("ray.learner_ranks", VERL, "or run under torchrun --nproc-per-node N"),
 }
-
-
-def find_synonym(path: str) -> Synonym | None:
-    """The synonym of the dotted key `path` as typed: a verl path, else a TRL or OpenRLHF name by its
-    last part."""
-    from reinforge.synonyms_openrlhf import OPENRLHF_NAMES, openrlhf_family
-
-    name = path.rpartition(".")[2]
-    return VERL_NAMES.get(path) or TRL_NAMES.get(name) or OPENRLHF_NAMES.get(name) or openrlhf_family(name)
 
 
 def synonym_message(path: str, value: Any, synonym: Synonym) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.agents.rollout import AgentEngine
-from reinforge.loops.curation import select_rows
+from reinforge.rollout.base import select_rows
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.stream import FinishedGroup, GroupRequest, LocalSampler, WorkerSettings
 

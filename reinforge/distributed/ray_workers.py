@@ -41,9 +41,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from reinforge.models import Policy, load_policy
+from reinforge.rollout.probe import SamplerProbe
 from reinforge.rollout.stream import FinishedGroup, GroupRequest, WorkerSettings, WorkerTimes
 from reinforge.settings import ModelConfig, RayConfig
-from reinforge.telemetry.weight_sync import SamplerProbe
 
 logger = logging.getLogger(__name__)
 

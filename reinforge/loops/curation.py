@@ -31,14 +31,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from reinforge.agents.rollout import agent_metrics
+from reinforge.records import Scores
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
-from reinforge.rollout.base import concat_rollouts
+from reinforge.rollout.base import concat_rollouts, select_rows
 from reinforge.settings import CurationConfig
 from reinforge.tasks import Example
 
@@ -108,49 +109,6 @@ class PromptStream:
         self.order, self.epoch, self.retired = list(state["order"]), state["epoch"], set(state["retired"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
-
-
-@dataclass(frozen=True)
-class Scores:
-    """What the reward step says about each row of a rollout, [N] each."""
-
-    rewards: torch.Tensor            # float: the reward the advantage uses
-    valid: torch.Tensor              # bool: False where a reward function failed or skipped the sample
-    correct: torch.Tensor            # bool: the verifier accepted the completion (pass rate, NLL term)
-    metrics: dict[str, float] = field(default_factory=dict)  # the reward step's own figures
-    # reward function name -> [N] raw values (samples.jsonl)
-    parts: dict[str, torch.Tensor] = field(default_factory=dict)
-    # [N, T] per-token terms of reward sources (distillation, process rewards), added to the advantage
-    token_advantages: torch.Tensor | None = None
-    # [N] float: the reward of the greedy completion of each row's prompt (ReMax's baseline, loops/baselines.py);
-    # None: not generated
-    baselines: torch.Tensor | None = None
-    # figures of a part of the rows (one per domain of a mix, `domain_metrics`), each with its number of
-    # rows: averaged over a step's rounds weighted by it (the whole batch's, as `metrics`)
-    weighted_metrics: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-
-    def rows(self, rows: torch.Tensor) -> Scores:
-        """These rows' scores (the metrics are the whole batch's, and stay with it)."""
-        return Scores(self.rewards[rows], self.valid[rows], self.correct[rows],
-                      parts={k: v[rows] for k, v in self.parts.items()},
-                      token_advantages=self.token_advantages[rows] if self.token_advantages is not None else None,
-                      baselines=self.baselines[rows] if self.baselines is not None else None)
-
-    @staticmethod
-    def concat(parts: list[Scores]) -> Scores:
-        """Rows of several batches' scores in order; token terms right-padded with 0 to the widest."""
-        tokens = [s.token_advantages for s in parts]
-        if all(t is None for t in tokens):
-            token_advantages = None
-        else:
-            width = max(t.shape[1] for t in tokens if t is not None)
-            token_advantages = torch.cat([
-                torch.zeros(len(s.rewards), width) if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))
-                for s, t in zip(parts, tokens, strict=True)])
-        return Scores(*(torch.cat([getattr(s, name) for s in parts]) for name in ("rewards", "valid", "correct")),
-                      parts={k: torch.cat([s.parts[k] for s in parts]) for k in parts[0].parts},
-                      token_advantages=token_advantages,
-                      baselines=None if parts[0].baselines is None else torch.cat([s.baselines for s in parts]))
 
 
 @dataclass(frozen=True)
@@ -235,28 +193,6 @@ def domain_metrics(domains: list[str], scores: Scores) -> list[tuple[int, dict[s
                 figures[f"{key}_mean"] = float(scored.mean())
         out.append((int(rows.sum()), {f"reward/domain/{d}/{k}": v for k, v in figures.items()}))
     return out
-
-
-def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
-    """The rollout's rows `rows` (whole groups, in order), group ids renumbered 0..P'-1."""
-    index = rows.tolist()
-    _, groups = torch.unique(rollout.group_ids[rows], return_inverse=True)
-    return Rollout(
-        prompt_ids=[rollout.prompt_ids[i] for i in index],
-        completion_ids=rollout.completion_ids[rows],
-        pad_id=rollout.pad_id,
-        completion_mask=rollout.completion_mask[rows],
-        sampler_logprobs=rollout.sampler_logprobs[rows],
-        truncated=rollout.truncated[rows],
-        group_ids=groups,
-        policy_version=rollout.policy_version,
-        texts=[rollout.texts[i] for i in index],
-        loss_mask=None if rollout.loss_mask is None else rollout.loss_mask[rows],
-        episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
-        sampler_top_ids=None if rollout.sampler_top_ids is None else rollout.sampler_top_ids[rows],
-        sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
-        routes=None if rollout.routes is None else rollout.routes[rows],
-    )
 
 
 class GroupSource(Protocol):

@@ -48,6 +48,7 @@ from reinforge.loops.sft import tokenize_pairs
 from reinforge.models import Policy
 from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.spec import PreferenceSpec
+from reinforge.records import PreferencePair
 from reinforge.rollout import RolloutEngine, SamplingParams
 from reinforge.rollout.base import Rollout, environment_returns
 from reinforge.settings import TrainConfig
@@ -58,13 +59,6 @@ TEMPERATURE = 1.0
 
 
 # ------------------------------------------------------------------ pairs
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt: str
-    chosen: str
-    rejected: str
 
 
 def preference_pairs(path: str, fields: dict[str, str] | None = None) -> list[PreferencePair]:

@@ -111,6 +111,20 @@ def resolve_reward_function(name: str, params: Mapping[str, Any]) -> Callable[..
     return fn
 
 
+def check_reward_section(reward: Any, resolve: bool = True) -> Any:
+    """`reward` (the RewardConfig) once each of its functions resolves (ValueError with a suggestion for an
+    unknown name or parameter; not with `resolve` False: `reinforge export` of a run whose reward was a
+    notebook function computes no reward) and something scores (ConfigError)."""
+    from reinforge.rewards.sources import configured_sources
+
+    for f in reward.functions if resolve else []:
+        resolve_reward_function(f.name, f.params)
+    if not reward.functions and not configured_sources(reward):
+        raise ConfigError("reward.functions is empty and no reward source is set: give a reward function "
+                          "(reward.functions=[verifier]) or a reward model (reward.model.path=DIR)")
+    return reward
+
+
 def check_reward_domains(functions: Sequence[Any], domains: Sequence[str], has_source: bool) -> None:
     """ConfigError for a function restricted to a domain the run does not have (`domains`: the task's,
     a mix's names), and for a domain no function scores (unless a reward source scores every row):

@@ -31,11 +31,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from reinforge.loops.dpo import PreferencePair
 from reinforge.models import Policy, model_device
 from reinforge.models.lora import merged
 from reinforge.models.tokenizer import load_tokenizer
 from reinforge.objectives.preference import sigmoid as dpo_sigmoid_loss
+from reinforge.records import PreferencePair
 from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches, register_source
 from reinforge.rollout.base import Rollout
 from reinforge.rollout.prompts import encode_prompts

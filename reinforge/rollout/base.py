@@ -119,6 +119,28 @@ class RolloutEngine(Protocol):
         ...
 
 
+def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout's rows `rows` (whole groups, in order), group ids renumbered 0..P'-1."""
+    index = rows.tolist()
+    _, groups = torch.unique(rollout.group_ids[rows], return_inverse=True)
+    return Rollout(
+        prompt_ids=[rollout.prompt_ids[i] for i in index],
+        completion_ids=rollout.completion_ids[rows],
+        pad_id=rollout.pad_id,
+        completion_mask=rollout.completion_mask[rows],
+        sampler_logprobs=rollout.sampler_logprobs[rows],
+        truncated=rollout.truncated[rows],
+        group_ids=groups,
+        policy_version=rollout.policy_version,
+        texts=[rollout.texts[i] for i in index],
+        loss_mask=None if rollout.loss_mask is None else rollout.loss_mask[rows],
+        episodes=None if rollout.episodes is None else [rollout.episodes[i] for i in index],
+        sampler_top_ids=None if rollout.sampler_top_ids is None else rollout.sampler_top_ids[rows],
+        sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
+        routes=None if rollout.routes is None else rollout.routes[rows],
+    )
+
+
 def concat_rollouts(parts: list[Rollout]) -> Rollout:
     """Rows of several rollouts in order, completions right-padded to the widest with their common
     `pad_id`; group ids renumbered."""

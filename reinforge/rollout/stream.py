@@ -25,9 +25,9 @@ from reinforge.models import Policy
 from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.native import NativeEngine
+from reinforge.rollout.probe import SamplerProbe, engine_logprobs
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.session import FinishedRow, rows_to_rollout
-from reinforge.telemetry.weight_sync import SamplerProbe, engine_logprobs
 
 InFlight = Literal["interrupt", "finish"]
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
@@ -50,6 +51,12 @@ class EvalConfig(Section):
         return sorted(set(budgets))
 
 
+def word_key(word: str) -> str:
+    """A reflection word's metric key: lower case, runs of non-alphanumerics as '_' ("double-check" -> double_check).
+    Here, under the section that checks the keys are distinct; telemetry/reflection.py names its metrics with it."""
+    return re.sub(r"[^0-9a-z]+", "_", word.strip().lower()).strip("_")
+
+
 class AnalyticsConfig(Section):
     """What the run measures of its samples beyond rewards (reinforge.telemetry.reflection)."""
 
@@ -65,8 +72,6 @@ class AnalyticsConfig(Section):
 
     @model_validator(mode="after")
     def _check_words(self) -> AnalyticsConfig:
-        from reinforge.telemetry.reflection import word_key
-
         keys: dict[str, str] = {}
         for word in self.reflection_words:
             key = word_key(word)
@@ -316,25 +321,8 @@ class RewardConfig(Section):
             if isinstance(functions, list):
                 data = {**data, "functions": [{"name": f} if isinstance(f, str) else f for f in functions]}
         return data
-
-    @model_validator(mode="after")
-    def _check_functions(self, info: ValidationInfo) -> RewardConfig:
-        from reinforge.rewards.functions import resolve_reward_function
-
-        if (info.context or {}).get("resolve_rewards") is False:
-            return self    # `reinforge export` of a run whose reward was a notebook function: no reward is computed
-        for f in self.functions:
-            resolve_reward_function(f.name, f.params)   # raises with a suggestion for an unknown name or parameter
-        return self
-
-    @model_validator(mode="after")
-    def _something_scores(self) -> RewardConfig:
-        from reinforge.rewards.sources import configured_sources
-
-        if not self.functions and not configured_sources(self):
-            raise ConfigError("reward.functions is empty and no reward source is set: give a reward function "
-                              "(reward.functions=[verifier]) or a reward model (reward.model.path=DIR)")
-        return self
+    # That each function resolves and that something scores is checked where the Config is assembled
+    # (config.py, Config._check_reward): resolving a function needs reinforge.rewards, above these sections.
 
 
 class RayConfig(Section):

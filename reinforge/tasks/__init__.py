@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 
 from reinforge.tasks.arithmetic import ArithmeticTask
-from reinforge.tasks.base import Example, SFTExample, Task
+from reinforge.tasks.base import TASKS, Example, SFTExample, Task
 from reinforge.tasks.chain_sum import ChainSumTask
 from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.dataset import DatasetTask
@@ -13,7 +13,7 @@ from reinforge.tasks.mix import MixTask
 from reinforge.tasks.multiply_tool import MultiplyToolTask
 from reinforge.tasks.reasoning_gym import ReasoningGymTask
 
-TASKS: dict[str, type[Task]] = {
+TASKS.update({
     ArithmeticTask.name: ArithmeticTask,
     ChainSumTask.name: ChainSumTask,
     CountdownTask.name: CountdownTask,
@@ -21,7 +21,7 @@ TASKS: dict[str, type[Task]] = {
     MultiplyToolTask.name: MultiplyToolTask,
     MixTask.name: MixTask,
     ReasoningGymTask.name: ReasoningGymTask,
-}
+})
 
 
 def build_task(name: str, **options: object) -> Task:

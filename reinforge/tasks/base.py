@@ -1,9 +1,10 @@
 """The task interface: problems, splits, verifiable rewards and teacher traces.
 
 This module owns what every task shares: the `Example` / `SFTExample` records,
-the deterministic train / held-out split machinery, and the noisy-teacher SFT
-data generator. Concrete tasks only say how to sample one problem, how to
-verify a completion, and how to write a right and a wrong completion.
+the deterministic train / held-out split machinery, the noisy-teacher SFT
+data generator, and the `TASKS` registry (filled by the package). Concrete
+tasks only say how to sample one problem, how to verify a completion, and how
+to write a right and a wrong completion.
 
 Splits. A task draws candidate problems from one `random.Random(seed)` stream.
 Each distinct problem goes to the held-out split when a stable hash of its
@@ -232,3 +233,8 @@ class Task(ABC):
             else:
                 out.append(SFTExample(prompt, self.corrupt_completion(example, rng), False))
         return out
+
+
+# Every task by `task.name`: filled by the package (reinforge.tasks), read there and by the mix (tasks/mix.py),
+# whose domains name other tasks; here, below both, so that the mix does not import its own package back.
+TASKS: dict[str, type[Task]] = {}

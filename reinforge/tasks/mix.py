@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reinforge.tasks.base import Example, SFTExample, Split, Task
+from reinforge.tasks.base import TASKS, Example, SFTExample, Split, Task
 
 DOMAIN_KEY = "domain"     # the meta field of a mixed example that names its domain
 _SPEC_KEYS = ("name", "domain", "weight", "options")
@@ -55,8 +55,6 @@ class DomainSpec:
 def parse_domains(specs: Any, where: str = "task.options.domains") -> list[DomainSpec]:
     """The mix's domains from their config form: a list of task names (weight 1 each) or of
     {name: TASK, domain: LABEL, weight: W, options: {...}}. ValueError naming the key otherwise."""
-    from reinforge.tasks import TASKS
-
     if not isinstance(specs, Sequence) or isinstance(specs, str) or not specs:
         raise ValueError(f"{where} must be a non-empty list of domains, e.g. [{{name: arithmetic, weight: 0.7}}, "
                          f"{{name: countdown, weight: 0.3}}], got {specs!r}")
@@ -111,8 +109,6 @@ def domain_schedule(weights: Sequence[float], n: int) -> list[int]:
 
 def _build(spec: DomainSpec, seed: int, eval_fraction: float) -> Task:
     """The domain's task, with the mix's seed and eval_fraction unless its options set them."""
-    from reinforge.tasks import TASKS
-
     cls = TASKS[spec.task]
     params = inspect.signature(cls.__init__).parameters
     inherited = {k: v for k, v in (("seed", seed), ("eval_fraction", eval_fraction)) if k in params}

@@ -34,15 +34,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from reinforge.settings.run import word_key
+
 if TYPE_CHECKING:
-    from reinforge.loops.curation import Scores
+    from reinforge.records import Scores
     from reinforge.rollout import Rollout
     from reinforge.tasks import Example
-
-def word_key(word: str) -> str:
-    """A listed word's metric key: lower case, runs of non-alphanumerics as '_' ("double-check" -> double_check)."""
-    return re.sub(r"[^0-9a-z]+", "_", word.strip().lower()).strip("_")
-
 
 def reflection_patterns(words: Sequence[str]) -> list[re.Pattern[str]]:
     """One compiled pattern per word (see the module docstring for what matches)."""

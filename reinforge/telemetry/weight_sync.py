@@ -8,7 +8,8 @@ check that catches it: a fixed probe sequence (`probe_ids`, a few token ids) is 
 - the learner: the trained module's own forward (Hugging Face / peft / FSDP2 forward, `learner_logprobs`),
 - the sampler: the tensors the rollout engine actually decodes with (`engine_logprobs` runs the
   native engine's decoder over a `DecoderWeights`, the object its sessions read; the HF engine's
-  model forward),
+  model forward). That side and its record `SamplerProbe` are reinforge/rollout/probe.py's, below
+  this module, since the asynchronous samplers answer probes themselves,
 
 and the largest total-variation distance between their fp32 next-token distributions, over the
 probe's positions, is the step's `sync/probe_tv`:
@@ -37,14 +38,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from reinforge.errors import RunStopped
-from reinforge.models.decoder import DecoderWeights, decoder_shape, pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import DecoderWeights
 from reinforge.models.lora import base_model
+from reinforge.rollout.probe import SamplerProbe, engine_logprobs, next_token_logprobs
 from reinforge.telemetry.alerts import Alert
 
 PROBE_LENGTH = 8
@@ -53,11 +53,6 @@ PROBE_LENGTH = 8
 def probe_ids(vocab_size: int) -> torch.Tensor:
     """[1, PROBE_LENGTH] long: fixed token ids spread over the vocabulary (the same for every run of a vocabulary)."""
     return (torch.arange(PROBE_LENGTH, dtype=torch.long) * 7919 + 3)[None] % vocab_size
-
-
-def _next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """[S - 1, V] fp32 on the CPU: log p(. | ids[: t + 1]) at every probe position but the last, from [1, S, V]."""
-    return F.log_softmax(logits[0, :-1].float(), dim=-1).cpu()
 
 
 def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -75,31 +70,9 @@ def learner_logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     model.eval()
     try:
         device = next(model.parameters()).device
-        return _next_token_logprobs(model(input_ids=ids.to(device)).logits)
+        return next_token_logprobs(model(input_ids=ids.to(device)).logits)
     finally:
         model.train(was)
-
-
-@torch.no_grad()
-def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """[S - 1, V] the probe's next-token log-probs from `weights`, the tensors a native-engine session decodes
-    with (`model` gives only the architecture: shape and rotary table), on the CPU."""
-    model = base_model(model)
-    shape, s = decoder_shape(model), ids.shape[1]
-    freqs = rotary_factors(model, shape, s)
-    device = weights.head.device
-    geometry = pass_geometry(freqs, s, torch.zeros(1, dtype=torch.long, device=device))
-    hidden, _, _ = run_pass(shape, weights, ids.to(device), geometry, freqs, fused=False)
-    return _next_token_logprobs(hidden.float() @ weights.head.t())
-
-
-@dataclass(frozen=True)
-class SamplerProbe:
-    """What one sampler computed on the probe: who it is, the weight version it holds, its log-probs."""
-
-    name: str                    # "native engine", "sampler thread", "ray worker 1", "rank 2 engine copy"
-    logprobs: torch.Tensor       # [S - 1, V] fp32 next-token log-probs at the probe's positions, CPU
-    version: int | None = None   # the version it holds (None: it reads the learner's tensors, no versions)
 
 
 def sampler_probe(engine, ids: torch.Tensor) -> SamplerProbe:
