@@ -67,13 +67,12 @@ from train_throughput import (  # noqa: E402
     learner_batch,
     model_flops,
     rollout_seconds,
+    shaped_policy,
 )
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from reinforge.config import build_config  # noqa: E402
 from reinforge.learner import ForwardPlan, UpdateSettings, build_optimizer, policy_update, warmup_constant  # noqa: E402
-from reinforge.models import Policy, resolve_device  # noqa: E402
-from reinforge.models.tokenizer import build_char_tokenizer  # noqa: E402
+from reinforge.models import resolve_device  # noqa: E402
 from reinforge.pipeline import objective_spec, run  # noqa: E402
 from reinforge.rollout import NativeEngine  # noqa: E402
 from reinforge.rollout.stopping import completion_mask  # noqa: E402
@@ -203,19 +202,6 @@ def part_cuda_tests(device: torch.device, size: dict, state: dict) -> dict:
     if code != 0 or not plugin.passed or plugin.skipped:
         raise AssertionError(json.dumps(out))
     return out
-
-
-def shaped_policy(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Policy:
-    """A random-init Qwen2 of `shape` (initialised on the CPU under `seed`, then moved) with the char
-    tokenizer, whose pad and <eos> ids it uses; ids past its vocabulary decode to nothing."""
-    tokenizer = build_char_tokenizer()
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=None)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return Policy(model.to(device=device, dtype=dtype), tokenizer)
 
 
 def _weights_bytes(model: torch.nn.Module) -> int:

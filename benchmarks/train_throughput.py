@@ -67,8 +67,14 @@ def build_policy(shape: str, dtype: torch.dtype, device: torch.device, seed: int
     if shape == "builtin":
         policy = build_tiny_qwen2(ModelConfig(max_positions=4096), seed)
         return Policy(policy.model.to(device=device, dtype=dtype), policy.tokenizer)
+    return shaped_policy(QWEN25_05B, dtype, device, seed)
+
+
+def shaped_policy(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Policy:
+    """A random-init Qwen2 of `shape` (initialised on the CPU under `seed`, then moved) with the char
+    tokenizer, whose pad and <eos> ids it uses; ids past its vocabulary decode to nothing."""
     tokenizer = build_char_tokenizer()
-    config = Qwen2Config(**QWEN25_05B, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

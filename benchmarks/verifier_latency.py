@@ -22,8 +22,8 @@ import statistics
 import threading
 import time
 
-from reinforge.rewards.code import namespace_prefix, run_tests
-from reinforge.rewards.math import MathVerifier
+from reinforge.verifiers.code import namespace_prefix, run_tests
+from reinforge.verifiers.math import MathVerifier
 
 PROGRAMS = [
     ("def f(n):\n    return n * n\n", "assert f(3) == 9\nassert f(0) == 0\nassert f(-2) == 4\n"),

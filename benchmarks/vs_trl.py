@@ -65,10 +65,10 @@ from reinforge.loops.loop import StepRecord
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.pipeline import objective_spec, prepare, seed_everything
-from reinforge.rewards.arithmetic import verify_integer
 from reinforge.rollout import build_engine
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.trainers import run_rl
+from reinforge.verifiers.arithmetic import verify_integer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trl_common import alternate, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402

@@ -6,7 +6,7 @@ or `reward_funcs=["examples/my_reward.py:correct"]` (or the function itself) fro
 
 from __future__ import annotations
 
-from reinforge.rewards.math import verify
+from reinforge.verifiers.math import verify
 
 
 def correct(prompts: list, completions: list, answer: list, **kwargs) -> list[float]:

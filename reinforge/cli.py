@@ -447,7 +447,7 @@ def doctor(
     namespaces: Annotated[bool, typer.Option(help="Probe with the namespace layers (--no-namespaces: without)")] = True,
 ) -> None:
     """Which layers of the code sandbox this machine gives; exit 1 if a required one is missing."""
-    from reinforge.rewards.code_doctor import doctor_lines
+    from reinforge.verifiers.code_doctor import doctor_lines
 
     lines, ok = doctor_lines(namespaces)
     for line in lines:

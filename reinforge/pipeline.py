@@ -134,7 +134,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
     for domain, first in firsts.items():      # a required parameter nothing fills: before any load
         check_reward_inputs(cfg.reward, first, domain)
     check_teachers(cfg)
-    from reinforge.rewards.code import configure_sandbox
+    from reinforge.verifiers.code import configure_sandbox
 
     configure_sandbox(cfg.reward.code.allow_weak_sandbox)     # the code verifier's and python tool's sandbox
     if cfg.model.path != "builtin":

@@ -147,7 +147,7 @@ KERNEL_ATTACKS: dict[str, str] = {
         "        open(d + '/evil.so', 'wb').write(b'x')\n"
         "raise RuntimeError('no lib-dynload written')\n"),
     "poison_reinforge_source": (
-        "open('REINFORGE_DIR/rewards/sandbox/judge.py', 'a').write('\\nraise SystemExit\\n')\n" + NONE),
+        "open('REINFORGE_DIR/verifiers/sandbox/judge.py', 'a').write('\\nraise SystemExit\\n')\n" + NONE),
     "persist_everywhere": (
         "import os\nfor p in ('HOST_TMP', 'VAR_TMP', 'SHM_FILE', '/tmp/reinforge-planted'):\n"
         "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\n" + NONE),
@@ -238,7 +238,7 @@ attempt("write_shm", lambda: open("SHM_FILE", "w").write("x"))
 attempt("write_host_tmp", lambda: open("HOST_TMP", "w").write("x"))
 attempt("write_var_tmp", lambda: open("VAR_TMP", "w").write("x"))
 attempt("create_in_stdlib", lambda: os.close(os.open(STD, os.O_TMPFILE | os.O_WRONLY, 0o600)))
-attempt("append_reinforge", lambda: open("REINFORGE_DIR/rewards/sandbox/judge.py", "a"))
+attempt("append_reinforge", lambda: open("REINFORGE_DIR/verifiers/sandbox/judge.py", "a"))
 attempt("read_secret", lambda: print(open("HOST_SECRET").read()))
 attempt("read_judge_environ", lambda: print(open("/proc/%d/environ" % os.getppid(), "rb").read()))
 attempt("read_canary_cmdline", lambda: print(open("/proc/CANARY_PID/cmdline").read()))

@@ -1,4 +1,4 @@
-"""Bounded calls in worker processes (rewards/bounded.py): outcomes, replacement, no leaks at exit."""
+"""Bounded calls in worker processes (verifiers/bounded.py): outcomes, replacement, no leaks at exit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from reinforge.rewards.bounded import BoundedPool, CallOutcome
+from reinforge.verifiers.bounded import BoundedPool, CallOutcome
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_workers_do_not_outlive_the_interpreter(tmp_path) -> None:
     # A call from a thread starts the worker; the script then just ends, without closing the pool.
     script = (
         "import threading\n"
-        "from reinforge.rewards.bounded import BoundedPool\n"
+        "from reinforge.verifiers.bounded import BoundedPool\n"
         "pool = BoundedPool()\n"
         "out = []\n"
         "t = threading.Thread(target=lambda: out.append(pool.call(pow, (2, 3), 30.0)))\n"

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from reinforge.rewards.code import (
+from reinforge.verifiers.code import (
     SANDBOX_UID_BASE,
     CodeResult,
     _remove_tree,
@@ -28,7 +28,7 @@ from reinforge.rewards.code import (
     sandbox_plan,
     split_tests,
 )
-from reinforge.rewards.sandbox import guard
+from reinforge.verifiers.sandbox import guard
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add('a', 'b') == 'ab'\n"
@@ -307,7 +307,7 @@ def test_namespace_layer_is_reported():
 def test_dict_views_cross_as_views_of_a_fresh_dict():
     import collections
 
-    from reinforge.rewards.sandbox import codec
+    from reinforge.verifiers.sandbox import codec
 
     d = {"a": 1, "b": 2}
     keys, values, items = (codec.decode(codec.encode(v)) for v in (d.keys(), d.values(), d.items()))

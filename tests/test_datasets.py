@@ -15,8 +15,8 @@ from reinforge.data.make_math import make_math, write_jsonl
 from reinforge.errors import ConfigError
 from reinforge.models.charset import CHARSET
 from reinforge.pipeline import run
-from reinforge.rewards.code import run_many
 from reinforge.tasks import build_task
+from reinforge.verifiers.code import run_many
 
 ROWS = [
     {"question": "What is 1/2 + 1/4?", "gold": "3/4", "level": 1},

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from math_verify.errors import TimeoutException
 
-import reinforge.rewards.math as math_rewards
-from reinforge.rewards.math import MathVerifier, verify, verify_many
+import reinforge.verifiers.math as math_rewards
+from reinforge.verifiers.math import MathVerifier, verify, verify_many
 
 # (completion, gold, expected score)
 NOTATIONS = [

@@ -83,7 +83,7 @@ def test_bad_options_are_config_errors_that_name_the_fix():
 
 def test_the_scorer_runs_in_a_bounded_worker_process(task):
     # score_answer is third-party code fed model output: it runs in the shared pool's worker processes,
-    # which rewards/bounded.py kills past task.timeout_s (tests/test_bounded_calls.py checks the kill).
+    # which verifiers/bounded.py kills past task.timeout_s (tests/test_bounded_calls.py checks the kill).
     from reinforge.tasks import reasoning_gym
 
     example = task.train_split(1)[0]

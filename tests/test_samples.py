@@ -12,7 +12,6 @@ from test_sinks import offline_run_files, wandb_history, wandb_offline  # noqa: 
 
 from reinforge.config import LogConfig, build_config
 from reinforge.pipeline import run
-from reinforge.rewards.arithmetic import verify_integer
 from reinforge.rollout.base import Rollout
 from reinforge.tasks.base import Example
 from reinforge.telemetry.samples import (
@@ -22,6 +21,7 @@ from reinforge.telemetry.samples import (
     truncate_samples,
 )
 from reinforge.telemetry.sinks import build_sinks
+from reinforge.verifiers.arithmetic import verify_integer
 
 FUNCTIONS = 'reward.functions=[{name: verifier}, {name: format, weight: 0.5, params: {pattern: "[0-9]"}}]'
 

@@ -21,7 +21,7 @@ import uuid
 import pytest
 from sandbox_attack_programs import ATTACKS, MEMSCAN, OWN_TESTS_ATTACKS, TESTS
 
-from reinforge.rewards.code import run_many
+from reinforge.verifiers.code import run_many
 
 
 def _fill(source: str, values: dict[str, str]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from reinforge.rewards.code import CodeResult, run_many
+from reinforge.verifiers.code import CodeResult, run_many
 
 CORRECT: dict[str, tuple[str, str]] = {
     "math": (

@@ -1,4 +1,4 @@
-"""The kernel layers of the code sandbox (reinforge/rewards/sandbox/kernel.py), each alone.
+"""The kernel layers of the code sandbox (reinforge/verifiers/sandbox/kernel.py), each alone.
 
 Each layer is installed in a fresh subprocess (it cannot be removed again) and its
 refusals are checked call by call; the syscall table is checked against the kernel
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from reinforge.rewards.sandbox import kernel, seccomp
+from reinforge.verifiers.sandbox import kernel, seccomp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,7 +82,7 @@ def test_filter_jumps_stay_inside_their_rule_and_end_in_allow():
 def test_seccomp_filter_refuses_each_dangerous_call_and_allows_the_rest():
     result = _in_subprocess("""
         import ctypes, errno, os, resource, socket, sys
-        from reinforge.rewards.sandbox import kernel, seccomp
+        from reinforge.verifiers.sandbox import kernel, seccomp
         libc = kernel.Libc()
         kernel.no_new_privs(libc)
         seccomp.install_seccomp(libc, seccomp.machine_arch(), os.getpid())
@@ -161,7 +161,7 @@ def test_landlock_allows_reads_and_writes_only_where_granted(tmp_path):
     try:
         result = _in_subprocess(f"""
             import errno, os, socket, sys
-            from reinforge.rewards.sandbox import kernel, seccomp
+            from reinforge.verifiers.sandbox import kernel, seccomp
             libc = kernel.Libc()
             kernel.no_new_privs(libc)
             stdlib = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
@@ -226,7 +226,7 @@ def test_remount_fallback_makes_every_mount_read_only():
     result = subprocess.run(
         ["unshare", "--mount", sys.executable, "-c", textwrap.dedent("""
             import errno, os
-            from reinforge.rewards.sandbox import kernel, seccomp
+            from reinforge.verifiers.sandbox import kernel, seccomp
             libc = kernel.Libc()
             libc.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
             kernel._remount_each_read_only(libc)
@@ -245,7 +245,7 @@ def test_remount_fallback_makes_every_mount_read_only():
 
 
 def test_inside_the_sandbox_the_root_is_read_only_and_the_work_directory_noexec():
-    from reinforge.rewards.code import probe_layers, run_tests
+    from reinforge.verifiers.code import probe_layers, run_tests
 
     if probe_layers(True).get("readonly_mounts") is not True:
         pytest.skip("no mount namespace here")

@@ -35,7 +35,7 @@ from sandbox_attack_programs import TESTS
 from sandbox_kernel_attack_programs import EFFECTS, KERNEL_ATTACKS
 
 import reinforge
-from reinforge.rewards.code import SandboxUnavailableError, run_many, run_tests
+from reinforge.verifiers.code import SandboxUnavailableError, run_many, run_tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS_DIR = os.path.join(REPO, "tests")
@@ -94,7 +94,7 @@ class Host:
         self.var_tmp = f"/var/tmp/reinforge-persist-{uuid.uuid4().hex}"
         self.stdlib = stdlib
         self.stdlib_digest = _tree_digest(stdlib)
-        self.judge_src = os.path.join(reinforge.__path__[0], "rewards", "sandbox", "judge.py")
+        self.judge_src = os.path.join(reinforge.__path__[0], "verifiers", "sandbox", "judge.py")
         with open(self.judge_src, "rb") as fh:
             self.judge_digest = hashlib.sha256(fh.read()).hexdigest()
         self.values = {
@@ -216,7 +216,7 @@ def test_a_missing_required_layer_is_refused_unless_weak_is_allowed():
 
 
 def test_configured_default_allows_a_weak_sandbox():
-    from reinforge.rewards import code
+    from reinforge.verifiers import code
 
     code.configure_sandbox(True)
     try:
@@ -229,7 +229,7 @@ def test_configured_default_allows_a_weak_sandbox():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs a uid drop to a uid that can write the dir")
 def test_a_writable_interpreter_is_refused_even_with_a_weak_sandbox(monkeypatch):
-    from reinforge.rewards import code
+    from reinforge.verifiers import code
 
     shared = tempfile.mkdtemp(prefix="reinforge-writable-", dir="/var/tmp")
     os.chmod(shared, 0o777)  # writable by the candidate's uid: like a user-owned interpreter
@@ -274,7 +274,7 @@ DRIVER = r'''
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from sandbox_attack_programs import TESTS
-from reinforge.rewards.code import SandboxUnavailableError, run_many, run_tests
+from reinforge.verifiers.code import SandboxUnavailableError, run_many, run_tests
 items, kwargs = json.loads(sys.stdin.read())
 try:
     results = run_many([(p, TESTS) for p in items], timeout_s=5.0, workers=2, **kwargs)
@@ -333,7 +333,7 @@ def test_doctor_prints_every_layer_and_whether_code_runs():
     from typer.testing import CliRunner
 
     from reinforge.cli import app
-    from reinforge.rewards.code_doctor import LAYERS
+    from reinforge.verifiers.code_doctor import LAYERS
 
     result = CliRunner().invoke(app, ["doctor"])
     lines = result.output.splitlines()

@@ -88,7 +88,7 @@ def test_a_directory_owned_by_another_user_is_refused(tmp_path):
 _SCRIPT = textwrap.dedent("""
     import os, threading
     from reinforge import stack_dumps
-    from reinforge.rewards.math import _POOL, verify
+    from reinforge.verifiers.math import _POOL, verify
     out = []
     thread = threading.Thread(target=lambda: out.append(verify("so \\\\boxed{2}", "2")))   # off the main thread:
     thread.start(); thread.join()                                                        # judged in a worker

@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 
 from reinforge.models.charset import CHARSET
-from reinforge.rewards.countdown import evaluate_countdown
 from reinforge.tasks import TASKS, Example, Task, build_task
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.chain_sum import ChainSumTask
 from reinforge.tasks.countdown import CountdownTask, solve
+from reinforge.verifiers.countdown import evaluate_countdown
 
 _ARITH_PROMPT = re.compile(r"([0-9]+)([+\-*])([0-9]+)=")
 

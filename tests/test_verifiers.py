@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reinforge.models.charset import CHARSET
-from reinforge.rewards import verify_countdown, verify_integer
-from reinforge.rewards.countdown import MAX_NESTING, evaluate_countdown
+from reinforge.verifiers import verify_countdown, verify_integer
+from reinforge.verifiers.countdown import MAX_NESTING, evaluate_countdown
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ multi-turn rollout that will use them is not built yet.
   observation the model sees. `ToolStats` counts them for the metrics.
 
 Bounds. A Python function cannot be stopped from a thread, so function
-tools run in worker processes of a `BoundedPool` (reinforge/rewards/bounded.py),
+tools run in worker processes of a `BoundedPool` (reinforge/verifiers/bounded.py),
 killed at `timeout_s` and replaced. Workers find a tool again by its name,
 not by pickling the function: a function loaded from a file lives in a
 module no other process can import by name. The built-in `python` runs the
-model's program in the code sandbox (reinforge/rewards/code.py,
+model's program in the code sandbox (reinforge/verifiers/code.py,
 docs/security.md), which has its own wall-clock bound. Every result is cut
 to `max_chars` before it crosses back.
 """
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reinforge.objectives.common import lookup, resolve, unknown_name_error
-from reinforge.rewards.bounded import BoundedPool
-from reinforge.rewards.code import MAX_ERROR_CHARS, run_tests
 from reinforge.rewards.conventions import import_user_function
+from reinforge.verifiers.bounded import BoundedPool
+from reinforge.verifiers.code import MAX_ERROR_CHARS, run_tests
 
 # ---- records
 

@@ -7,7 +7,7 @@ Five kinds of problem in equal shares, interleaved: fraction arithmetic
 ("4.25"), small integer word problems ("17"), simplifying square roots
 ("6*sqrt(2)") and percentages ("12"). Prompts use only the built-in
 tokenizer's characters (`reinforge.models.charset.CHARSET`); every gold answer
-is parsed by the math verifier (`reinforge.rewards.math`). Same arguments, same
+is parsed by the math verifier (`reinforge.verifiers.math`). Same arguments, same
 bytes: the output depends only on `n` and `seed`.
 """
 

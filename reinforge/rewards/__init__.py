@@ -1,11 +1,7 @@
-"""Verifiers: pure functions from a completion (and gold data) to a 0/1 reward.
+"""Rewards: what turns a step's completions into scores.
 
-The heavier verifiers live in their own modules, imported on use:
-`reinforge.rewards.math.verify` (math-verify based, safe off the main thread)
-and `reinforge.rewards.code.run_tests` (a sandboxed test runner).
+Composition of reward functions, verifiers and learned sources (`compose`, `sources`, `functions`,
+`conventions`), the learned ones themselves (reward models, process reward models, generative judges,
+teachers) and their training. The verifiers they build on live one floor below, in
+`reinforge.verifiers` (math, integer, countdown, code and its sandbox).
 """
-
-from reinforge.rewards.arithmetic import verify_integer
-from reinforge.rewards.countdown import verify_countdown
-
-__all__ = ["verify_countdown", "verify_integer"]

@@ -172,7 +172,7 @@ class AlertConfig(Section):
 
 
 class CodeSandboxConfig(Section):
-    """The code sandbox of the `code` verifier and the `python` tool (reinforge.rewards.code, docs/security.md)."""
+    """The code sandbox of the `code` verifier and the `python` tool (reinforge.verifiers.code, docs/security.md)."""
 
     allow_weak_sandbox: bool = Field(
         False,

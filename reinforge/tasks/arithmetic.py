@@ -1,15 +1,15 @@
 """Integer arithmetic: "12+34=" -> "46".
 
 Owns the arithmetic problem distribution, its prompt format, and its right and
-wrong completions. Verification lives in `reinforge.rewards.arithmetic`.
+wrong completions. Verification lives in `reinforge.verifiers.arithmetic`.
 """
 
 from __future__ import annotations
 
 import random
 
-from reinforge.rewards.arithmetic import MAX_INTEGER_CHARS, verify_integer
 from reinforge.tasks.base import Example, Task
+from reinforge.verifiers.arithmetic import MAX_INTEGER_CHARS, verify_integer
 
 _VALID_OPERATORS = "+-*"
 # 9-digit operands keep a product at 18 digits, inside the verifier's length cap.

@@ -13,9 +13,9 @@ import random
 import re
 from typing import Any
 
-from reinforge.rewards.arithmetic import verify_integer
 from reinforge.tasks.arithmetic import _change_one_digit
 from reinforge.tasks.base import Example, Task
+from reinforge.verifiers.arithmetic import verify_integer
 
 _MAX_TERMS = 6
 _MAX_DIGITS = 4

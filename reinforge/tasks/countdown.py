@@ -2,7 +2,7 @@
 
 Owns the countdown problem distribution, its prompt format, the exhaustive
 solver that writes teacher completions, and the wrong-but-plausible completions.
-Verification lives in `reinforge.rewards.countdown`.
+Verification lives in `reinforge.verifiers.countdown`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
-from reinforge.rewards.countdown import verify_countdown
 from reinforge.tasks.base import Example, Task
+from reinforge.verifiers.countdown import verify_countdown
 
 _OPS = "+-*/"
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

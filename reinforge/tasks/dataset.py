@@ -43,19 +43,19 @@ class Verifier:
 
 
 def _math(completion: str, example: Example, _timeout_s: float) -> float:
-    from reinforge.rewards.math import verify  # math-verify is an optional dependency
+    from reinforge.verifiers.math import verify  # math-verify is an optional dependency
 
     return verify(completion, example.answer)
 
 
 def _code(completion: str, example: Example, timeout_s: float) -> float:
-    from reinforge.rewards.code import code_reward
+    from reinforge.verifiers.code import code_reward
 
     return code_reward(completion, example.meta["tests"], timeout_s)
 
 
 def _integer(completion: str, example: Example, _timeout_s: float) -> float:
-    from reinforge.rewards.arithmetic import verify_integer
+    from reinforge.verifiers.arithmetic import verify_integer
 
     return verify_integer(completion, example.answer)
 
@@ -280,7 +280,7 @@ class DatasetTask(Task):
 
 def _check_tests(tests: str, where: str) -> None:
     """Broken tests would score every program 0.0, silently: fail at load instead."""
-    from reinforge.rewards.code import split_tests
+    from reinforge.verifiers.code import split_tests
 
     try:
         suite = split_tests(tests)

@@ -14,9 +14,9 @@ import json
 import random
 from typing import Any
 
-from reinforge.rewards.arithmetic import verify_integer
 from reinforge.tasks.arithmetic import ArithmeticTask, _change_one_digit
 from reinforge.tasks.base import Example
+from reinforge.verifiers.arithmetic import verify_integer
 
 TOOL = "reinforge.tasks.multiply_tool:calculator"
 

@@ -16,7 +16,7 @@ stripped), answer_tag (the last <answer>...</answer>) or boxed (the last \\boxed
 verifier's extraction); or by `pattern`, a regex whose first group is the answer. Only the last
 `tail_chars` characters are searched and an answer longer than `max_answer_chars` scores 0.
 
-Scoring. The dataset's `score_answer(answer, entry)` runs in a worker process (rewards/bounded.py),
+Scoring. The dataset's `score_answer(answer, entry)` runs in a worker process (verifiers/bounded.py),
 killed past `timeout_s` (the call then scores 0): it is third-party code fed model output, as the
 math and code verifiers' are. Its score (some datasets give partial credit) becomes the reward 1.0
 when it reaches `pass_score` (1.0 by default), else 0.0, so pass@k and binary advantages keep their
@@ -37,8 +37,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reinforge.rewards.bounded import BoundedPool
 from reinforge.tasks.base import Example, Task
+from reinforge.verifiers.bounded import BoundedPool
 
 ANSWER_FORMATS = ("plain", "answer_tag", "boxed")
 # What the prompt asks for, after the dataset's question, in each format.
@@ -177,7 +177,7 @@ class ReasoningGymTask(Task):
             matches = _ANSWER_TAG.findall(tail)
             answer = matches[-1] if matches else None
         elif self.answer_format == "boxed":
-            from reinforge.rewards.math import MathVerifier  # math-verify is an optional dependency
+            from reinforge.verifiers.math import MathVerifier  # math-verify is an optional dependency
 
             answer = MathVerifier(last_number_fallback=False).extract(tail)
         else:

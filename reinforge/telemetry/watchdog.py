@@ -10,7 +10,7 @@ writes RUN_DIR/hang-<step>.txt (step: the step that has not ended) with
 
 - every thread of this process (`sys._current_frames`), innermost frame last;
 - every child process started by reinforge that registered a handler (`stack_dumps.enable`, called in
-  the bounded-call workers of rewards/bounded.py): it is sent SIGUSR1 and its `faulthandler` output is
+  the bounded-call workers of verifiers/bounded.py): it is sent SIGUSR1 and its `faulthandler` output is
   read back from its file in a directory private to the run's processes (reinforge/stack_dumps.py). A child
   without a handler is listed, never signalled (SIGUSR1 would kill it);
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-log = logging.getLogger("reinforge.rewards.code")
+log = logging.getLogger("reinforge.verifiers.code")
 
 # The candidate's uid is drawn per run from [base, base + span): far above system and
 # login uids and the usual subuid ranges, so no other process on the machine has it.

@@ -93,8 +93,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from reinforge.rewards.sandbox import CANDIDATE_BOOT, CANDIDATE_CODE, JUDGE_SRC
-from reinforge.rewards.sandbox_layers import (  # noqa: F401 - namespace_prefix, sandbox_plan: public here
+from reinforge.verifiers.sandbox import CANDIDATE_BOOT, CANDIDATE_CODE, JUDGE_SRC
+from reinforge.verifiers.sandbox_layers import (  # noqa: F401 - namespace_prefix, sandbox_plan: public here
     OPTIONAL_LAYERS,
     REQUIRED_LAYER_GROUPS,
     SANDBOX_UID_BASE,

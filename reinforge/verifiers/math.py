@@ -55,7 +55,7 @@ from the main thread while it is the process's only Python thread (the
 alarm bounds it, and there is no other thread to stall). Every other call
 (a reward thread, the async loop whose sampler thread is running, or
 `isolation="process"`) is judged in a persistent worker process
-(`reinforge.rewards.bounded`) that is killed past `timeout_s`; the call then
+(`reinforge.verifiers.bounded`) that is killed past `timeout_s`; the call then
 scores 0.0. Extraction and the size caps run in the caller (cheap), so only
 the short answer and the gold cross the pipe.
 """
@@ -74,7 +74,7 @@ from math_verify import LatexExtractionConfig, parse
 from math_verify import verify as _math_verify
 from math_verify.errors import TimeoutException
 
-from reinforge.rewards.bounded import BoundedPool
+from reinforge.verifiers.bounded import BoundedPool
 
 # Only LaTeX extraction: the answer is handed over whole, wrapped in `$...$`.
 # ExprExtractionConfig would, on a failed parse, pick a bare number out of the

@@ -44,7 +44,7 @@ from reinforge import stack_dumps
 # `__main__` script in the child, so a script without a main guard would run twice).
 _BOOT = (
     "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from reinforge.rewards.bounded import _serve; _serve(int(sys.argv[2]), sys.argv[3] or None)"
+    "from reinforge.verifiers.bounded import _serve; _serve(int(sys.argv[2]), sys.argv[3] or None)"
 )
 
 

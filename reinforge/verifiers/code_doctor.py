@@ -1,7 +1,7 @@
 """`reinforge doctor`: which layers of the code sandbox this machine gives (docs/security.md).
 
 Owns the report only: the layers are probed by running one trivial program
-through the real sandbox (reinforge.rewards.code.probe_layers), so what it
+through the real sandbox (reinforge.verifiers.code.probe_layers), so what it
 prints is what a run gets, not what the machine seems to offer.
 """
 
@@ -11,8 +11,8 @@ import os
 import platform
 import sys
 
-from reinforge.rewards.code import REQUIRED_LAYER_GROUPS, SandboxUnavailableError, probe_layers
-from reinforge.rewards.sandbox import kernel, seccomp
+from reinforge.verifiers.code import REQUIRED_LAYER_GROUPS, SandboxUnavailableError, probe_layers
+from reinforge.verifiers.sandbox import kernel, seccomp
 
 # layer -> what it stops, in a few words (docs/security.md has the whole story)
 LAYERS = (
