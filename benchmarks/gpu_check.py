@@ -281,13 +281,13 @@ def _fast_paths(device: torch.device, engine: NativeEngine | None = None) -> dic
     the engine's decode graphs, the 16-bit LM-head GEMMs with fp32 output, SDPA's fused kernels for
     grouped-query attention. None on a CPU, which runs none of them."""
     from reinforge.learner import logprobs
-    from reinforge.models import decoder
+    from reinforge.models import attention, decoder
 
     if device.type != "cuda":
         return {"fast_paths": None}
     paths = {"head_fp32_output_gemm": logprobs._FP32_OUT_MM["on"] and decoder._FP32_OUT_MM["on"],
-             "grouped_decode_attention": decoder._GROUPED_DECODE["on"],
-             "expanded_kv_attention": decoder._EXPAND_KV["on"]}
+             "grouped_decode_attention": attention._GROUPED_DECODE["on"],
+             "expanded_kv_attention": attention._EXPAND_KV["on"]}
     if engine is not None:
         paths["decode_graphs"] = engine.graph_mode == "capture"
     return {"fast_paths": paths}

@@ -294,12 +294,9 @@ def build_config(overrides: list[str] | None = None, config_file: str | None = N
 
 
 def _fit_sft_to_data(cfg: Config, given: set[str]) -> Config:
-    """A data file's run without cold-start SFT when the file has nothing to imitate. The built-in
-    tasks write teacher traces for SFT; a file has only the completions it holds. When the user left
-    sft.enabled unset (a TRL user's first run: GRPO does no SFT) and the file has no completion column,
-    SFT is turned off with one line that says so; a file's SFT never corrupts completions (it has no
-    wrong ones) unless sft.corrupt_fraction is set. Set explicitly, the settings are kept, and a file
-    without completions is refused when the run's inputs are checked (pipeline.prepare)."""
+    """No cold-start SFT, said in one line, for a data file with no completion column when sft.enabled
+    was left unset (a TRL user's first run: GRPO does no SFT); a file's SFT corrupts no completions unless
+    sft.corrupt_fraction is set. Settings given explicitly are kept (pipeline.prepare checks the file)."""
     if cfg.task.name != "dataset" or not (cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher"):
         return cfg
     sft: dict[str, Any] = {}

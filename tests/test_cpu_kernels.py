@@ -15,7 +15,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
-from reinforge.models.decoder import additive_mask, attention
+from reinforge.models.attention import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.rollout.sampling import keyed_uniforms, sample_tokens

@@ -392,7 +392,7 @@ def test_grouped_decode_attention_is_the_attention_of_one_query(keys_last: bool)
     """The decode step's attention on a GPU (`grouped_decode_attention`: each key/value head's query heads as
     its queries, no GQA expansion), run here through the CPU's SDPA, against `attention`'s CPU path: 14 heads
     over 2 key/value heads and 3 rows of different lengths, fp32."""
-    from reinforge.models.decoder import additive_mask, attention, grouped_decode_attention
+    from reinforge.models.attention import additive_mask, attention, grouped_decode_attention
 
     g = torch.Generator().manual_seed(6)
     b, h, kv, length, d = 3, 14, 2, 11, 16
@@ -413,7 +413,7 @@ def test_expanded_attention_is_the_grouped_query_attention_of_a_pass() -> None:
     query head, so that SDPA's fused kernels take the mask), run here through the CPU's SDPA, against
     `attention`'s CPU path: 6 query positions of 3 rows over 9 keys, a causal mask after a 3-key prefix, fp32,
     forward and gradients."""
-    from reinforge.models.decoder import additive_mask, attention, expanded_attention
+    from reinforge.models.attention import additive_mask, attention, expanded_attention
 
     g = torch.Generator().manual_seed(7)
     b, h, kv, s, length, d = 3, 14, 2, 6, 9, 16

@@ -40,10 +40,9 @@ import torch.nn.functional as F
 
 from reinforge.kernels import HEAD_DIMS, load_cpu_kernels, rms_norm
 from reinforge.models import Policy
+from reinforge.models.attention import additive_mask, attention
 from reinforge.models.decoder import (
     DecoderWeights,
-    additive_mask,
-    attention,
     decoder_layers,
     decoder_shape,
     pass_geometry,
