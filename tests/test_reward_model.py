@@ -273,10 +273,12 @@ def sevens_rm(tmp_path_factory) -> Path:
     pairs = [PreferencePair("".join(rng.choice("abcdefgh") for _ in range(4)) + "=", "7", other)
              for other in others for _ in range(8)]
     train_reward_model(rm.model, rm.tokenizer, pairs, steps=300, batch_size=32, lr=3e-3, seed=0)
-    texts = [rm.tokenizer.decode([i]) for i in range(len(rm.tokenizer))]
+    # Every text the policy can write: one character, or none (a special token such as <unk> decodes to
+    # nothing in a completion, so its own spelling, never trained on, is no completion the policy can reach).
+    texts = ["7"] + others
     with torch.no_grad():
         scores = score(rm.model, rm.tokenizer, ["abcd="] * len(texts), texts)
-    assert scores[rm.tokenizer.convert_tokens_to_ids("7")] == scores.max()
+    assert scores[0] == scores.max()
     assert sorted(scores.tolist())[-2] < scores.max() - 3        # every other completion well below "7"
     return save_reward_model(rm.model, rm.tokenizer, tmp_path_factory.mktemp("sevens") / "rm")
 
