@@ -32,12 +32,12 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.eval.evaluate import evaluate
+from reinforge.jobs.rl import run_rl
+from reinforge.jobs.start import objective_spec, seed_everything
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
-from reinforge.pipeline import objective_spec, seed_everything
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.tasks import build_task
-from reinforge.trainers import run_rl
 
 DEFAULTS = [
     "task.options={trailing_max: 40}", "rollout.max_new_tokens=48",

@@ -21,12 +21,12 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.eval.evaluate import evaluate
+from reinforge.jobs.rl import run_dpo
+from reinforge.jobs.start import preference_spec, seed_everything
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy
-from reinforge.pipeline import seed_everything
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.tasks import build_task
-from reinforge.trainers import preference_spec, run_dpo
 
 KEYS = ("dpo/loss", "dpo/reward_accuracy", "dpo/margin", "dpo/pairs", "reward_mean", "grad_norm", "step_seconds")
 

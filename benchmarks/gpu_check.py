@@ -71,9 +71,10 @@ from train_throughput import (  # noqa: E402
 )
 
 from reinforge.config import build_config  # noqa: E402
+from reinforge.jobs.start import objective_spec  # noqa: E402
+from reinforge.jobs.train import run  # noqa: E402
 from reinforge.learner import ForwardPlan, UpdateSettings, build_optimizer, policy_update, warmup_constant  # noqa: E402
 from reinforge.models import resolve_device  # noqa: E402
-from reinforge.pipeline import objective_spec, run  # noqa: E402
 from reinforge.rollout import NativeEngine  # noqa: E402
 from reinforge.rollout.stopping import completion_mask  # noqa: E402
 

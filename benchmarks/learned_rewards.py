@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reinforge.config import build_config  # noqa: E402
-from reinforge.pipeline import run  # noqa: E402
-from reinforge.rm_job import run_reward_model_job  # noqa: E402
+from reinforge.jobs.reward_model import run_reward_model_job  # noqa: E402
+from reinforge.jobs.train import run  # noqa: E402
 
 QUIET = ["log.progress=false", "threads=1"]
 RL = ["sft.enabled=false", "eval.every=10", "eval.every_prompts=100"]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 GAIN = 0.15     # the gain whose steps are counted (or the distillation's own, when it gains less)
 

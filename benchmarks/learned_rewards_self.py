@@ -34,16 +34,16 @@ import torch
 
 from reinforge.config import Config, build_config
 from reinforge.eval.evaluate import evaluate
+from reinforge.jobs.rl import run_dpo, sft_examples
+from reinforge.jobs.start import preference_spec, seed_everything
 from reinforge.learner import ForwardPlan
 from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, load_policy
-from reinforge.pipeline import seed_everything
 from reinforge.rewards.judge import build_judge
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.base import RolloutEngine
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task, build_task
-from reinforge.trainers import preference_spec, run_dpo, sft_examples
 
 # The default job's cold start (600 SFT steps; with 400 the judge was right on 0.78 of its own samples,
 # not 0.96, and the iteration lost 0.02 pass@1) with half of it judge data, and one iteration of 30 DPO

@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from reinforge.config import ModelConfig
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.learner import shared_prefix as sp
 from reinforge.models import build_tiny_qwen2
 from reinforge.rollout import encode_prompts
+from reinforge.settings import ModelConfig
 from reinforge.tasks import build_task
 
 PROMPTS, GROUP_SIZE, BASE_LENGTH = 32, 8, 6

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 MOE = ["model.moe.experts=8", "model.moe.top_k=2", "model.moe.expert_size=128", "threads=1", "log.progress=false"]
 RUNS = [("grpo", False), ("grpo", True), ("gspo", False), ("gspo", True)]

@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from reinforge.config import ModelConfig
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.rollout import NativeEngine, SamplingParams
+from reinforge.settings import ModelConfig
 
 
 def trajectories(engine: NativeEngine, prompts: list[list[int]], observations: list[list[list[int]]],

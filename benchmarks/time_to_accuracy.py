@@ -74,10 +74,11 @@ import torch
 
 from reinforge.config import Config, build_config
 from reinforge.eval.evaluate import evaluate
+from reinforge.jobs.rl import run_rl
+from reinforge.jobs.start import objective_spec, prepare, seed_everything
+from reinforge.jobs.train import run
 from reinforge.models import load_policy
-from reinforge.pipeline import objective_spec, prepare, run, seed_everything
 from reinforge.rollout import SamplingParams, build_engine
-from reinforge.trainers import run_rl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trl_common import alternate, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402

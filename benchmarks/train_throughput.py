@@ -38,7 +38,8 @@ import time
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from reinforge.config import ModelConfig, build_config
+from reinforge.config import build_config
+from reinforge.jobs.start import objective_spec
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -50,8 +51,8 @@ from reinforge.learner import (
 )
 from reinforge.models import Policy, build_tiny_qwen2, resolve_device
 from reinforge.models.tokenizer import build_char_tokenizer
-from reinforge.pipeline import objective_spec
 from reinforge.rollout import NativeEngine, SamplingParams
+from reinforge.settings import ModelConfig
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=32_768, rope_theta=1_000_000.0,

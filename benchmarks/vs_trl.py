@@ -26,7 +26,7 @@ reinforge additionally runs each prompt once for its 8 completions in that forwa
 (`train.shared_prefix`) and samples with its native engine (`rollout.engine`); `--engine hf
 --no-shared-prefix` measures it without either.
 
-Method. Each framework runs its own real training loop (`reinforge.trainers.run_rl`;
+Method. Each framework runs its own real training loop (`reinforge.jobs.rl.run_rl`;
 `GRPOTrainer.train`) in the main thread of a child process of its own, and the parent
 alternates them: `--rounds` rounds of one reinforge child and one TRL child, each running a
 warm-up step and then `--steps` timed steps from the same initial weights. (Child processes,
@@ -61,13 +61,13 @@ from pathlib import Path
 import torch
 
 from reinforge.config import Config, build_config
+from reinforge.jobs.rl import run_rl
+from reinforge.jobs.start import objective_spec, prepare, seed_everything
 from reinforge.loops.loop import StepRecord
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
-from reinforge.pipeline import objective_spec, prepare, seed_everything
 from reinforge.rollout import build_engine
 from reinforge.tasks.arithmetic import ArithmeticTask
-from reinforge.trainers import run_rl
 from reinforge.verifiers.arithmetic import verify_integer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

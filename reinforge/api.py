@@ -20,7 +20,7 @@ Arguments TRL users know:
                   None: the config's task
     reward_funcs  callables, 'module:function' paths or built-in names (verifier, format, ...), or
                   dicts {name, weight, params, domains} whose name is one of those; callables without an
-                  import path (a notebook's) are registered in-process (reinforge/user_rewards.py)
+                  import path (a notebook's) are registered in-process (reinforge/rewards/user.py)
     recipe        a named method (grpo, dapo, ...)
     config        settings as a dict, nested ({"train": {"steps": 2}}) or dotted ({"train.steps": 2})
     **overrides   the same as keyword arguments: seed=1, train={"steps": 2}, **{"rollout.temperature": 0.7}
@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 
 from reinforge.config import Config, build_config
+from reinforge.rewards.user import register
 from reinforge.telemetry.errors import os_error_message
-from reinforge.user_rewards import register
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def train(
     (see the module docstring for the arguments); the run's `RunResult`."""
     from transformers.utils import logging as hf_logging
 
-    from reinforge.pipeline import run
+    from reinforge.jobs.train import run
 
     if "train_dataset" in overrides:      # GRPOTrainer's name: as a key it would get the CLI's hint, not this argument
         raise TypeError("reinforge.train takes the data as dataset=..., not train_dataset=...")

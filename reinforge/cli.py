@@ -110,8 +110,9 @@ def train(
     Every key=value setting, with its documentation and default: `reinforge config` (one section:
     `reinforge config rollout`; a recipe's resolved values: `reinforge config --recipe dapo`).
     """
+    from reinforge.config.load import resume_config
     from reinforge.errors import RunInterrupted, RunStopped
-    from reinforge.pipeline import resume_config, run
+    from reinforge.jobs.train import run
 
     try:
         with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
@@ -148,7 +149,7 @@ def pipeline(
     from pathlib import Path
 
     from reinforge.errors import RunInterrupted, RunStopped
-    from reinforge.multistage import run_pipeline
+    from reinforge.jobs.multistage import run_pipeline
 
     target = Path(out) if out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(name).stem}"
 
@@ -187,7 +188,7 @@ def reward_model(
     import dataclasses
     import json
 
-    from reinforge.rm_job import run_reward_model_job
+    from reinforge.jobs.reward_model import run_reward_model_job
 
     with user_errors(ConfigError, FileExistsError):
         result = run_reward_model_job(build_config(overrides or [], config), out)
@@ -211,7 +212,7 @@ def process_reward_model(
     import dataclasses
     import json
 
-    from reinforge.prm_job import run_process_reward_model_job
+    from reinforge.jobs.process_reward_model import run_process_reward_model_job
 
     with user_errors(ConfigError, FileExistsError):
         result = run_process_reward_model_job(build_config(overrides or [], config), out)
@@ -235,26 +236,11 @@ def filter_prompts(
     hi: Annotated[float, typer.Option(help="Highest pass rate kept")] = 0.9,
 ) -> None:
     """Offline difficulty filter: keep the train prompts whose pass rate over k samples lies in \\[lo, hi]."""
-    from pathlib import Path
-
-    import torch
-
-    from reinforge.loops.difficulty import pass_rates, write_filtered
-    from reinforge.models import load_policy
-    from reinforge.pipeline import prepare, seed_everything
-    from reinforge.rollout import SamplingParams, build_engine
+    from reinforge.jobs.filter import run_filter
 
     with user_errors(ConfigError, ValueError, NotImplementedError):
-        cfg = build_config(overrides or [], config)
-        task, _ = prepare(cfg)
-        torch.set_num_threads(cfg.threads)
-        seed_everything(cfg.seed)
-        policy = load_policy(cfg.model, cfg.seed)
-        engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-        examples = task.train_split(cfg.train.num_prompts)
-        rates = pass_rates(engine, task, examples, k, SamplingParams.from_config(cfg.rollout))
-        report = write_filtered(Path(out), examples, rates, lo, hi)
-    console.print(f"kept {report.kept} of {len(examples)} prompts (too easy: {report.too_easy}, "
+        report = run_filter(build_config(overrides or [], config), out, k, lo, hi)
+    console.print(f"kept {report.kept} of {len(report.pass_rates)} prompts (too easy: {report.too_easy}, "
                   f"too hard: {report.too_hard}) -> {out}")
 
 
@@ -323,7 +309,7 @@ def sweep(
     import time
     from pathlib import Path
 
-    from reinforge.sweep import run_sweep, table
+    from reinforge.jobs.sweep import run_sweep, table
 
     target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     with user_errors(ConfigError):
@@ -372,8 +358,8 @@ def recipes(
     """The catalogue of methods, generated from the registry: advantage, objective, aggregation, KL, extras."""
     from dataclasses import fields
 
-    from reinforge.catalogue import RecipeRow, preset_yaml, recipe_rows
     from reinforge.objectives import RECIPES
+    from reinforge.objectives.catalogue import RecipeRow, preset_yaml, recipe_rows
     from reinforge.objectives.common import lookup
 
     if name is not None:
@@ -403,7 +389,7 @@ def config_command(
     ] = None,
 ) -> None:
     """Every config key with its type, default (or a recipe's value) and documentation: what key=value accepts."""
-    from reinforge.config_keys import config_keys, format_keys
+    from reinforge.config.keys import config_keys, format_keys
 
     with user_errors(ConfigError):
         keys = config_keys(section, recipe)
@@ -435,7 +421,7 @@ def export_run(
     """
     from pathlib import Path
 
-    from reinforge.export import export_model
+    from reinforge.jobs.export import export_model
 
     with user_errors(ConfigError):
         path = export_model(Path(run_dir), Path(out) if out else Path(run_dir) / "export", step)

@@ -19,12 +19,13 @@ from conftest import MICRO
 from ray.util import placement_group_table
 
 from reinforge.config import build_config
+from reinforge.jobs.rl import default_workers, run_rl
+from reinforge.jobs.start import objective_spec
+from reinforge.jobs.train import run
 from reinforge.loops import async_rl
 from reinforge.models import load_policy
-from reinforge.pipeline import objective_spec, run
 from reinforge.rollout import build_engine
 from reinforge.tasks import build_task
-from reinforge.trainers import default_workers, run_rl
 
 RAY = ["recipe=areal", "backend=ray", "ray.num_workers=2", "ray.num_cpus_per_worker=0.5"]
 

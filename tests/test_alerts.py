@@ -9,7 +9,7 @@ import math
 import pytest
 from rich.console import Console
 
-from reinforge.config import AlertConfig
+from reinforge.settings import AlertConfig
 from reinforge.telemetry.alerts import Alert, AlertLog, AlertMonitor
 
 

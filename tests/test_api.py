@@ -17,8 +17,8 @@ from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
 from reinforge.rewards.compose import RewardComposer, resolve_reward_function
+from reinforge.rewards.user import register
 from reinforge.tasks.arithmetic import ArithmeticTask
-from reinforge.user_rewards import register
 
 DOC = Path(__file__).parent.parent / "docs" / "python-api.md"
 
@@ -54,7 +54,7 @@ def test_the_docs_example_runs_and_uses_the_notebook_reward(tmp_path) -> None:
     assert result.summary == summary and result.eval == summary["eval"] and summary["rl_steps"] == 2
     last_rl = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"stage": "rl"' in x][-1]
     assert result.metrics == {k: v for k, v in last_rl.items() if k != "stage"} and result.metrics["step"] == 2
-    assert result.config.reward.functions[1].name == "reinforge.user_rewards:brevity"
+    assert result.config.reward.functions[1].name == "reinforge.rewards.user:brevity"
     # The rows went to a file named by their content (in the cache that also holds the CPU kernels).
     assert result.config.task.options["path"] == dataset_path(namespace["rows"])
     # The notebook's function scored every sample: its value is -0.1 x the completion's length.
@@ -118,15 +118,15 @@ def test_reward_callables_resolve_through_the_composers_import_path() -> None:
         return 2.0
 
     name = reward_name(local)
-    assert name.startswith("reinforge.user_rewards:local") and reward_name(local) == name      # registered once
+    assert name.startswith("reinforge.rewards.user:local") and reward_name(local) == name      # registered once
     assert resolve_reward_function(name, {}) is local
     other = register(lambda completion: 0.0)
     assert (
-        other.startswith("reinforge.user_rewards:lambda_line") and resolve_reward_function(other, {})(completion="x")
+        other.startswith("reinforge.rewards.user:lambda_line") and resolve_reward_function(other, {})(completion="x")
         == 0.0
     )
     with pytest.raises(ValueError, match="no reward function 'gone' is registered in this process"):
-        resolve_reward_function("reinforge.user_rewards:gone", {})
+        resolve_reward_function("reinforge.rewards.user:gone", {})
 
 
 def test_lambdas_are_named_so_that_their_metrics_differ() -> None:

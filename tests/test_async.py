@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.jobs.rl import run_rl
+from reinforge.jobs.start import objective_spec
 from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness
 from reinforge.loops.curation import PromptStream
 from reinforge.models import load_policy
-from reinforge.pipeline import objective_spec
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.session import FinishedRow
 from reinforge.rollout.stream import (
@@ -25,7 +26,6 @@ from reinforge.rollout.stream import (
 )
 from reinforge.tasks import Example, build_task
 from reinforge.telemetry.recorder import TIMING_KEYS
-from reinforge.trainers import run_rl
 
 
 def _run(overrides: list[str], mode: str):
@@ -237,7 +237,7 @@ def test_finished_group_versions_and_staleness_per_sample():
 def test_a_resumed_async_run_trains_the_same_prompts_in_the_same_order(tmp_path, micro_overrides, monkeypatch):
     """The checkpoint holds the prompts requested and not yet trained on (RLState.pending): a resumed
     run requests them again first, so no prompt is lost or trained twice across the restart."""
-    from reinforge.pipeline import run
+    from reinforge.jobs.train import run
     from reinforge.telemetry.checkpoint import CheckpointStore
 
     trained: list[list[str]] = []
@@ -274,7 +274,7 @@ def test_a_resumed_async_run_trains_the_same_prompts_in_the_same_order(tmp_path,
 
 def test_backend_ray_needs_async_or_learner_ranks(micro_overrides):
     from reinforge.errors import ConfigError
-    from reinforge.pipeline import prepare
+    from reinforge.jobs.start import prepare
 
     with pytest.raises(ConfigError, match="ray.learner_ranks >= 2"):
         prepare(build_config([*micro_overrides, "backend=ray"]))
@@ -288,7 +288,7 @@ def test_rl_ends_cleanly_when_every_prompt_has_retired(tmp_path, micro_overrides
     """No positive resampling with an easy reward: each prompt leaves the pool after its first
     group, so 8 prompts last two steps of 4; RL then ends (fewer prompts left than a step needs),
     and the run still evaluates and exports."""
-    from reinforge.pipeline import run
+    from reinforge.jobs.train import run
 
     out = tmp_path / "run"
     result = run(build_config([*micro_overrides, f"train.mode={mode}", "train.num_prompts=8", "train.steps=5",

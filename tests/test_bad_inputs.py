@@ -143,12 +143,12 @@ def test_an_output_dir_without_write_permission(tmp_path: Path, micro_overrides,
 
 def test_a_real_bug_keeps_its_traceback(tmp_path: Path, micro_overrides, monkeypatch) -> None:
     """Only user errors become one line: anything else propagates (CliRunner holds it)."""
-    import reinforge.pipeline
+    import reinforge.jobs.train
 
     def broken(cfg):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(reinforge.pipeline, "prepare", broken)
+    monkeypatch.setattr(reinforge.jobs.train, "prepare", broken)
     result = runner.invoke(app, ["train", *micro_overrides, f"output_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
     assert "error:" not in result.stderr

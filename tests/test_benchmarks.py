@@ -160,7 +160,7 @@ def test_trl_settings_mirror_the_default_recipe():
     import importlib.util
 
     from reinforge.config import build_config
-    from reinforge.pipeline import objective_spec
+    from reinforge.jobs.start import objective_spec
 
     spec = importlib.util.spec_from_file_location("trl_common", BENCHMARKS / "trl_common.py")
     module = importlib.util.module_from_spec(spec)

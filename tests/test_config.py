@@ -75,7 +75,6 @@ def test_the_objective_section_is_the_spec_s_fields_and_lists_what_the_registrie
     the registry's keys, so a new estimator shows up in `reinforge config objective` unasked."""
     from dataclasses import fields
 
-    from reinforge.objective_config import ObjectiveConfig, TransformConfig
     from reinforge.objectives import (
         ADVANTAGE_TRANSFORMS,
         ADVANTAGES,
@@ -85,6 +84,7 @@ def test_the_objective_section_is_the_spec_s_fields_and_lists_what_the_registrie
         POLICY_LOSSES,
     )
     from reinforge.objectives.spec import ObjectiveSpec
+    from reinforge.settings.objective import ObjectiveConfig, TransformConfig
 
     spec = [f.name for f in fields(ObjectiveSpec)]
     at = spec.index("policy_params") + 1

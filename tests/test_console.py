@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from reinforge import __version__
 from reinforge.cli import app
 from reinforge.config import build_config, config_to_yaml
-from reinforge.config_keys import config_keys
+from reinforge.config.keys import config_keys
 from reinforge.errors import ConfigError
 from reinforge.telemetry.alerts import Alert
 from reinforge.telemetry.console import BarSafeStream, bar_safe_console

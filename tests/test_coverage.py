@@ -11,9 +11,9 @@ import torch
 from learning import MIN_PASS_RATE, constant_answer_task, held_out_pass_rates
 
 from reinforge.config import build_config
+from reinforge.jobs.train import run
 from reinforge.objectives import RECIPE_OBJECTIVES, RECIPES, compute_advantages, resolve_spec
 from reinforge.objectives.advantages import AdvantagePipeline
-from reinforge.pipeline import run
 
 F64 = torch.float64
 

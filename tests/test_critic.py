@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from reinforge.config import build_config
+from reinforge.jobs.train import run
 from reinforge.learner import ForwardPlan, build_sequences
 from reinforge.learner.critic import Critic, ValueModel, explained_variance
 from reinforge.loops.credit import CriticCredit
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import resolve_spec
-from reinforge.pipeline import run
 from reinforge.telemetry.checkpoint import CheckpointStore
 from reinforge.telemetry.recorder import TIMING_KEYS
 

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from reinforge.config import CurationConfig
 from reinforge.loops.curation import (
     BatchCollector,
     Groups,
@@ -19,6 +18,7 @@ from reinforge.loops.curation import (
 )
 from reinforge.rollout import Rollout, SamplingParams
 from reinforge.rollout.base import concat_rollouts
+from reinforge.settings import CurationConfig
 from reinforge.tasks import Example
 
 G = 4

@@ -13,8 +13,8 @@ from reinforge.config import build_config
 from reinforge.data import CODE_SMALL, MATH_SMALL, DatasetError, load_records, read_records
 from reinforge.data.make_math import make_math, write_jsonl
 from reinforge.errors import ConfigError
+from reinforge.jobs.train import run
 from reinforge.models.charset import CHARSET
-from reinforge.pipeline import run
 from reinforge.tasks import build_task
 from reinforge.verifiers.code import run_many
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 from test_native_engine import PROMPTS, eos_prone
 
-from reinforge.config import ModelConfig, build_config
+from reinforge.config import build_config
+from reinforge.jobs.train import run
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -32,8 +33,8 @@ from reinforge.learner import (
 from reinforge.learner.logprobs import chunked_token_logprobs_and_entropy
 from reinforge.models import Policy, build_tiny_qwen2, load_policy
 from reinforge.objectives import compute_advantages, resolve_spec
-from reinforge.pipeline import run
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.settings import ModelConfig
 from reinforge.telemetry.weight_sync import default_tolerance
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -15,14 +15,14 @@ from learning import constant_answer_task, held_out_pass_rates
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
+from reinforge.jobs.multistage import PipelineSpec, run_pipeline, stage_configs
+from reinforge.jobs.train import run
 from reinforge.learner import ForwardPlan, build_sequences, token_logprobs
 from reinforge.loops.curation import Groups, zero_variance
 from reinforge.loops.rl import composed_scores, with_token_terms
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.factory import save_policy
-from reinforge.multistage import PipelineSpec, run_pipeline, stage_configs
 from reinforge.objectives.policy import ppo_clip
-from reinforge.pipeline import run
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.rewards.teacher import TeacherSource, check_teacher, load_teacher, reverse_kl_terms

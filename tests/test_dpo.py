@@ -13,6 +13,8 @@ import torch
 from reinforge.config import build_config
 from reinforge.data import DatasetError
 from reinforge.errors import ConfigError
+from reinforge.jobs.rl import run_dpo
+from reinforge.jobs.start import preference_spec
 from reinforge.learner import (
     ForwardPlan,
     Reference,
@@ -35,7 +37,6 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import Rollout, SamplingParams, build_engine
 from reinforge.tasks import Example
 from reinforge.tasks.arithmetic import ArithmeticTask
-from reinforge.trainers import preference_spec, run_dpo
 
 PAIRS = [
     PreferencePair("05+34=", "039", "040"),

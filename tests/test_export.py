@@ -15,12 +15,13 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
+from reinforge.config.load import resume_config
 from reinforge.errors import ConfigError
-from reinforge.export import export_model
+from reinforge.jobs.export import export_model
+from reinforge.jobs.train import run
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import load_policy
 from reinforge.models.tokenizer import build_char_tokenizer
-from reinforge.pipeline import resume_config, run
 from reinforge.telemetry.checkpoint import CheckpointStore
 
 SAMPLING = ["rollout.temperature=0.7", "rollout.top_p=0.9", "rollout.top_k=5", "rollout.max_new_tokens=5"]

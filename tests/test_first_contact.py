@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 SYSTEM = "Be brief."
 

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from reinforge.config import ModelConfig
 from reinforge.distributed import (
     full_state_dict,
     init_learner_group,
@@ -42,6 +41,7 @@ from reinforge.loops.curation import PoolExhausted
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import LOCAL, resolve_spec
 from reinforge.rollout import NativeEngine, SamplingParams
+from reinforge.settings import ModelConfig
 
 GROUPS, GROUP_SIZE, T = 5, 4, 6
 MODEL = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=64)

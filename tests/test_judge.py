@@ -10,6 +10,7 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
+from reinforge.jobs.rl import sft_examples
 from reinforge.loops.sft import run_sft
 from reinforge.models import load_policy, save_policy
 from reinforge.rewards.compose import RewardComposer
@@ -26,7 +27,6 @@ from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.settings import RewardConfig
 from reinforge.settings.judge import DEFAULT_PATTERN, DEFAULT_TEMPLATE, JudgeConfig
 from reinforge.tasks import Example, SFTExample, build_task
-from reinforge.trainers import sft_examples
 from tests.judge_fixtures import ScriptedEngine, text_rollout
 
 MICRO_MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",

@@ -10,7 +10,7 @@ import pytest
 from learning import MIN_PASS_RATE, constant_answer_task, held_out_pass_rates, train_rewards
 
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 
 @pytest.mark.parametrize("mode", ["train.mode=sync", "train.mode=async"])

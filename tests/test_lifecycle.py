@@ -51,12 +51,12 @@ def _error_lines(output: str) -> list[str]:
 # ---------------------------------------------------------------- a run that could train no step
 
 def test_fewer_prompts_than_a_step_is_refused_before_the_model_loads(tmp_path: Path, monkeypatch) -> None:
-    import reinforge.pipeline
+    import reinforge.jobs.train
 
     def no_load(*args):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(reinforge.pipeline, "load_policy", no_load)    # the refusal comes before any load
+    monkeypatch.setattr(reinforge.jobs.train, "load_policy", no_load)    # the refusal comes before any load
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *MICRO, "train.num_prompts=3", "train.prompts_per_step=8",
                                  f"output_dir={out}"])
@@ -86,9 +86,9 @@ def test_a_data_file_smaller_than_a_step_names_its_split_and_the_fix(tmp_path: P
 
 
 def test_a_run_that_trains_no_step_stops_instead_of_looking_finished(tmp_path: Path, monkeypatch) -> None:
-    import reinforge.pipeline
+    import reinforge.jobs.train
 
-    monkeypatch.setattr(reinforge.pipeline, "check_can_train", lambda *args: None)   # past the check at start
+    monkeypatch.setattr(reinforge.jobs.train, "check_can_train", lambda *args: None)   # past the check at start
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *MICRO, "train.num_prompts=3", "train.prompts_per_step=8",
                                  f"output_dir={out}"])
@@ -180,12 +180,12 @@ def test_a_second_signal_stops_at_once_and_names_the_last_checkpoint(tmp_path: P
 
 
 def test_a_signal_before_rl_stops_at_once_with_nothing_saved(tmp_path: Path, monkeypatch) -> None:
-    import reinforge.pipeline
+    import reinforge.jobs.train
 
     def sft_then_ctrl_c(*args):
         os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(reinforge.pipeline, "run_sft_stage", sft_then_ctrl_c)
+    monkeypatch.setattr(reinforge.jobs.train, "run_sft_stage", sft_then_ctrl_c)
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *MICRO, f"output_dir={out}"])
     assert result.exit_code == 130, result.output

@@ -10,6 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
+from reinforge.jobs.start import prepare
+from reinforge.jobs.train import run
 from reinforge.learner import (
     ForwardPlan,
     LearnerBatch,
@@ -28,7 +30,6 @@ from reinforge.learner.reference import AdapterReference
 from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, build_tiny_qwen2, load_policy, save_policy
 from reinforge.objectives import resolve_spec
-from reinforge.pipeline import prepare, run
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.tasks import build_task
 from reinforge.telemetry.checkpoint import CheckpointStore

@@ -444,11 +444,11 @@ def test_rl_loop_rewards_use_a_worker_exactly_when_the_sampler_thread_runs(
     import torch
 
     from reinforge.config import build_config
+    from reinforge.jobs.rl import run_rl
+    from reinforge.jobs.start import objective_spec
     from reinforge.models import load_policy
-    from reinforge.pipeline import objective_spec
     from reinforge.rollout import build_engine
     from reinforge.tasks import build_task
-    from reinforge.trainers import run_rl
 
     path = str(Path(math_rewards.__file__).parent.parent / "data" / "math_small.jsonl")
     cfg = build_config([*micro_overrides, f"train.mode={mode}", "train.steps=1", "rollout.max_new_tokens=12",

@@ -12,10 +12,11 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from reinforge.cli import app
-from reinforge.config import ModelConfig, build_config
+from reinforge.config import build_config
 from reinforge.models import load_policy
 from reinforge.models.charset import CHARSET
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
+from reinforge.settings import ModelConfig
 
 runner = CliRunner()
 
@@ -51,8 +52,8 @@ def test_model_device_auto_is_the_cpu_without_cuda_and_cuda_is_refused_before_a_
 
     from reinforge.config import build_config
     from reinforge.errors import ConfigError
+    from reinforge.jobs.start import prepare
     from reinforge.models import model_device, resolve_device
-    from reinforge.pipeline import prepare
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal is for machines without it")
@@ -239,7 +240,7 @@ def test_a_model_that_soft_caps_its_logits_gets_full_logits(tmp_path: Path) -> N
 
 def test_a_pipelines_later_stages_run_the_first_stages_architecture(tmp_path: Path, gpt2_dir: str) -> None:
     """Stage 2 trains stage 1's GPT-2, whose folder does not exist yet when the stages are checked."""
-    from reinforge.multistage import PipelineSpec, stage_configs
+    from reinforge.jobs.multistage import PipelineSpec, stage_configs
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "two", "stages": [{"name": "a"}, {"name": "b"}]}))
     a, b = stage_configs(PipelineSpec.load(str(tmp_path / "p.yaml")), [f"model={gpt2_dir}"], tmp_path / "out")

@@ -17,10 +17,11 @@ from test_reward_composition import _close, _rollout
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
+from reinforge.jobs.train import run
 from reinforge.loops.curation import _weighted_mean
 from reinforge.loops.rl import composed_scores
-from reinforge.pipeline import run
 from reinforge.rewards.compose import RewardComposer
+from reinforge.rewards.user import register
 from reinforge.rollout import SamplingParams
 from reinforge.settings import RewardConfig
 from reinforge.tasks import Example, build_task
@@ -28,7 +29,6 @@ from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.tasks.countdown import CountdownTask
 from reinforge.tasks.mix import MixTask, domain_schedule
 from reinforge.telemetry.recorder import eval_metrics
-from reinforge.user_rewards import register
 
 MIX = [{"name": "arithmetic", "weight": 0.7, "options": {"digits": 2}}, {"name": "countdown", "weight": 0.3}]
 MIX_OPTION = ("task.options.domains=[{name: arithmetic, weight: 0.7, options: {digits: 2}}, "

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.errors import ConfigError
-from reinforge.multistage import PipelineSpec, run_pipeline, stage_configs
+from reinforge.jobs.multistage import PipelineSpec, run_pipeline, stage_configs
 
 runner = CliRunner()
 

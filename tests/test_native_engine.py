@@ -14,7 +14,6 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import Policy, build_tiny_qwen2
@@ -24,6 +23,7 @@ from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.sampling import _draw, filter_logits, keyed_uniforms, mix64
 from reinforge.rollout.stopping import stop_string_end
+from reinforge.settings import ModelConfig
 
 PROMPTS = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]
 

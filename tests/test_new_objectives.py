@@ -18,9 +18,9 @@ from reinforge.objectives import RECIPE_OBJECTIVES, advantage_kl_shift, compute_
 from reinforge.objectives.advantages import AdvantagePipeline
 from reinforge.objectives.kl import centred_kl_penalty
 from reinforge.objectives.token_advantages import masked_whiten, token_returns
+from reinforge.rewards.user import register
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.settings import ModelConfig
-from reinforge.user_rewards import register
 
 runner = CliRunner()
 
@@ -197,8 +197,8 @@ def test_remax_refuses_async(tmp_path, micro_overrides):
 
 def test_remax_refuses_learner_ranks():
     from reinforge.config import Config
+    from reinforge.config.checks import check_data_parallel
     from reinforge.errors import ConfigError
-    from reinforge.trainers import check_data_parallel
 
     cfg = Config(recipe="remax", train={"shared_prefix": False})
     with pytest.raises(ConfigError, match="greedy baseline rollout"):

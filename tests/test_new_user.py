@@ -134,7 +134,7 @@ def test_export_of_a_run_whose_reward_was_a_notebook_function(tmp_path) -> None:
     # As if the reward had been given to reinforge.train in a process that has ended.
     config = run_dir / "config.yaml"
     config.write_text(
-        config.read_text().replace(f"{tmp_path / 'r.py'}:length", "reinforge.user_rewards:gone_with_its_process")
+        config.read_text().replace(f"{tmp_path / 'r.py'}:length", "reinforge.rewards.user:gone_with_its_process")
     )
     result = CliRunner().invoke(app, ["export", str(run_dir)])
     assert result.exit_code == 0, result.output
@@ -375,7 +375,7 @@ def test_a_required_parameter_nothing_fills_is_refused_before_anything_loads(tmp
     assert result.exit_code == 2 and "needs 'difficulty', which nothing passes" in result.output
     # A column of the data (ground_truth) fills it: the checks before the run pass.
     from reinforge.config import build_config as build
-    from reinforge.pipeline import prepare
+    from reinforge.jobs.start import prepare
 
     prepare(build([*base[1:], f"reward.functions=[{tmp_path / 'r.py'}:has_column]"]))
 

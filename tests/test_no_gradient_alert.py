@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 # An untrained model never answers right: every group's rewards are all 0.
 SHORT = ["sft.enabled=false", "train.steps=4", "alerts.no_gradient_steps=2", "eval.num_prompts=2", "eval.num_samples=2"]

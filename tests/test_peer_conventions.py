@@ -12,13 +12,13 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
+from reinforge.jobs.start import objective_spec
 from reinforge.learner.sequences import SequenceBatch
 from reinforge.loops.credit import CriticCredit
 from reinforge.objectives import RECIPE_OBJECTIVES, loss_weights, objective_loss, resolve_spec
 from reinforge.objectives.kl import kl_terms
 from reinforge.objectives.policy import POLICY_LOSSES
 from reinforge.objectives.token_advantages import masked_whiten
-from reinforge.pipeline import objective_spec
 
 F64 = torch.float64
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 
 runner = CliRunner()
 

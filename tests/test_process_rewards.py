@@ -476,8 +476,8 @@ def test_shepherd_dataset_from_the_sft_policy(trained):
 
 
 def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
+    from reinforge.jobs.process_reward_model import run_process_reward_model_job
     from reinforge.models import save_policy
-    from reinforge.prm_job import run_process_reward_model_job
 
     save_policy(trained["policy"], tmp_path / "policy")
     cfg = build_config([f"model.path={tmp_path / 'policy'}", "task.name=chain_sum", "task.options.terms=3",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinforge.config import ModelConfig, build_config
+from reinforge.config import build_config
 from reinforge.errors import ConfigError
 from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models import Policy, build_tiny_qwen2
@@ -15,6 +15,7 @@ from reinforge.models.factory import build_tiny_moe
 from reinforge.models.quantize import INT8_MAX, quantize_int8, quantize_weights
 from reinforge.objectives.corrections import apply_correction, mismatch_metrics
 from reinforge.rollout import NativeEngine, SamplingParams, build_engine
+from reinforge.settings import ModelConfig
 
 PROMPTS = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]
 

@@ -87,7 +87,7 @@ def test_killed_worker_loses_and_duplicates_no_request():
 
 
 def test_default_mode_never_imports_ray():
-    code = ("import sys, reinforge, reinforge.cli, reinforge.pipeline, reinforge.distributed; "
+    code = ("import sys, reinforge, reinforge.cli, reinforge.jobs.train, reinforge.distributed; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert proc.stdout.strip() == "[]"

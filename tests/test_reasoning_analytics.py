@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.config import AnalyticsConfig, build_config
+from reinforge.config import build_config
 from reinforge.errors import ConfigError
 from reinforge.eval.budget import cut_texts
 from reinforge.eval.evaluate import evaluate
@@ -18,7 +18,7 @@ from reinforge.loops.curation import _weighted_mean
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, Rollout, SamplingParams
-from reinforge.settings import ModelConfig
+from reinforge.settings import AnalyticsConfig, ModelConfig
 from reinforge.tasks import Example, build_task
 from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.telemetry.reflection import count_reflections, reflection_metrics, reflection_patterns, word_key
@@ -206,7 +206,7 @@ def test_a_short_run_logs_reflection_and_budget_metrics(tmp_path: Path, micro_ov
     is that; the reflection words are those letters as whole words (any case). A sample with one has such a
     letter: the incorrect samples have none (a swapped split would show there). Every row of a step is in samples.jsonl
     (no curation filter, samples_per_step = the batch), so each logged figure is recomputed from them."""
-    from reinforge.pipeline import run
+    from reinforge.jobs.train import run
 
     letters = ["a", "b", "c", "d", "e"]
     out = tmp_path / "run"

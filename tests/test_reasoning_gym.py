@@ -10,7 +10,7 @@ import pytest
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
-from reinforge.pipeline import prepare
+from reinforge.jobs.start import prepare
 from reinforge.tasks import build_task
 from reinforge.tasks.reasoning_gym import ReasoningGymTask
 

@@ -13,9 +13,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from reinforge.catalogue import generated_files, recipe_rows
 from reinforge.cli import app
 from reinforge.config import build_config
+from reinforge.jobs.start import objective_spec
 from reinforge.objectives import (
     RECIPE_OBJECTIVES,
     RECIPES,
@@ -23,11 +23,9 @@ from reinforge.objectives import (
     objective_loss,
     resolve_spec,
 )
-from reinforge.pipeline import objective_spec
-from reinforge.systems import BUILT, missing_systems
+from reinforge.objectives.catalogue import generated_files, recipe_rows
 
 runner = CliRunner()
-RUNNABLE = [name for name in RECIPES if not missing_systems(name)]
 
 
 def test_the_table_has_every_row_of_the_formula_sheet():
@@ -38,8 +36,6 @@ def test_the_table_has_every_row_of_the_formula_sheet():
         "reinforce_pp", "reinforce_pp_baseline", "remax",
         "passk", "w_reinforce", "opo", "entropy_adv",
     }
-    # Every recipe's systems exist today (the critic, async, the DPO loop were the last).
-    assert set(RUNNABLE) == set(RECIPES)
 
 
 def _spec(name):
@@ -120,10 +116,11 @@ def test_preset_yaml_resolves_to_the_recipe(name):
 
 
 def test_generated_files_are_committed_and_current():
-    # docs/algorithms.md and reinforge/recipes/*.yaml are generated: regenerate with python -m reinforge.catalogue.
+    # docs/algorithms.md and reinforge/recipes/*.yaml are generated:
+    # regenerate with python -m reinforge.objectives.catalogue.
     for path, text in generated_files().items():
-        assert path.is_file(), f"{path} is missing: run python -m reinforge.catalogue"
-        assert path.read_text() == text, f"{path} is stale: run python -m reinforge.catalogue"
+        assert path.is_file(), f"{path} is missing: run python -m reinforge.objectives.catalogue"
+        assert path.read_text() == text, f"{path} is stale: run python -m reinforge.objectives.catalogue"
 
 
 def test_catalogue_rows_come_from_the_registry():
@@ -131,7 +128,6 @@ def test_catalogue_rows_come_from_the_registry():
     assert rows["dapo"].objective == "ppo_clip (eps_low=0.2, eps_high=0.28)"
     assert rows["olmo3"].objective == "ppo_clip (eps_low=0.2, eps_high=0.28) + tis (cap=2.0)"
     assert rows["grpo"].kl == "k3 in_loss, beta 0.04" and rows["dr_grpo"].kl == "none"
-    assert rows["grpo"].status == "runs" and rows["areal"].status == "runs"
 
 
 def test_recipes_command_prints_the_catalogue_and_a_preset():
@@ -154,7 +150,7 @@ def _rl_lines(out: Path) -> list[dict]:
     return [r for r in lines if r["stage"] == "rl"]
 
 
-@pytest.mark.parametrize("name", [n for n in RUNNABLE if isinstance(RECIPES[n].objective, ObjectiveSpec)])
+@pytest.mark.parametrize("name", [n for n in RECIPES if isinstance(RECIPES[n].objective, ObjectiveSpec)])
 def test_every_runnable_rl_recipe_trains_three_steps(tmp_path, micro_overrides, name):
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *micro_overrides, "sft.steps=1", "eval.num_prompts=2",
@@ -174,15 +170,6 @@ def test_every_runnable_rl_recipe_trains_three_steps(tmp_path, micro_overrides, 
     assert rl[-1]["policy_version"] == len(trained) * steps_per_batch
     if not RECIPES[name].settings.get("curation"):
         assert len(trained) == 3
-
-
-def test_recipes_without_their_systems_say_so_and_write_nothing(tmp_path, micro_overrides, monkeypatch):
-    monkeypatch.setattr("reinforge.systems.BUILT", BUILT - {"async"})     # as before loops/async_rl.py landed
-    out = tmp_path / "run"
-    result = runner.invoke(app, ["train", *micro_overrides, "recipe=areal", f"output_dir={out}"])
-    assert result.exit_code == 2
-    assert "not built yet" in result.output and "recipe 'areal' needs asynchronous rollout" in result.output
-    assert not out.exists()
 
 
 def test_an_async_recipe_run_synchronously_is_refused(tmp_path, micro_overrides):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 from reinforge.telemetry.report import fmt, load_runs, write_report
 
 runner = CliRunner()

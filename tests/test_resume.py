@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.errors import RunStopped
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 from reinforge.telemetry.errors import os_error_message
 from reinforge.telemetry.recorder import TIMING_KEYS
@@ -238,12 +238,12 @@ def test_cli_reports_a_stopped_run_and_refuses_to_overwrite(tmp_path: Path, micr
 def test_os_errors_end_with_a_clear_message(
     tmp_path: Path, micro_overrides, monkeypatch, code: int, words: str
 ) -> None:
-    import reinforge.pipeline
+    import reinforge.jobs.train
 
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code), str(tmp_path / "run" / "metrics.jsonl"))
 
-    monkeypatch.setattr(reinforge.pipeline, "run", fail)
+    monkeypatch.setattr(reinforge.jobs.train, "run", fail)
     result = runner.invoke(app, ["train", *micro_overrides, f"output_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1 and words in result.output and "metrics.jsonl" in result.output
     assert "Traceback" not in result.output

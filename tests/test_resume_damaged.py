@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 import reinforge.telemetry.checkpoint as ckpt
 from reinforge.cli import app
 from reinforge.config import build_config
-from reinforge.pipeline import resume_config, run
+from reinforge.config.load import resume_config
+from reinforge.jobs.train import run
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError
 
 runner = CliRunner()
@@ -236,7 +237,7 @@ def test_disk_full_during_a_run_ends_with_one_line_and_exit_2_then_resume_finish
 
 def test_export_names_a_damaged_checkpoint_instead_of_exporting_it(whole: Path, tmp_path: Path) -> None:
     from reinforge.errors import ConfigError
-    from reinforge.export import export_model
+    from reinforge.jobs.export import export_model
 
     out = _copy(whole, tmp_path)
     _cut(out / "checkpoints" / "step-000003" / "state.pt", 0)

@@ -15,10 +15,11 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
+from reinforge.jobs.reward_model import run_reward_model_job
+from reinforge.jobs.train import run
 from reinforge.loops.dpo import PreferencePair
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.tokenizer import load_tokenizer
-from reinforge.pipeline import run
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.reward_model import (
     RewardModelSource,
@@ -30,7 +31,6 @@ from reinforge.rewards.reward_model import (
     train_reward_model,
 )
 from reinforge.rewards.sources import SourceContext, build_sources
-from reinforge.rm_job import run_reward_model_job
 from reinforge.rollout import Rollout
 from reinforge.settings import RewardConfig
 from reinforge.tasks import Example

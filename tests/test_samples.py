@@ -10,9 +10,10 @@ import pytest
 import torch
 from test_sinks import offline_run_files, wandb_history, wandb_offline  # noqa: F401 (fixture)
 
-from reinforge.config import LogConfig, build_config
-from reinforge.pipeline import run
+from reinforge.config import build_config
+from reinforge.jobs.train import run
 from reinforge.rollout.base import Rollout
+from reinforge.settings import LogConfig
 from reinforge.tasks.base import Example
 from reinforge.telemetry.samples import (
     StepSamples,
@@ -169,7 +170,7 @@ def test_resume_rewrites_the_samples_after_its_checkpoint(tmp_path) -> None:
 
     from conftest import MICRO
 
-    from reinforge.pipeline import resume_config
+    from reinforge.config.load import resume_config
 
     def config(name: str):
         return build_config([*MICRO, "train.steps=4", "log.samples_every=1", "log.samples_per_step=2",

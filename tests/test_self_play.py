@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
+from reinforge.jobs.multistage import PipelineSpec, run_pipeline, stage_configs
 from reinforge.loops.curation import PromptStream
 from reinforge.loops.self_play import SelfJudgedPairs, SpinPairs, judged_pairs
 from reinforge.models import load_policy
 from reinforge.models.tokenizer import build_char_tokenizer
-from reinforge.multistage import PipelineSpec, run_pipeline, stage_configs
 from reinforge.rewards.judge import Judge
 from reinforge.rollout import SamplingParams
 from reinforge.settings.judge import JudgeConfig
@@ -119,12 +119,12 @@ def test_self_judged_end_to_end(tmp_path, micro_overrides, monkeypatch) -> None:
     rl = _rl(out)
     assert all(r["judge/unscored"] == 16 and r["dpo/pairs"] == 0 and r["policy_version"] == 0 for r in rl)
 
-    import reinforge.trainers
+    import reinforge.jobs.rl
 
     def by_length(cfg, policy, device, chat_template):
         return Judge(ScriptedEngine(policy.tokenizer, lambda p, k: f"score: {len(p) / 1000}"), cfg)
 
-    monkeypatch.setattr(reinforge.trainers, "build_judge", by_length)
+    monkeypatch.setattr(reinforge.jobs.rl, "build_judge", by_length)
     out = tmp_path / "judged"
     result = CliRunner().invoke(app, ["train", *micro_overrides, "recipe=dpo", "dpo.pairs=self_judged",
                                       f"output_dir={out}"])

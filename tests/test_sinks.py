@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reinforge.config import LogConfig
+from reinforge.settings import LogConfig
 from reinforge.telemetry.sinks import TensorBoardSink, WandbSink, build_sinks, scalars
 
 MIXED = {"reward_mean": 0.25, "curation/rounds": 2, "eval/pass@1": np.float64(0.75), "note": "text",

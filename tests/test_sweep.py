@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
-from reinforge.sweep import (
+from reinforge.jobs.sweep import (
     Stat,
     SweepRun,
     _sweep_settings,

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import Config, build_config
-from reinforge.config_input import optional_section
+from reinforge.config.input import optional_section
+from reinforge.config.synonyms import TRL_NAMES, VERL_NAMES
+from reinforge.config.synonyms_openrlhf import OPENRLHF_NAMES
 from reinforge.errors import ConfigError
-from reinforge.synonyms import TRL_NAMES, VERL_NAMES
-from reinforge.synonyms_openrlhf import OPENRLHF_NAMES
 
 runner = CliRunner()
 
@@ -314,7 +314,7 @@ def test_argparse_style_options_get_their_key_value_spelling(tmp_path: Path, arg
 
 
 def test_a_sweep_axis_typed_as_argparse_gets_the_same_hint() -> None:
-    from reinforge.sweep import grid_axes
+    from reinforge.jobs.sweep import grid_axes
 
     with pytest.raises(ConfigError) as err:
         grid_axes(["--n_samples_per_prompt", "4,8"])

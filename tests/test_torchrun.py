@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
 from reinforge.telemetry.recorder import TIMING_KEYS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinforge.config import ModelConfig
 from reinforge.models import build_tiny_qwen2
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.rollout.trajectory import SCHEMA_VERSION, Segment, Trajectory, collate, split
+from reinforge.settings import ModelConfig
 
 
 def decode_ids(ids: torch.Tensor) -> list[str]:

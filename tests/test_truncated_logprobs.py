@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from reinforge.config import ModelConfig, build_config
+from reinforge.config import build_config
 from reinforge.learner import build_sequences
 from reinforge.learner.forward import ForwardPlan, token_logprobs
 from reinforge.learner.logprobs import chunked_kept_log_mass
@@ -17,6 +17,7 @@ from reinforge.learner.truncation import Truncation, kept_log_mass
 from reinforge.models import build_tiny_qwen2
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.rollout.sampling import filter_logits
+from reinforge.settings import ModelConfig
 
 PROMPTS = ["12+34=", "7+8=", "999+1=", "3 5 7>22:", "1+1="]
 TRUNCATIONS = {"top_k": dict(top_k=4), "top_p": dict(top_p=0.7), "min_p": dict(min_p=0.3)}

@@ -13,9 +13,9 @@ import pytest
 
 from reinforge.config import build_config
 from reinforge.errors import RunStopped
-from reinforge.pipeline import run
+from reinforge.jobs.train import run
+from reinforge.rewards.user import register
 from reinforge.telemetry.watchdog import _descendants, child_stacks, hang_limit
-from reinforge.user_rewards import register
 from reinforge.verifiers.bounded import BoundedPool
 
 CALLS = {"n": 0}

@@ -13,8 +13,8 @@ import torch
 
 from reinforge.config import build_config
 from reinforge.errors import RunStopped
+from reinforge.jobs.train import run
 from reinforge.models import decoder
-from reinforge.pipeline import run
 from reinforge.rollout.stream import LocalSampler
 from reinforge.telemetry.weight_sync import SamplerProbe, compare, default_tolerance, probe_ids
 

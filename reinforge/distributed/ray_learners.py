@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-if TYPE_CHECKING:   # the job's config passes through unread here, to the job (pipeline.run)
-    from reinforge.config import Config
+from reinforge.settings import RayConfig
 
 PLACEMENT_TIMEOUT_S = 120.0
 
@@ -38,7 +37,7 @@ class LearnerRank:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def run(self, job: Callable[..., Any], cfg: Config, rank: int, world: int, master: tuple[str, int], resume: bool,
+    def run(self, job: Callable[..., Any], cfg: Any, rank: int, world: int, master: tuple[str, int], resume: bool,
             overwrite: bool) -> dict:
         # LOCAL_RANK 0: Ray gives each actor its own devices (CUDA_VISIBLE_DEVICES), so each sees one.
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
@@ -47,18 +46,20 @@ class LearnerRank:
         return {"output_dir": result.output_dir, "summary": result.summary}
 
 
-def run_learner_group(job: Callable[..., Any], cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
-    """`job` (`pipeline.run`, passed in so that this module stays below the pipeline; Ray sends it by
-    reference, so the actor imports the pipeline itself) on `cfg.ray.learner_ranks` Ray actors; rank
-    0's result ({output_dir, summary})."""
+def run_learner_group(job: Callable[..., Any], cfg: Any, ray_cfg: RayConfig, *, resume: bool = False,
+                      overwrite: bool = False) -> dict:
+    """`job(cfg, resume=, overwrite=)` (the train job, passed in so that this module stays below the jobs;
+    Ray sends it by reference, so the actor imports it itself) on `ray_cfg.learner_ranks` Ray actors;
+    rank 0's result ({output_dir, summary}). `cfg` passes through unread: it is the job's config, with
+    backend=local (inside the group, the ranks are the job)."""
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=cfg.ray.address)
-    world = cfg.ray.learner_ranks
+        ray.init(address=ray_cfg.address)
+    world = ray_cfg.learner_ranks
     bundle = {
-        "CPU": cfg.ray.num_cpus_per_worker,
-        **({"GPU": cfg.ray.num_gpus_per_worker} if cfg.ray.num_gpus_per_worker else {}),
+        "CPU": ray_cfg.num_cpus_per_worker,
+        **({"GPU": ray_cfg.num_gpus_per_worker} if ray_cfg.num_gpus_per_worker else {}),
     }
     group = placement_group([bundle] * world, strategy="PACK")
     try:
@@ -68,14 +69,13 @@ def run_learner_group(job: Callable[..., Any], cfg: Config, *, resume: bool = Fa
         ranks = [
             LearnerRank.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-                num_cpus=cfg.ray.num_cpus_per_worker,
-                num_gpus=cfg.ray.num_gpus_per_worker,
+                num_cpus=ray_cfg.num_cpus_per_worker,
+                num_gpus=ray_cfg.num_gpus_per_worker,
             ).remote()
             for i in range(world)
         ]
         master = ray.get(ranks[0].address.remote())
-        local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
-        results = ray.get([r.run.remote(job, local, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])
+        results = ray.get([r.run.remote(job, cfg, i, world, master, resume, overwrite) for i, r in enumerate(ranks)])
         for r in ranks:
             ray.kill(r)
         return results[0]

@@ -3,7 +3,7 @@
 RL (synchronous or asynchronous, one process or data-parallel learner ranks) and DPO run this same
 loop; they differ in the batch source and the learner step they pass, and in the `after_update`
 hook (publish the weights to rollout workers under train.mode=async), never by a branch here.
-The sources and steps are built from the config at the edge (reinforge/trainers.py).
+The sources and steps are built from the config at the edge (reinforge/jobs/rl.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This table is the single source of what a recipe name means: `recipe_loss`
 uses it, `reinforge recipes` prints it, and docs/algorithms.md and the
 preset files reinforge/recipes/*.yaml are generated from it
-(`python -m reinforge.catalogue`). A recipe also names the trainer systems it
+(`python -m reinforge.objectives.catalogue`). A recipe also names the trainer systems it
 needs beyond the loss (a critic, dynamic sampling, asynchronous rollout...):
 the trainer refuses a recipe whose systems it does not have yet, rather than
 silently running something else under its name.

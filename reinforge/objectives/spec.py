@@ -83,7 +83,7 @@ class ObjectiveSpec:
     """The objective parts of an RL method (ALGORITHMS.md recipe table).
 
     Each field is documented once, in its metadata: the config's objective section
-    (reinforge.objective_config.ObjectiveConfig) is derived from these fields, one override per field.
+    (reinforge.settings.objective.ObjectiveConfig) is derived from these fields, one override per field.
     """
 
     advantage: str = field(default="grpo", metadata=_doc(

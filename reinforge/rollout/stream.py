@@ -109,7 +109,7 @@ class _Inbox:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How a rollout worker samples: what the edge (reinforge/trainers.py) reads from the config."""
+    """How a rollout worker samples: what the edge (reinforge/jobs/rl.py) reads from the config."""
 
     sampling: SamplingParams
     group_size: int

@@ -593,7 +593,7 @@ class DPOConfig(Section):
 
 class RewardModelTrainingConfig(Section):
     """`reinforge reward-model`: the preference pairs and the training of a Bradley-Terry reward model
-    (reinforge.rm_job). It starts from model.path after the sft section's cold start, as a run does."""
+    (reinforge.jobs.reward_model). It starts from model.path after the sft section's cold start, as a run does."""
 
     pairs: Literal["on_policy", "dataset"] = Field(
         "on_policy",
@@ -626,8 +626,8 @@ class RewardModelTrainingConfig(Section):
 
 class ProcessRewardTrainingConfig(Section):
     """`reinforge process-reward-model`: Math-Shepherd step labels from the policy and the training of a
-    process reward model on them (reinforge.prm_job). It starts from model.path after the sft section's
-    cold start, as a run does."""
+    process reward model on them (reinforge.jobs.process_reward_model). It starts from model.path after the
+    sft section's cold start, as a run does."""
 
     num_prompts: int = Field(512, gt=0, description="Train prompts whose sampled solutions are labelled.")
     samples_per_prompt: int = Field(4, gt=0, description="Solutions sampled per prompt (Math-Shepherd: 15).")

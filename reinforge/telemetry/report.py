@@ -160,7 +160,7 @@ def setting_text(key: str, value: object) -> str:
 def _reward_text(function: object) -> str:
     if not isinstance(function, dict):
         return str(function)
-    text = str(function.get("name")).removeprefix("reinforge.user_rewards:")     # a notebook's function: its name
+    text = str(function.get("name")).removeprefix("reinforge.rewards.user:")     # a notebook's function: its name
     params = function.get("params") or {}
     if params:
         text += "(" + ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items()) + ")"

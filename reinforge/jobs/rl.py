@@ -4,8 +4,8 @@ Everything below here (loops/, learner/, distributed/, rollout/, rewards/) takes
 settings or the config sections it needs; this module reads the whole config and wires the
 parts: the learner step, the state (resumed from `saved`), the batch source and the
 `after_update` hook of train.mode, the rollout workers of `backend`, the data-parallel ranks
-(`group`), and the preference objective and pair source of DPO. It also refuses, before anything
-is written, what learner ranks do not support (`check_data_parallel`).
+(`group`), and the pair source of DPO. What learner ranks do not support is refused before
+anything is written (config/checks.py: `check_data_parallel`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ from reinforge.loops.self_play import SelfJudgedPairs, SpinPairs
 from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, load_policy
 from reinforge.objectives import ObjectiveSpec
-from reinforge.objectives.preference import preference_loss
-from reinforge.objectives.recipes import RECIPES
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
@@ -264,53 +262,6 @@ PAIR_SOURCES: dict[str, Callable[[Config, Policy, RolloutEngine, Task], PairSour
     "self_judged": _self_judged_pairs,
     "spin": _spin_pairs,
 }
-
-
-def preference_spec(cfg: Config) -> PreferenceSpec:
-    """The recipe's preference objective with dpo.beta / dpo.loss_type / dpo.label_smoothing applied.
-
-    Raises ValueError for a recipe that is not a preference one, for objective.* overrides (those
-    are the parts of RL objectives), and for an unknown loss or a bad parameter.
-    """
-    objective = RECIPES[cfg.recipe].objective
-    if not isinstance(objective, PreferenceSpec):
-        raise ValueError(f"recipe {cfg.recipe!r} is not a preference objective")
-    if cfg.objective.overrides():
-        raise ValueError(f"objective.{next(iter(cfg.objective.overrides()))} sets a part of an RL objective; "
-                         f"recipe {cfg.recipe!r} takes dpo.beta, dpo.loss_type and dpo.label_smoothing")
-    changes = {k: v for k in ("beta", "loss_type", "label_smoothing") if (v := getattr(cfg.dpo, k)) is not None}
-    spec = dataclasses.replace(objective, **changes)
-    empty = torch.zeros(0)
-    # raises for a bad loss name or parameter
-    preference_loss(chosen_logprobs=empty, rejected_logprobs=empty, ref_chosen_logprobs=empty,
-                    ref_rejected_logprobs=empty, **dataclasses.asdict(spec))
-    return spec
-
-
-def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world_size: int) -> None:
-    """Refuse, before anything is written, what data-parallel learner ranks do not support yet."""
-    where = f"under torchrun (WORLD_SIZE={world_size}: data-parallel FSDP learner ranks)"
-    if cfg.train.shared_prefix:
-        raise ConfigError(
-            f"train.shared_prefix=true is not supported {where}: the shared-prompt learner forward reads "
-            "every layer's weights directly, past FSDP's per-layer all-gathers; set train.shared_prefix=false"
-        )
-    if cfg.model.lora is not None:
-        raise ConfigError(
-            f"model.lora is not supported {where} yet: train the full model (model.lora=null), or run one process"
-        )
-    if isinstance(spec, PreferenceSpec):
-        raise ConfigError(f"recipe {cfg.recipe!r} (preference pairs) is not supported {where} yet: run one process")
-    if spec.needs_critic:
-        raise ConfigError(
-            f"recipe {cfg.recipe!r} trains a critic, which is not supported {where} yet: run one process, "
-            "or use a critic-free recipe (grpo, dr_grpo, ...)"
-        )
-    if takes_baselines(spec):
-        raise ConfigError(f"objective.advantage={spec.advantage} (a greedy baseline rollout) is not supported {where} "
-                          "yet: run one process")
-    if cfg.backend != "local":
-        raise ConfigError(f"backend={cfg.backend} is not supported {where}: set backend=local")
 
 
 def sft_data(cfg: Config, task: Task) -> list:

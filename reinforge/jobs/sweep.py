@@ -193,7 +193,7 @@ def run_sweep(overrides: list[str], out_dir: Path, jobs: int = 1, config_file: s
 
     Raises ConfigError before anything is written when any combination is invalid.
     """
-    from reinforge.pipeline import prepare
+    from reinforge.jobs.start import prepare
 
     say = on_event or (lambda _: None)
     if jobs < 1:
@@ -317,7 +317,7 @@ def _execute(
 
 def _run_in_process(run: SweepRun, config_file: str | None, log_path: Path) -> int:
     """One run in this process (no interpreter start-up per run); its exception, if any, goes to the log."""
-    from reinforge.pipeline import run as run_pipeline
+    from reinforge.jobs.train import run as run_pipeline
 
     try:
         run_pipeline(build_config([*run.overrides, f"output_dir={run.path}"], config_file))

@@ -43,7 +43,7 @@ import yaml
 from reinforge.config import Config, build_config, load_yaml, parse_overrides
 from reinforge.errors import ConfigError
 
-PIPELINES_DIR = Path(__file__).parent / "pipelines"
+PIPELINES_DIR = Path(__file__).parent.parent / "pipelines"
 
 
 STARTS = ("previous", "initial")      # a stage's model: the previous stage's, or the pipeline's own (model.path)
@@ -179,7 +179,8 @@ def _as_overrides(settings: dict[str, Any]) -> list[str]:
 def run_pipeline(name_or_path: str, overrides: list[str], out_dir: Path,
                  on_stage: Callable[[int, Config], None] | None = None) -> PipelineResult:
     """Run the stages in order (see the module docstring); returns each stage's evaluation."""
-    from reinforge.pipeline import prepare, run
+    from reinforge.jobs.start import prepare
+    from reinforge.jobs.train import run
 
     spec = PipelineSpec.load(name_or_path)
     out_dir = Path(out_dir)

@@ -1,12 +1,12 @@
 """OpenRLHF's launcher flags (openrlhf/cli/train_ppo_ray.py), mapped to the reinforge key that does
-the same job: the third table of reinforge/synonyms.py, matched by a key's last part as TRL's names
+the same job: the third table of reinforge/config/synonyms.py, matched by a key's last part as TRL's names
 are. The flags OpenRLHF shares with TRL (temperature, top_p, save_steps, eval_steps, logging_steps,
 bf16, lora_alpha, lora_dropout, eval_dataset) are in TRL's table.
 """
 
 from __future__ import annotations
 
-from reinforge.synonyms import KL_EST, NO_VLLM, PROMPT_LENGTH, REWARD_FILE, Synonym
+from reinforge.config.synonyms import KL_EST, NO_VLLM, PROMPT_LENGTH, REWARD_FILE, Synonym
 
 OPENRLHF = "OpenRLHF's name"
 _NO_DEEPSPEED = "reinforge does not use DeepSpeed; to train on several GPUs run under torchrun --nproc-per-node N"

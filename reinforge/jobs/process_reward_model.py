@@ -2,7 +2,7 @@
 by step with Math-Shepherd's continuations -> a PRM folder, with its held-out step accuracy.
 
 1. the policy whose solutions are labelled (model.path, after the cold-start SFT when sft is on, exactly
-   as `reinforge train` starts: `rm_job.cold_start`), which also continues the step prefixes;
+   as `reinforge train` starts: `reward_model.cold_start`), which also continues the step prefixes;
 2. labels: prm.samples_per_prompt solutions of each of prm.num_prompts train prompts, split at
    prm.marker, each step labelled by prm.continuations continuations of its prefix (rewards/shepherd.py);
    the same for prm.heldout_prompts held-out (eval split) prompts, never trained on;
@@ -24,6 +24,7 @@ import torch
 
 from reinforge.config import Config
 from reinforge.errors import ConfigError
+from reinforge.jobs.reward_model import cold_start, job_start
 from reinforge.rewards.process_model import (
     StepLabels,
     build_process_reward_model,
@@ -33,7 +34,6 @@ from reinforge.rewards.process_model import (
     train_process_reward_model,
 )
 from reinforge.rewards.shepherd import shepherd_dataset
-from reinforge.rm_job import cold_start, job_start
 from reinforge.rollout import SamplingParams
 from reinforge.tasks import Task
 
@@ -71,7 +71,7 @@ def run_process_reward_model_job(cfg: Config, out: str | Path) -> PRMJobResult:
     """Policy -> Math-Shepherd labels -> PRM -> OUT (see the module docstring)."""
     t0 = time.perf_counter()
     settings = cfg.prm
-    task, policy, engine = job_start(cfg, out)
+    task, _, policy, engine = job_start(cfg, out)
     cold_start(cfg, policy, task, engine)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
 

@@ -1,6 +1,6 @@
 """What a user types, before it becomes a Config: `key=value` overrides, YAML files, and unknown
 keys refused with the closest valid key or, for a name from TRL or verl, the full reinforge key
-(reinforge/synonyms.py). Every failure is one ConfigError line naming the file or key.
+(reinforge/config/synonyms.py). Every failure is one ConfigError line naming the file or key.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pydantic import BaseModel
 from reinforge.errors import ConfigError
 
 if typing.TYPE_CHECKING:
-    from reinforge.synonyms import Synonym
+    from reinforge.config.synonyms import Synonym
 
 # Names within one section that users bring from peft, so the suggestion is right even when the
-# spelling is nothing alike; names from TRL and verl, across sections, are in reinforge/synonyms.py.
+# spelling is nothing alike; names from TRL and verl, across sections, are in reinforge/config/synonyms.py.
 _SYNONYMS = {
     "rank": "r",             # peft's LoraConfig spells these lora_alpha, lora_dropout
     "lora_r": "r",
@@ -65,8 +65,8 @@ def _sections_with(key: str, root: type[BaseModel]) -> list[str]:
 def find_synonym(path: str) -> Synonym | None:
     """The synonym of the dotted key `path` as typed: a verl path, else a TRL or OpenRLHF name by its
     last part. Here, above both tables: OpenRLHF's table (synonyms_openrlhf.py) builds on synonyms.py."""
-    from reinforge.synonyms import TRL_NAMES, VERL_NAMES
-    from reinforge.synonyms_openrlhf import OPENRLHF_NAMES, openrlhf_family
+    from reinforge.config.synonyms import TRL_NAMES, VERL_NAMES
+    from reinforge.config.synonyms_openrlhf import OPENRLHF_NAMES, openrlhf_family
 
     name = path.rpartition(".")[2]
     return VERL_NAMES.get(path) or TRL_NAMES.get(name) or OPENRLHF_NAMES.get(name) or openrlhf_family(name)
@@ -75,7 +75,7 @@ def find_synonym(path: str) -> Synonym | None:
 def _unknown_messages(path: str, key: str, value: Any, model: type[BaseModel], top_level: bool) -> list[str]:
     """The refusals of the unknown key `path`: a TRL / verl name says where reinforge has it (across
     sections; each such name of an unknown section); a misspelling names the closest key of its section."""
-    from reinforge.synonyms import synonym_message
+    from reinforge.config.synonyms import synonym_message
 
     known = [synonym_message(leaf, leaf_value, synonym) for leaf, leaf_value in leaves(path, value)
              if (synonym := find_synonym(leaf)) is not None]     # verl's nested names arrive as one unknown section
@@ -193,7 +193,7 @@ def _argparse_message(item: str, following: str | None) -> str:
         raw = following if takes_value else "true"
     typed = f"{item} {following}" if not sep and raw == following else item
     message = f"'{typed}': settings are key=value, write {name}={raw}"
-    from reinforge.synonyms import synonym_message
+    from reinforge.config.synonyms import synonym_message
 
     synonym = find_synonym(name)
     if synonym is None:

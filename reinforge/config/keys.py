@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import Config, build_config
+from reinforge.config.load import build_config
+from reinforge.config.root import Config
 from reinforge.errors import ConfigError
 
 

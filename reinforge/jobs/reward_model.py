@@ -28,9 +28,10 @@ from tqdm import tqdm
 
 from reinforge.config import Config
 from reinforge.errors import ConfigError
+from reinforge.jobs import start as bootstrap
 from reinforge.loops.dpo import PreferencePair, preference_pairs, verifier_pairs
 from reinforge.loops.rl import verified
-from reinforge.models import Policy, load_policy
+from reinforge.models import Policy
 from reinforge.rewards.reward_model import (
     build_reward_model,
     pair_accuracy,
@@ -38,8 +39,8 @@ from reinforge.rewards.reward_model import (
     save_reward_model,
     train_reward_model,
 )
-from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
-from reinforge.tasks import Example, Task, build_task
+from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.tasks import Example, Task
 
 
 @dataclass
@@ -88,9 +89,9 @@ def split_pairs(pairs: list[PreferencePair], heldout_fraction: float, seed: int)
 
 def cold_start(cfg: Config, policy: Policy, task: Task, engine: RolloutEngine) -> None:
     """The cold-start SFT `reinforge train` runs first (sft section), when it is on."""
+    from reinforge.jobs.rl import sft_examples
     from reinforge.learner import ForwardPlan
     from reinforge.loops.sft import run_sft
-    from reinforge.trainers import sft_examples
 
     if cfg.sft.enabled and cfg.sft.steps > 0:
         data, _ = sft_examples(cfg, engine, task)
@@ -98,26 +99,22 @@ def cold_start(cfg: Config, policy: Policy, task: Task, engine: RolloutEngine) -
                 forward=ForwardPlan.from_config(cfg.train))
 
 
-def job_start(cfg: Config, out: str | Path) -> tuple[Task, Policy, RolloutEngine]:
-    """(task, policy, engine) of a job that writes a model to `out` from a run's config (this one and
-    `reinforge process-reward-model`'s): seeded, `cfg.threads` threads, the policy of model.path before any
-    cold start. FileExistsError for an `out` that holds something."""
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    task = build_task(cfg.task.name, **cfg.task.options)
-    task.system = cfg.prompt.system
+def job_start(cfg: Config, out: str | Path) -> bootstrap.Started:
+    """The bootstrap of a job that writes a model to `out` from a run's config (this one and
+    `reinforge process-reward-model`'s): every check, seeded, `cfg.threads` threads, the policy of
+    model.path before any cold start, its engine (episodes with tools or an environment); jobs/start.py.
+    FileExistsError for an `out` that holds something."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty: choose another output folder")
-    policy = load_policy(cfg.model, cfg.seed)
-    return task, policy, build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
+    return bootstrap.start(cfg)
 
 
 def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
     """Pairs -> reward model -> OUT (see the module docstring)."""
     t0 = time.perf_counter()
     rm_cfg = cfg.rm
-    task, policy, engine = job_start(cfg, out)
+    task, _, policy, engine = job_start(cfg, out)
     out = Path(out)
     sampling = SamplingParams.from_config(cfg.rollout)
     unseen: list[PreferencePair] = []

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reinforge.config import Config, ModelConfig
+from reinforge.config import Config
+from reinforge.config.load import resume_config
 from reinforge.errors import ConfigError
 from reinforge.models import Policy, load_policy, save_policy
-from reinforge.pipeline import resume_config
+from reinforge.settings import ModelConfig
 from reinforge.telemetry.checkpoint import CheckpointDamaged, CheckpointStore
 
 

@@ -12,53 +12,40 @@ what is duplicated, what is sharded, what is refused); only rank 0 writes.
 from __future__ import annotations
 
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from tqdm import tqdm
 
 from reinforge.agents.rollout import AgentEngine
-from reinforge.agents.setup import build_agent, check_agent
-from reinforge.config import Config, config_to_yaml, format_validation_error, load_yaml
+from reinforge.config import Config, config_to_yaml
 from reinforge.distributed import (
     LearnerGroup,
     init_learner_group,
     leave_learner_group,
-    torchrun_world_size,
 )
 from reinforge.distributed.data_parallel import on_rank_0, split_generation
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.eval.evaluate import EvalResult, evaluate
-from reinforge.lifecycle import Interrupts, check_can_train, data_description, resume_line, split_notes
-from reinforge.loops.baselines import takes_baselines
-from reinforge.loops.dpo import preference_pairs
+from reinforge.jobs.lifecycle import Interrupts, check_can_train, data_description, resume_line, split_notes
+from reinforge.jobs.rl import probe_rewards, run_dpo, run_rl, run_sft_stage
+from reinforge.jobs.start import load_policy, prepare, rollout_engine, seed_everything
 from reinforge.loops.loop import NonFiniteStop, RLResult, StepRecord
 from reinforge.loops.rl import RLState
-from reinforge.models import Policy, load_policy, resolve_device
-from reinforge.models.decoder import check_native_model_type
-from reinforge.models.factory import check_model_dir
-from reinforge.models.model_dir import architecture_plan
-from reinforge.objectives import RECIPES, ObjectiveSpec, resolve_spec
+from reinforge.models import Policy, resolve_device
+from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
-from reinforge.rewards.compose import RewardError, check_reward_inputs
-from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
-from reinforge.rollout.prompts import check_chat_prompts, check_context
-from reinforge.systems import check_runnable
-from reinforge.tasks import Task, build_task
+from reinforge.rewards.compose import RewardError
+from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.tasks import Task
 from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
-from reinforge.telemetry.run_dir import check_output_dir
 from reinforge.telemetry.watchdog import Watchdog
 from reinforge.telemetry.weight_sync import WeightSyncError
-from reinforge.trainers import check_data_parallel, preference_spec, probe_rewards, run_dpo, run_rl, run_sft_stage
 
 
 @dataclass
@@ -67,155 +54,10 @@ class RunResult:
     summary: dict
 
 
-def objective_spec(cfg: Config) -> ObjectiveSpec | PreferenceSpec:
-    """The recipe's objective with the config's overrides applied (objective.* for RL, dpo.* for DPO)."""
-    if isinstance(RECIPES[cfg.recipe].objective, PreferenceSpec):
-        return preference_spec(cfg)
-    return resolve_spec(cfg.recipe, **cfg.objective.overrides())
-
-
 # The training stage after SFT, by the kind of objective: policy-gradient RL (synchronous or
 # asynchronous, train.mode) or preference pairs. All take (cfg, policy, engine, task, spec,
 # on_step, saved) and checkpoint through on_step.
 TRAINERS = {(ObjectiveSpec, "sync"): run_rl, (ObjectiveSpec, "async"): run_rl, (PreferenceSpec, "sync"): run_dpo}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
-    """Everything that can fail on user input, done before anything is written.
-
-    Raises ConfigError for bad input, NotImplementedError for a recipe whose
-    systems are not built yet.
-    """
-    check_runnable(cfg.recipe)
-    try:
-        task = build_task(cfg.task.name, **cfg.task.options)
-        task.system = cfg.prompt.system
-        spec = objective_spec(cfg)
-        # Splits too small for the prompts asked for (a small dataset, digits=1) say so now.
-        task.train_split(max(cfg.train.num_prompts, cfg.sft.rejection_prompts if cfg.sft.source == "rejection" else 0))
-        task.eval_split(cfg.eval.num_prompts)
-    except (ValueError, TypeError) as err:  # bad option values of the task or objective
-        raise ConfigError(str(err)) from None
-    check_runnable(cfg.recipe, spec)       # a composition may need more than its recipe (a critic)
-    resolve_device(cfg.model.device)       # a CUDA device this machine lacks
-    check_mode(cfg, spec)
-    if torchrun_world_size() > 1:
-        check_data_parallel(cfg, spec, torchrun_world_size())
-    if isinstance(spec, PreferenceSpec) and cfg.dpo.pairs == "dataset":
-        preference_pairs(cfg.dpo.pairs_path, cfg.dpo.pairs_fields)   # DatasetError (a ConfigError) names a bad row
-    if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "file" and not Path(cfg.sft.data_path).exists():
-        raise ConfigError(f"sft.data_path '{cfg.sft.data_path}' does not exist")
-    # The first train example of each domain (one, unless the task is a mix): what the checks below judge.
-    firsts = {task.domain_of(e): e for e in reversed(task.train_split(max(cfg.train.num_prompts, 1)))}
-    if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "teacher":
-        # A task without traces (a dataset with no completions) says so here, before the run directory exists.
-        rng = random.Random(cfg.seed)
-        for first in firsts.values():
-            task.teacher_completion(first, rng)
-            if cfg.sft.corrupt_fraction > 0:
-                task.corrupt_completion(first, rng)
-    check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
-    if (task.use_tools or cfg.task.environment) and cfg.sft.enabled and cfg.sft.steps > 0 \
-            and cfg.sft.source == "rejection":
-        raise ConfigError("sft.source=rejection keeps single completions, and this run's samples are multi-turn "
-                          "episodes (tools or task.environment): rejection sampling of episodes is not built; use "
-                          "sft.source=teacher or file, or sft.enabled=false")
-    if cfg.task.environment_reward == "turn" and not (cfg.task.environment and spec.needs_critic):
-        need = "a critic to credit turn by turn (recipe=ppo or vapo, or objective.advantage=gae)" \
-            if cfg.task.environment else "task.environment (tools' episodes are scored once, on the answer)"
-        raise ConfigError(f"task.environment_reward=turn needs {need}; a group advantage ({cfg.recipe}) reads one "
-                          "reward per trajectory: task.environment_reward=trajectory")
-    for domain, first in firsts.items():      # a required parameter nothing fills: before any load
-        check_reward_inputs(cfg.reward, first, domain)
-    check_teachers(cfg)
-    from reinforge.verifiers.code import configure_sandbox
-
-    configure_sandbox(cfg.reward.code.allow_weak_sandbox)     # the code verifier's and python tool's sandbox
-    if cfg.model.path != "builtin":
-        path = check_model_dir(cfg.model.path)      # config.json, weights, a tokenizer that fits
-        if cfg.rollout.engine == "native":
-            check_native_model_type(path)
-        if cfg.train.shared_prefix:
-            check_native_model_type(path, "train.shared_prefix=true", "train.shared_prefix=false")
-        if torchrun_world_size() > 1:     # shard_model shards the same Llama-family decoders
-            check_native_model_type(path, "torchrun (FSDP learner ranks)", "one process")
-    if cfg.model.lora is not None and cfg.model.lora.dropout > 0 and cfg.train.shared_prefix:
-        raise ConfigError(
-            "model.lora.dropout > 0 needs train.shared_prefix=false: the shared-prompt learner forward runs "
-            "the merged LoRA weights, with no dropout on the adapters' input (or set model.lora.dropout=0)"
-        )
-    check_output_dir(cfg.output_dir or default_output_dir(cfg.recipe))
-    plan = architecture_plan(cfg.model.path) if cfg.model.path != "builtin" else None
-    lora_targets = list(cfg.model.lora.target_modules) if cfg.model.lora is not None else None
-    note = (plan.note(cfg.rollout.engine, cfg.train.shared_prefix, lora_targets, cfg.train.logprob_chunk_size)
-            if plan is not None else None)
-    if note is not None and torchrun_world_size() == 1:    # what runs the model, and why: once, last
-        Console(stderr=True).print(escape(note), soft_wrap=True, highlight=False)
-    return task, spec
-
-
-def check_teachers(cfg: Config) -> None:
-    """The teachers of distillation exist; on-policy distillation's shares the policy's tokenizer."""
-    if cfg.reward.teacher is not None:
-        from reinforge.rewards.teacher import check_teacher
-
-        check_teacher(cfg.reward.teacher.path, cfg.model.path)
-    if cfg.sft.teacher_path is not None and cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "rejection":
-        try:
-            path = check_model_dir(cfg.sft.teacher_path)
-            if cfg.rollout.engine == "native":
-                check_native_model_type(path)
-        except ConfigError as err:
-            raise ConfigError(f"sft.teacher_path: {err}") from None
-
-
-def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
-    """train.mode against what the recipe and engine can do."""
-    if takes_baselines(spec) and (cfg.train.mode == "async" or cfg.backend == "ray"):
-        raise ConfigError(
-            f"objective.advantage={spec.advantage} needs a greedy completion of each prompt as its baseline, which "
-            "only the synchronous loop in one process generates: set train.mode=sync and backend=local"
-        )
-    if "async" in RECIPES[cfg.recipe].requires and cfg.train.mode != "async":
-        raise ConfigError(
-            f"recipe {cfg.recipe!r} is asynchronous (train.mode=async in its preset); with train.mode="
-            f"{cfg.train.mode} it would not be {cfg.recipe}: compose its objective under another recipe name instead"
-        )
-    if cfg.backend == "ray" and cfg.train.mode == "sync":
-        if cfg.ray.learner_ranks < 2:
-            raise ConfigError(
-                "backend=ray runs rollout workers for train.mode=async, or data-parallel learner ranks for "
-                "train.mode=sync (ray.learner_ranks >= 2): set one of them, or backend=local"
-            )
-        check_data_parallel(cfg.model_copy(update={"backend": "local"}), spec, cfg.ray.learner_ranks)
-    if cfg.train.mode != "async":
-        return
-    if isinstance(spec, PreferenceSpec):
-        raise ConfigError("train.mode=async is for RL recipes; DPO trains synchronously (train.mode=sync)")
-    if cfg.rollout.engine != "native":
-        raise ConfigError(
-            "train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native"
-        )
-
-
-def resume_config(run_dir: str | Path, *, command: str = "--resume", rewards: bool = True) -> Config:
-    """The resolved config a run wrote to RUN_DIR/config.yaml, pointed at RUN_DIR (it may have moved).
-    `command` starts the error messages; `rewards=False` leaves the reward functions unresolved (export
-    computes no reward, and a notebook function given to reinforge.train lives only in its process)."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{command}: '{run_dir}' holds no run (no config.yaml)")
-    try:     # a damaged file: one line with its line and column
-        cfg = Config.model_validate(load_yaml(path), context={"resolve_rewards": rewards})
-    except ValidationError as err:
-        raise ConfigError(f"{command}: {path} is not a valid config ({format_validation_error(err)})") from None
-    return cfg.model_copy(update={"output_dir": str(run_dir)})
 
 
 class _Muted:
@@ -249,7 +91,8 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
             run_learner_group,  # Ray is imported only when asked for
         )
 
-        return RunResult(**run_learner_group(run, cfg, resume=resume, overwrite=overwrite))
+        local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
+        return RunResult(**run_learner_group(run, local, cfg.ray, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
     if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
         # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
@@ -267,9 +110,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
          resume: bool, overwrite: bool) -> RunResult:
     if group.rank != 0:               # rank 0 shows the progress bars
         cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"progress": False})})
-    torch.set_num_threads(cfg.threads)
-    seed_everything(cfg.seed)
-    policy = _load_checked_policy(cfg, task)
+    policy = load_policy(cfg, task)
     # The resolved config names its real run directory, not the default's null.
     cfg = cfg.model_copy(update={"output_dir": str(cfg.output_dir or default_output_dir(cfg.recipe))})
     store = CheckpointStore(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep_last)
@@ -286,12 +127,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
                             enabled=group.world_size == 1)
     try:
         with interrupts:
-            # The engine reads the policy's weights at every call, so it can be built before SFT
-            # (rejection-sampling SFT samples from the model it then trains).
-            engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-            # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
-            engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
-                                 cfg.task.environment_reward) or engine
+            engine = rollout_engine(cfg, policy, task)
             hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
             hooks.interrupts = interrupts
             rl = _train(cfg, hooks, engine, spec, saved, run_dir)
@@ -301,16 +137,6 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
         recorder.close()
         run_dir.close()
     return RunResult(output_dir=str(run_dir.path), summary=summary)
-
-
-def _load_checked_policy(cfg: Config, task: Task) -> Policy:
-    policy = load_policy(cfg.model, cfg.seed)
-    # Chat-message prompts need the tokenizer's chat template: known only now, still before anything is written.
-    check_chat_prompts(policy.tokenizer, cfg.prompt.chat_template, [e.prompt for e in task.train_split(1)])
-    check_context(policy.model.config, policy.tokenizer, cfg.prompt.chat_template,
-                  [e.prompt for e in task.train_split(cfg.train.num_prompts) + task.eval_split(cfg.eval.num_prompts)],
-                  cfg.rollout.max_new_tokens, "model.max_positions" if cfg.model.path == "builtin" else None)
-    return policy
 
 
 def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy) -> LoadedCheckpoint | None:

@@ -1,6 +1,6 @@
 """The catalogue of methods and parts, generated from the registries.
 
-`reinforge recipes` prints it; `python -m reinforge.catalogue` writes
+`reinforge recipes` prints it; `python -m reinforge.objectives.catalogue` writes
 docs/algorithms.md and the preset files reinforge/recipes/*.yaml from it, and
 a test fails when the committed files differ from what this module
 generates. Nothing here is written by hand twice: formulas come from the
@@ -27,16 +27,15 @@ from reinforge.objectives import (
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
     RECIPES,
-    SYSTEMS,
     ObjectiveSpec,
     PreferenceSpec,
     Recipe,
 )
 from reinforge.objectives.spec import ValueSpec
-from reinforge.systems import missing_systems
 
-ROOT = Path(__file__).resolve().parent
-GENERATED_NOTE = "Generated from reinforge/objectives by `python -m reinforge.catalogue`; edit the code, not this file."
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED_NOTE = ("Generated from reinforge/objectives by `python -m reinforge.objectives.catalogue`; "
+                  "edit the code, not this file.")
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ class RecipeRow:
     aggregation: str
     kl: str
     extras: str
-    status: str
 
 
 def _params(params: Mapping[str, object]) -> str:
@@ -61,13 +59,11 @@ def _with_params(name: str, params: Mapping[str, object]) -> str:
 
 
 def recipe_row(recipe: Recipe) -> RecipeRow:
-    missing = missing_systems(recipe.name)
-    status = "runs" if not missing else "needs " + ", ".join(missing)
     spec = recipe.objective
     extras = "; ".join(recipe.extras)
     if isinstance(spec, PreferenceSpec):
         return RecipeRow(
-            recipe.name, "-", f"{spec.loss_type} (beta={spec.beta})", "mean over pairs", "-", extras, status
+            recipe.name, "-", f"{spec.loss_type} (beta={spec.beta})", "mean over pairs", "-", extras
         )
     advantage = _with_params(spec.advantage, spec.advantage_params)
     if spec.value is not None:
@@ -88,7 +84,7 @@ def recipe_row(recipe: Recipe) -> RecipeRow:
             kl += f", {spec.kl_normalization} normalised"
         if spec.reference == "ema":
             kl += f", EMA reference {spec.reference_ema}"
-    return RecipeRow(recipe.name, advantage, objective, spec.aggregation, kl, extras, status)
+    return RecipeRow(recipe.name, advantage, objective, spec.aggregation, kl, extras)
 
 
 def recipe_rows() -> list[RecipeRow]:
@@ -159,9 +155,6 @@ def preset_yaml(recipe: Recipe) -> str:
         spec = recipe.objective
         lines.append(f"# Preference objective: loss_type={spec.loss_type}, beta={spec.beta}, "
                      f"label_smoothing={spec.label_smoothing}.")
-    missing = missing_systems(recipe.name)
-    if missing:
-        lines.append("# Not runnable yet: needs " + "; ".join(SYSTEMS[m] for m in missing) + ".")
     lines.append(f"# {GENERATED_NOTE}")
     lines.append("# A variant of your own: copy this file, change parts, run `reinforge train --config FILE`.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(preset(recipe), sort_keys=False, default_flow_style=False)
@@ -190,7 +183,7 @@ def _parts_table(title: str, table: Mapping[str, Callable], note: str) -> list[s
 
 
 def algorithms_markdown() -> str:
-    header = ["method", "advantage", "objective", "aggregation", "KL", "curation and extras", "status"]
+    header = ["method", "advantage", "objective", "aggregation", "KL", "curation and extras"]
     lines = [
         "# Algorithms",
         "",

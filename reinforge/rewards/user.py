@@ -3,7 +3,7 @@
 A function defined in a notebook or a script's `__main__` has no import path,
 yet the config names every reward function by a string. `register` puts the
 function in this module, and the config names it
-`reinforge.user_rewards:<name>`, which the reward composer imports like any
+`reinforge.rewards.user:<name>`, which the reward composer imports like any
 'module:function': the same resolution, so every calling convention it
 accepts works for these too.
 
@@ -72,4 +72,4 @@ def __getattr__(name: str) -> Callable:
     raise AttributeError(
         f"no reward function {name!r} is registered in this process: it was a Python function given to "
         "reinforge.train(reward_funcs=[...]) in another one; call reinforge.train with it again (or "
-        "reinforge.user_rewards.register), or give it by import path 'module:function'")
+        "reinforge.rewards.user.register), or give it by import path 'module:function'")
