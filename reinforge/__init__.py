@@ -42,6 +42,10 @@ MOVED = {
     "reinforge.objective_config": "reinforge.settings.objective",
     "reinforge.catalogue": "reinforge.objectives.catalogue",
     "reinforge.user_rewards": "reinforge.rewards.user",
+    "reinforge.loops.curation": "reinforge.curation.batches",
+    "reinforge.loops.difficulty": "reinforge.curation.difficulty",
+    "reinforge.loops.rejection": "reinforge.curation.rejection",
+    "reinforge.telemetry.weight_sync": "reinforge.rollout.weight_sync",
 }
 
 

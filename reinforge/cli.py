@@ -113,6 +113,7 @@ def train(
     from reinforge.config.load import resume_config
     from reinforge.errors import RunInterrupted, RunStopped
     from reinforge.jobs.train import run
+    from reinforge.telemetry.console import print_run_summary
 
     try:
         with user_errors(ConfigError, FileExistsError, NotImplementedError, RunStopped):
@@ -130,7 +131,7 @@ def train(
         error_console.print(escape(line), soft_wrap=True, highlight=False)
         raise typer.Exit(code=128 + (err.signum if isinstance(err, RunInterrupted) else signal.SIGINT)) from None
     if os.environ.get("RANK", "0") == "0":      # under torchrun, every rank ran the job: rank 0 reports it
-        _print_summary(result.output_dir, result.summary)
+        print_run_summary(console, result.output_dir, result.summary)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -309,42 +310,13 @@ def sweep(
     import time
     from pathlib import Path
 
-    from reinforge.jobs.sweep import run_sweep, table
+    from reinforge.jobs.sweep import print_result, run_sweep
 
     target = Path(out) if out else Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     with user_errors(ConfigError):
         result = run_sweep(overrides or [], target, jobs=jobs, config_file=config,
                            on_event=lambda message: console.print(escape(message), soft_wrap=True, highlight=False))
-    header, cells = table(result.rows, result.axes)
-    grid = Table(title="held-out evaluation after RL: mean ± sample std over seeds")
-    labels = max(1, len([axis for axis in result.axes if axis != "seed"]))   # the group's columns, then numbers
-    for i, name in enumerate(header):
-        grid.add_column(name, justify="left" if i < labels else "right")
-    for row in cells:
-        grid.add_row(*(escape(c) for c in row))
-    if console.is_terminal:
-        console.print(grid)
-    else:   # a log file or pipe: the whole table unwrapped, not squeezed into rich's default 80 columns
-        from rich.measure import Measurement
-
-        width = Measurement.get(console, console.options.update_width(10_000), grid).maximum
-        Console(file=console.file, width=max(console.width, width)).print(grid)
-    if result.note:
-        console.print(escape(result.note), soft_wrap=True, highlight=False)
-    for run in result.failed:
-        last = (run.error or "").splitlines()[-1:] or ["no output"]
-        console.print(
-            f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} "
-            f"(log: {escape(str(target / 'logs' / run.name))}.log)",
-            soft_wrap=True,
-        )
-    console.print(
-        f"table: {escape(str(result.markdown))} (also {result.json.name}, {result.csv.name})",
-        soft_wrap=True,
-        highlight=False,
-    )
-    if result.report is not None:
-        console.print(f"report: {escape(str(result.report))}", soft_wrap=True, highlight=False)
+    print_result(console, result, target)
     if result.failed:
         raise typer.Exit(code=1)
 
@@ -440,35 +412,6 @@ def doctor(
         console.print(escape(line), soft_wrap=True, highlight=False)
     if not ok:
         raise typer.Exit(code=1)
-
-
-def _print_summary(output_dir: str, summary: dict) -> None:
-    start, final = summary["eval"]["start"], summary["eval"]["final"]
-    table = Table(title=f"held-out evaluation ({start['num_prompts']} prompts, {start['num_samples']} samples each)")
-    table.add_column("metric")
-    table.add_column("start of RL", justify="right")
-    table.add_column("after RL", justify="right")
-    table.add_column("change", justify="right")
-    rows = [
-        ("pass@1", start["pass@1"], final["pass@1"]),
-        ("greedy accuracy", start["greedy_accuracy"], final["greedy_accuracy"]),
-    ]
-    rows += [(f"pass@{k}", start["pass@k"][k], final["pass@k"][k]) for k in start["pass@k"] if k != "1"]
-    # a mix: each domain's pass@1 over its share of the held-out prompts
-    rows += [(f"pass@1 {d} ({n['num_prompts']})", n["pass@1"], final["domains"][d]["pass@1"])
-             for d, n in start.get("domains", {}).items()]
-    # eval.token_budgets: pass@1 when generation is cut at B new tokens (test-time scaling)
-    budgets = final.get("pass_at_budget", {})
-    rows += [(f"pass@1 within {b} tokens", v, budgets[b]) for b, v in start.get("pass_at_budget", {}).items()
-             if b in budgets]
-    for name, a, b in rows:
-        table.add_row(name, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
-    console.print(table)
-    alone = summary["eval"].get("final_without_tools")
-    if alone is not None:     # a run with tools: the same model with none to call
-        console.print(f"after RL without tools: pass@1 {alone['pass@1']:.3f}, greedy accuracy "
-                      f"{alone['greedy_accuracy']:.3f}")
-    console.print(f"run directory: {output_dir}  ({summary['wall_seconds']:.0f} s)")
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Records that several packages share, here below all of them so that none imports another's
 producer to read one: the reward step's verdict on each row (`Scores`: made by the RL loops, read
 by telemetry), and a preference pair (`PreferencePair`: read from files and sampled by the DPO
-loop and the reward-model job, trained on by reinforge.rewards.reward_model).
+loop and the reward-model job, trained on by reinforge.rewards.reward_model), and a health
+alert (`Alert`: raised by the monitors of telemetry and by the weight-sync probe of rollout).
 """
 
 from __future__ import annotations
@@ -61,3 +62,16 @@ class PreferencePair:
     prompt: str
     chosen: str
     rejected: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A health alert of a run (alerts.jsonl): what went wrong at which step, and the numbers behind it."""
+
+    step: int
+    name: str
+    message: str                 # one line for a person: the step, the numbers, what to try
+    values: dict[str, float]     # the numbers behind the message
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "alert": self.name, "message": self.message, "values": dict(self.values)}

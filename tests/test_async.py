@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.curation.batches import PromptStream
 from reinforge.jobs.rl import run_rl
 from reinforge.jobs.start import objective_spec
 from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness
-from reinforge.loops.curation import PromptStream
 from reinforge.models import load_policy
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.session import FinishedRow

@@ -1,4 +1,4 @@
-"""Batch curation (loops/curation.py): group filters, refill rounds, the prompt pool, masks."""
+"""Batch curation (curation/batches.py): group filters, refill rounds, the prompt pool, masks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from reinforge.loops.curation import (
+from reinforge.curation.batches import (
     BatchCollector,
     Groups,
     PromptStream,
@@ -216,7 +216,7 @@ class RightTask:
 
 
 def test_difficulty_filter_keeps_prompts_in_the_pass_rate_band(tmp_path):
-    from reinforge.loops.difficulty import pass_rates, write_filtered
+    from reinforge.curation.difficulty import pass_rates, write_filtered
 
     examples = [Example(prompt=f"q{i}", answer=str(i), meta={"id": i}) for i in range(5)]
     rates = pass_rates(AnsweringEngine(), RightTask(), examples, k=4, sampling=SamplingParams(), batch_prompts=2)

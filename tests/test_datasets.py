@@ -444,7 +444,7 @@ def test_prompt_system_makes_every_prompt_a_conversation(tmp_path: Path) -> None
     # A conversation survives pickling (async sampler, Ray workers) and `reinforge filter`'s file.
     import pickle
 
-    from reinforge.loops.difficulty import write_filtered
+    from reinforge.curation.difficulty import write_filtered
 
     examples = task.eval_split(3)
     assert pickle.loads(pickle.dumps(examples[0].prompt)).as_list() == prompts[0]

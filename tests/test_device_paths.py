@@ -34,8 +34,8 @@ from reinforge.learner.logprobs import chunked_token_logprobs_and_entropy
 from reinforge.models import Policy, build_tiny_qwen2, load_policy
 from reinforge.objectives import compute_advantages, resolve_spec
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.rollout.weight_sync import default_tolerance
 from reinforge.settings import ModelConfig
-from reinforge.telemetry.weight_sync import default_tolerance
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])]

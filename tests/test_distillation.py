@@ -14,11 +14,11 @@ import yaml
 from learning import constant_answer_task, held_out_pass_rates
 
 from reinforge.config import build_config
+from reinforge.curation.batches import Groups, zero_variance
 from reinforge.errors import ConfigError
 from reinforge.jobs.multistage import PipelineSpec, run_pipeline, stage_configs
 from reinforge.jobs.train import run
 from reinforge.learner import ForwardPlan, build_sequences, token_logprobs
-from reinforge.loops.curation import Groups, zero_variance
 from reinforge.loops.rl import composed_scores, with_token_terms
 from reinforge.models import build_tiny_qwen2
 from reinforge.models.factory import save_policy

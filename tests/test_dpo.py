@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.curation.batches import PromptStream
 from reinforge.data import DatasetError
 from reinforge.errors import ConfigError
 from reinforge.jobs.rl import run_dpo
@@ -22,7 +23,6 @@ from reinforge.learner import (
     completion_token_stats,
     warmup_constant,
 )
-from reinforge.loops.curation import PromptStream
 from reinforge.loops.dpo import (
     OnPolicyPairs,
     PreferencePair,

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from reinforge.curation.batches import PoolExhausted
 from reinforge.distributed import (
     full_state_dict,
     init_learner_group,
@@ -37,7 +38,6 @@ from reinforge.learner import (
     token_logprobs,
     warmup_constant,
 )
-from reinforge.loops.curation import PoolExhausted
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import LOCAL, resolve_spec
 from reinforge.rollout import NativeEngine, SamplingParams

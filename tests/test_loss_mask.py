@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.curation.batches import CuratedBatch, Groups, Scores, rollout_metrics, select_rows
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.learner import (
     ForwardPlan,
@@ -29,7 +30,6 @@ from reinforge.learner import (
     token_logprobs,
     warmup_constant,
 )
-from reinforge.loops.curation import CuratedBatch, Groups, Scores, rollout_metrics, select_rows
 from reinforge.loops.rl import Learner, RLState, build_credit
 from reinforge.models import build_tiny_qwen2
 from reinforge.objectives import resolve_spec

@@ -15,10 +15,10 @@ from test_evaluate import ScriptedEngine
 from test_reward_composition import _close, _rollout
 
 from reinforge.config import build_config
+from reinforge.curation.batches import _weighted_mean
 from reinforge.errors import ConfigError
 from reinforge.eval.evaluate import EvalResult, evaluate
 from reinforge.jobs.train import run
-from reinforge.loops.curation import _weighted_mean
 from reinforge.loops.rl import composed_scores
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.user import register

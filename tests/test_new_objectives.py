@@ -10,9 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from reinforge.cli import app
+from reinforge.curation.batches import Scores
 from reinforge.loops.baselines import greedy_baselines, takes_baselines
 from reinforge.loops.credit import GroupCredit
-from reinforge.loops.curation import Scores
 from reinforge.models.factory import load_policy
 from reinforge.objectives import RECIPE_OBJECTIVES, advantage_kl_shift, compute_advantages, resolve_spec
 from reinforge.objectives.advantages import AdvantagePipeline

@@ -60,7 +60,7 @@ def test_ray_run_trains_within_the_staleness_bound():
     # (Without the publication the gap is ~4e-4 here.)
     assert out["sft_loss_change"] != 0
     assert rl[0]["mismatch_abs_diff_max"] < 1e-6
-    # Every publication reached both workers: each scored the probe as the learner does (telemetry/weight_sync.py).
+    # Every publication reached both workers: each scored the probe as the learner does (rollout/weight_sync.py).
     assert all(line["sync/probe_tv"] < 1e-5 for line in rl)
     assert not out["ray_up_after"]        # close() shut down the Ray instance the backend started
 

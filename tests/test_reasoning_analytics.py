@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.curation.batches import _weighted_mean
 from reinforge.errors import ConfigError
 from reinforge.eval.budget import cut_texts
 from reinforge.eval.evaluate import evaluate
-from reinforge.loops.curation import _weighted_mean
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, Rollout, SamplingParams

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from reinforge.config import build_config
+from reinforge.curation.rejection import distillation_examples, rejection_sample
 from reinforge.data import DatasetError
-from reinforge.loops.rejection import distillation_examples, rejection_sample
 from reinforge.loops.sft import run_sft
 from reinforge.models import build_tiny_qwen2
 from reinforge.rollout import Rollout, SamplingParams, build_engine

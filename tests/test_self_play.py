@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.config import build_config
+from reinforge.curation.batches import PromptStream
 from reinforge.jobs.multistage import PipelineSpec, run_pipeline, stage_configs
-from reinforge.loops.curation import PromptStream
 from reinforge.loops.self_play import SelfJudgedPairs, SpinPairs, judged_pairs
 from reinforge.models import load_policy
 from reinforge.models.tokenizer import build_char_tokenizer

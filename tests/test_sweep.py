@@ -15,18 +15,8 @@ from typer.testing import CliRunner
 from reinforge.cli import app
 from reinforge.config import build_config
 from reinforge.errors import ConfigError
-from reinforge.jobs.sweep import (
-    Stat,
-    SweepRun,
-    _sweep_settings,
-    expand_grid,
-    run_names,
-    run_sweep,
-    separation_note,
-    split_values,
-    summarise,
-    table,
-)
+from reinforge.jobs.sweep import _sweep_settings, expand_grid, run_names, run_sweep, split_values
+from reinforge.jobs.sweep_table import Stat, SweepRun, separation_note, summarise, table
 
 runner = CliRunner()
 

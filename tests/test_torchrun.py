@@ -90,7 +90,7 @@ def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Pat
     assert [x["reward_mean"] for x in two] == [x["reward_mean"] for x in single]
     assert all(x["reward_std"] > 0 for x in two)
     # After every publication each rank's plain copy (what the engine reads) scored the probe as the sharded
-    # forward does (telemetry/weight_sync.py), and the verdict was shared: no rank stopped.
+    # forward does (rollout/weight_sync.py), and the verdict was shared: no rank stopped.
     assert all(0 <= x["sync/probe_tv"] < 1e-5 for x in two)
     # 2 epochs x 2 mini-batches per step
     assert ([x["policy_version"] for x in two] == [x["policy_version"] for x in single] == [4, 8])

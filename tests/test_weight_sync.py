@@ -1,4 +1,4 @@
-"""Weight-sync verification (telemetry/weight_sync.py): after every publication the sampler scores a fixed
+"""Weight-sync verification (rollout/weight_sync.py): after every publication the sampler scores a fixed
 probe as the learner does. A normal run passes every step with a difference at float rounding; a run whose
 sampler keeps old weights (a skipped publication, a load that changes nothing, a LoRA adapter the engine
 ignores) stops at the first step with a weight_sync alert naming what did not sync."""
@@ -16,7 +16,7 @@ from reinforge.errors import RunStopped
 from reinforge.jobs.train import run
 from reinforge.models import decoder
 from reinforge.rollout.stream import LocalSampler
-from reinforge.telemetry.weight_sync import SamplerProbe, compare, default_tolerance, probe_ids
+from reinforge.rollout.weight_sync import SamplerProbe, compare, default_tolerance, probe_ids
 
 # Rewards that differ within a group from the first step on, so that every step updates the weights.
 VARIED = ["reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",

@@ -102,7 +102,7 @@ class RolloutActor:
         return self.sampler.times()
 
     def probe(self, version: int, ids: torch.Tensor, timeout: float, name: str) -> list[SamplerProbe]:
-        """The probe scored by this actor's sampler once it applied `version` (telemetry/weight_sync.py)."""
+        """The probe scored by this actor's sampler once it applied `version` (rollout/weight_sync.py)."""
         return self.sampler.probe(version, ids, timeout, name=name)
 
 

@@ -2,7 +2,7 @@
 samples of the policy lies in [lo, hi], written as JSONL that `task.name=dataset` reads back.
 
 Started like every job (jobs/start.py): checked, seeded, the policy of model.path and its engine
-(episodes when the run has tools or an environment); loops/difficulty.py measures and writes.
+(episodes when the run has tools or an environment); curation/difficulty.py measures and writes.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from reinforge.config import Config
+from reinforge.curation.difficulty import DifficultyReport, pass_rates, write_filtered
 from reinforge.jobs.start import start
-from reinforge.loops.difficulty import DifficultyReport, pass_rates, write_filtered
 from reinforge.rollout import SamplingParams
 
 

@@ -20,13 +20,13 @@ from tqdm import tqdm
 from reinforge.agents.rollout import AgentEngine
 from reinforge.agents.workers import AgentSampler
 from reinforge.config import Config
+from reinforge.curation.batches import BatchCollector, PromptStream, SampleNow, Scores
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.errors import ConfigError, RunStopped
 from reinforge.learner import ForwardPlan, UpdateSettings
 from reinforge.loops.async_rl import StalenessGate, StreamBatches, StreamSource
 from reinforge.loops.baselines import greedy_baselines, takes_baselines
-from reinforge.loops.curation import BatchCollector, PromptStream, SampleNow, Scores
 from reinforge.loops.dpo import (
     DatasetPairs,
     DPOState,
@@ -54,11 +54,11 @@ from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.sources import SourceContext, build_sources
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
+from reinforge.rollout.weight_sync import build_check, sampler_probe, wire
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
 from reinforge.telemetry.recorder import Recorder
 from reinforge.telemetry.reflection import with_reflection_metrics
-from reinforge.telemetry.weight_sync import build_check, sampler_probe, wire
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
 
@@ -270,7 +270,7 @@ def sft_data(cfg: Config, task: Task) -> list:
     if cfg.sft.source == "teacher":
         return task.sft_examples(cfg.sft.num_examples, cfg.sft.corrupt_fraction, seed=cfg.seed)
     if cfg.sft.source == "file":
-        from reinforge.loops.rejection import distillation_examples
+        from reinforge.curation.rejection import distillation_examples
 
         return distillation_examples(cfg.sft.data_path)
     raise ConfigError(f"sft.source={cfg.sft.source} has no SFT data before sampling (dpo.pairs=spin pairs the SFT "
@@ -300,7 +300,7 @@ def _sft_source(cfg: Config, engine, task: Task) -> tuple[list, dict]:
     if cfg.sft.source == "file":
         examples = sft_data(cfg, task)
         return examples, {"examples": len(examples)}
-    from reinforge.loops.rejection import rejection_sample
+    from reinforge.curation.rejection import rejection_sample
 
     if cfg.sft.teacher_path is not None:      # offline distillation: the teacher's samples, not the model's own
         teacher = load_policy(cfg.model.model_copy(update={"path": cfg.sft.teacher_path, "lora": None}), cfg.seed)

@@ -16,32 +16,29 @@ summary.json (a run that stopped) is renamed <name>.incomplete-N and redone.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import itertools
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from reinforge.config import build_config, load_yaml, parse_overrides
 from reinforge.errors import ConfigError
+from reinforge.jobs.sweep_table import SweepRow, SweepRun, csv_text, separation_note, summarise, table
 
-# The axes a group's runs differ in (the run's seed, or the RL stage's own seed from one SFT model);
-# every other swept axis defines a group.
-SEEDS = frozenset({"seed", "train.seed"})
 _OPENERS, _CLOSERS = "[{(", "]})"
 
 
@@ -113,57 +110,6 @@ def run_names(combos: list[list[str]], swept: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Results
-
-
-@dataclass
-class Stat:
-    """Mean and sample standard deviation (ddof=1) of one number over the seeds of a group."""
-
-    values: list[float]
-    mean: float | None
-    std: float | None        # None with fewer than two values: one seed says nothing about seed noise
-
-    @classmethod
-    def of(cls, values: list[float]) -> Stat:
-        return cls(values=list(values), mean=statistics.fmean(values) if values else None,
-                   std=statistics.stdev(values) if len(values) > 1 else None)
-
-    def text(self, signed: bool = False) -> str:
-        """`0.412 ± 0.031`, `0.412 ± n/a` (one seed) or `n/a` (none), as the table prints it."""
-        if self.mean is None:
-            return "n/a"
-        mean = f"{self.mean:+.3f}" if signed else f"{self.mean:.3f}"
-        return f"{mean} ± {'n/a' if self.std is None else f'{self.std:.3f}'}"
-
-
-@dataclass
-class SweepRun:
-    name: str
-    path: Path
-    overrides: list[str]                 # the combination, plus what the sweep adds (threads, log.progress)
-    axes: dict[str, str]                 # value of each swept axis
-    status: Literal["done", "skipped", "failed"] = "done"   # skipped: finished by an earlier sweep
-    seconds: float = 0.0
-    error: str | None = None             # the tail of a failed run's output
-    summary: dict | None = None
-
-
-@dataclass
-class SweepRow:
-    """One group: the runs that differ only in their seed."""
-
-    group: dict[str, str]                # swept axes except seed
-    runs: list[str]                      # names of the group's runs
-    n: int                               # finished runs (seeds)
-    failed: int
-    final_pass1: Stat                    # held-out pass@1 after RL
-    delta_pass1: Stat                    # per seed: final pass@1 - start-of-RL pass@1
-    greedy: Stat                         # held-out greedy accuracy after RL
-    pass_at_k: dict[str, Stat] = field(default_factory=dict)   # final pass@k, keys as in summary.json
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.group.items()) or "all runs"
 
 
 @dataclass
@@ -332,67 +278,6 @@ def _run_in_process(run: SweepRun, config_file: str | None, log_path: Path) -> i
 # The table
 
 
-def summarise(runs: list[SweepRun], swept: list[str]) -> list[SweepRow]:
-    """One row per group of runs that differ only in their seed, in grid order."""
-    groups: dict[tuple, list[SweepRun]] = {}
-    for run in runs:
-        groups.setdefault(tuple((k, v) for k, v in run.axes.items() if k not in SEEDS), []).append(run)
-    rows = []
-    for key, members in groups.items():
-        evals = [r.summary["eval"] for r in members if r.summary is not None]
-        ks = sorted({k for ev in evals for k in ev["final"].get("pass@k", {})}, key=int)
-        rows.append(SweepRow(
-            group=dict(key), runs=[r.name for r in members], n=len(evals),
-            failed=sum(r.status == "failed" for r in members),
-            final_pass1=Stat.of([ev["final"]["pass@1"] for ev in evals]),
-            delta_pass1=Stat.of([ev["final"]["pass@1"] - ev["start"]["pass@1"] for ev in evals]),
-            greedy=Stat.of([ev["final"]["greedy_accuracy"] for ev in evals]),
-            pass_at_k={k: Stat.of([ev["final"]["pass@k"][k] for ev in evals if k in ev["final"].get("pass@k", {})])
-                       for k in ks},
-        ))
-    return rows
-
-
-def separation_note(rows: list[SweepRow]) -> str:
-    """Is the best group ahead of the second by more than seed noise? A rough hint, not a test.
-
-    "separated" means the gap between the two best mean final pass@1 values
-    exceeds the sum of their sample stds. That is a simple, conservative-looking
-    rule of thumb; with few seeds the stds themselves are noisy, so neither
-    verdict is a significance test.
-    """
-    ranked = sorted((r for r in rows if r.final_pass1.mean is not None), key=lambda r: -r.final_pass1.mean)
-    if len(ranked) < 2:
-        return ""
-    best, second = ranked[0], ranked[1]
-    gap = best.final_pass1.mean - second.final_pass1.mean
-    head = (f"Best group ({best.label}, n={best.n}) leads the second ({second.label}, n={second.n}) "
-            f"by {gap:.3f} final pass@1")
-    if gap == 0:
-        head = f"The two best groups ({best.label}; {second.label}) tie at {best.final_pass1.mean:.3f} final pass@1"
-    if best.final_pass1.std is None or second.final_pass1.std is None:
-        return head + "; with one seed in a group its seed noise is unknown: sweep seed=0,1,2 to compare."
-    spread = best.final_pass1.std + second.final_pass1.std
-    verdict = "separated" if gap > spread else "within seed noise"
-    return (
-        head + f"; the sum of their stds is {spread:.3f}: {verdict}. "
-        "(Rule of thumb: gap > std1 + std2. A hint, not a significance test; with few seeds the stds are noisy too.)"
-    )
-
-
-def table(result_rows: list[SweepRow], swept: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of the sweep table, as sweep.md and the console print it."""
-    axes = [k for k in swept if k not in SEEDS]
-    ks = sorted({k for r in result_rows for k in r.pass_at_k if k != "1"}, key=int)
-    header = [*(axes or ["group"]), "n", "final pass@1", "Δ pass@1 (final − start)", "greedy accuracy",
-              *(f"pass@{k}" for k in ks), "failed"]
-    cells = [[*([row.group[k] for k in axes] if axes else [row.label]), str(row.n), row.final_pass1.text(),
-              row.delta_pass1.text(signed=True), row.greedy.text(),
-              *(row.pass_at_k[k].text() if k in row.pass_at_k else "n/a" for k in ks), str(row.failed)]
-             for row in result_rows]
-    return header, cells
-
-
 def _write_results(out_dir: Path, swept: list[str], runs: list[SweepRun]) -> SweepResult:
     from reinforge.telemetry.report import write_report
 
@@ -416,22 +301,42 @@ def _write_results(out_dir: Path, swept: list[str], runs: list[SweepRun]) -> Swe
         "axes": swept, "note": note, "rows": [asdict(r) for r in rows],
         "runs": [{**{k: v for k, v in asdict(r).items() if k != "summary"}, "path": str(r.path)} for r in runs],
     }, indent=2))
-    paths["csv"].write_text(_csv(rows, swept))
+    paths["csv"].write_text(csv_text(rows, swept))
     with_metrics = [r.path for r in runs if (r.path / "metrics.jsonl").is_file()]
     report = write_report(with_metrics, out_dir) if with_metrics else None
     return SweepResult(out_dir=out_dir, axes=swept, runs=runs, rows=rows, note=note, report=report, **paths)
 
 
-def _csv(rows: list[SweepRow], swept: list[str]) -> str:
-    axes = [k for k in swept if k not in SEEDS]
-    ks = sorted({k for r in rows for k in r.pass_at_k if k != "1"}, key=int)   # pass@1 has its own column
-    stats = ["final_pass@1", "delta_pass@1", "greedy_accuracy", *(f"final_pass@{k}" for k in ks)]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow([*axes, "n", "failed", *(f"{s}_{m}" for s in stats for m in ("mean", "std"))])
-    for row in rows:
-        values = [row.final_pass1, row.delta_pass1, row.greedy, *(row.pass_at_k.get(k, Stat.of([])) for k in ks)]
-        writer.writerow([*(row.group[k] for k in axes), row.n, row.failed,
-                         *("" if x is None else repr(x) for s in values for x in (s.mean, s.std))])
-    return buffer.getvalue()
+def print_result(console: Console, result: SweepResult, target: Path) -> None:
+    """The end of `reinforge sweep`: the table of every group (unwrapped when not a terminal), the failed
+    runs with their logs, and where the table and report were written."""
+    header, cells = table(result.rows, result.axes)
+    grid = Table(title="held-out evaluation after RL: mean ± sample std over seeds")
+    labels = max(1, len([axis for axis in result.axes if axis != "seed"]))   # the group's columns, then numbers
+    for i, name in enumerate(header):
+        grid.add_column(name, justify="left" if i < labels else "right")
+    for row in cells:
+        grid.add_row(*(escape(c) for c in row))
+    if console.is_terminal:
+        console.print(grid)
+    else:   # a log file or pipe: the whole table unwrapped, not squeezed into rich's default 80 columns
+        from rich.measure import Measurement
 
+        width = Measurement.get(console, console.options.update_width(10_000), grid).maximum
+        Console(file=console.file, width=max(console.width, width)).print(grid)
+    if result.note:
+        console.print(escape(result.note), soft_wrap=True, highlight=False)
+    for run in result.failed:
+        last = (run.error or "").splitlines()[-1:] or ["no output"]
+        console.print(
+            f"[bold red]failed:[/] {escape(run.name)}: {escape(last[0])} "
+            f"(log: {escape(str(target / 'logs' / run.name))}.log)",
+            soft_wrap=True,
+        )
+    console.print(
+        f"table: {escape(str(result.markdown))} (also {result.json.name}, {result.csv.name})",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if result.report is not None:
+        console.print(f"report: {escape(str(result.report))}", soft_wrap=True, highlight=False)

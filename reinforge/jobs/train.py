@@ -40,16 +40,19 @@ from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError
 from reinforge.rollout import RolloutEngine, SamplingParams
+from reinforge.rollout.weight_sync import WeightSyncError
 from reinforge.tasks import Task
 from reinforge.telemetry import RunDir, default_output_dir
 from reinforge.telemetry.checkpoint import CheckpointStore, CheckpointWriteError, LoadedCheckpoint
 from reinforge.telemetry.recorder import Recorder, eval_metrics
 from reinforge.telemetry.watchdog import Watchdog
-from reinforge.telemetry.weight_sync import WeightSyncError
 
 
 @dataclass
-class RunResult:
+class TrainJobResult:
+    """What the train job hands back: where it wrote, and its summary.json. (`reinforge.train` reads
+    the run directory into the richer `api.RunResult`.)"""
+
     output_dir: str
     summary: dict
 
@@ -71,7 +74,7 @@ class _Muted:
         return lambda *args, **kwargs: None
 
 
-def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunResult:
+def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> TrainJobResult:
     """The default job, or with `resume` its continuation from the newest checkpoint in cfg.output_dir.
 
     A resumed run ends with the weights and metrics.jsonl of an uninterrupted run (timing
@@ -92,7 +95,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
         )
 
         local = cfg.model_copy(update={"backend": "local"})     # inside the group, the ranks are the job
-        return RunResult(**run_learner_group(run, local, cfg.ray, resume=resume, overwrite=overwrite))
+        return TrainJobResult(**run_learner_group(run, local, cfg.ray, resume=resume, overwrite=overwrite))
     group = init_learner_group()      # a world of one, nothing initialised, without torchrun
     if group.world_size > 1 and resolve_device(cfg.model.device).type == "cuda":
         # Each learner rank on its own GPU (torchrun's LOCAL_RANK; Ray shows each rank actor one).
@@ -107,7 +110,7 @@ def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> RunRes
 
 
 def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: LearnerGroup, t_start: float, *,
-         resume: bool, overwrite: bool) -> RunResult:
+         resume: bool, overwrite: bool) -> TrainJobResult:
     if group.rank != 0:               # rank 0 shows the progress bars
         cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"progress": False})})
     policy = load_policy(cfg, task)
@@ -136,7 +139,7 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
     finally:
         recorder.close()
         run_dir.close()
-    return RunResult(output_dir=str(run_dir.path), summary=summary)
+    return TrainJobResult(output_dir=str(run_dir.path), summary=summary)
 
 
 def _load_checkpoint(store: CheckpointStore, group: LearnerGroup, policy: Policy) -> LoadedCheckpoint | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.loops.curation import (
+from reinforge.curation.batches import (
     BatchCollector,
     CuratedBatch,
     PoolExhausted,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from reinforge.loops.curation import Scores
+from reinforge.curation.batches import Scores
 from reinforge.objectives.advantages import resolve_advantage
 from reinforge.objectives.spec import ObjectiveSpec
 from reinforge.objectives.value import CRITIC_ADVANTAGES

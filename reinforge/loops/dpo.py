@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.curation.batches import Groups, PromptStream, rollout_metrics
 from reinforge.data import DatasetError, read_records
 from reinforge.learner import (
     ForwardPlan,
@@ -42,7 +43,6 @@ from reinforge.learner import (
     warmup_constant,
 )
 from reinforge.learner.batching import plan_micro_batches
-from reinforge.loops.curation import Groups, PromptStream, rollout_metrics
 from reinforge.loops.loop import LoopState, Timed
 from reinforge.loops.sft import tokenize_pairs
 from reinforge.models import Policy

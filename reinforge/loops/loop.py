@@ -15,8 +15,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from reinforge.curation.batches import PoolExhausted
 from reinforge.distributed import full_optimizer_state, load_full_optimizer_state
-from reinforge.loops.curation import PoolExhausted
 from reinforge.telemetry.checkpoint import global_rng_state, set_global_rng_state
 from reinforge.telemetry.samples import StepSamples
 

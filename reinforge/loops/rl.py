@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from reinforge.curation.batches import BatchCollector, CuratedBatch, PromptStream, Scores, domain_metrics
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.learner import (
     ForwardPlan,
@@ -28,7 +29,6 @@ from reinforge.learner import (
 )
 from reinforge.learner.critic import Critic
 from reinforge.loops.credit import CriticCredit, GroupCredit
-from reinforge.loops.curation import BatchCollector, CuratedBatch, PromptStream, Scores, domain_metrics
 from reinforge.loops.loop import LoopState, StepRecord, Timed
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from reinforge.loops.curation import Groups, PromptStream, rollout_metrics
+from reinforge.curation.batches import Groups, PromptStream, rollout_metrics
 from reinforge.loops.dpo import Pairs, PairSource, pair_sequences, rollout_pairs
 from reinforge.loops.loop import Timed
 from reinforge.loops.sft import tokenize_pairs

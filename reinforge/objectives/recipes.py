@@ -61,7 +61,7 @@ _CLIP_HIGHER = {"eps_low": 0.2, "eps_high": 0.28}
 # Methods without a ratio (REINFORCE-style terms) are only unbiased on-policy:
 # one optimizer step per rollout batch (ALGORITHMS.md: "one update per batch").
 _ON_POLICY = {"train": {"ppo_epochs": 1, "mini_batches": 1}}
-# Batch curation (loops/curation.py). DAPO samples up to 3 generation batches per step
+# Batch curation (curation/batches.py). DAPO samples up to 3 generation batches per step
 # (its num_gen_batches; the paper gives no fixed limit); ScaleRL filters without refill and
 # retires prompts at pass rate 0.9; Olmo 3 refills just the missing prompts.
 _DYNAMIC_SAMPLING = {"filters": ["zero_variance"], "refill": "dynamic", "max_rounds": 3}

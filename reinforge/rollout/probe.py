@@ -1,6 +1,6 @@
 """The sampler's side of the weight-sync probe: what a rollout engine or worker computes on the fixed
 probe sequence, from the tensors it decodes with. The check that compares it with the learner's
-forward, and the reasons for it, are telemetry/weight_sync.py's; this record and the scoring sit here,
+forward, and the reasons for it, are rollout/weight_sync.py's; this record and the scoring sit here,
 below both, because the asynchronous samplers (rollout/stream.py, Ray workers) answer probes themselves.
 """
 

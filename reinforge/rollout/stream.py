@@ -91,7 +91,7 @@ class RolloutWorkers(Protocol):
 
     def probe(self, version: int, ids: torch.Tensor, timeout: float) -> list[SamplerProbe]:
         """Each worker's next-token log-probs at the probe `ids` [1, S] once it holds `version` (waiting up to `timeout`
-        seconds; past it, with the version it holds): telemetry/weight_sync.py."""
+        seconds; past it, with the version it holds): rollout/weight_sync.py."""
         ...
 
     def close(self) -> None: ...

@@ -4,11 +4,16 @@ and AlertConfig), so that none of them imports the whole config. reinforge.confi
 them into the Config that users write; every field is documented once, here, where it is
 declared (STYLE principle 7).
 
-The sections live in two modules, `training` (model, prompt, sft, rollout, train, critic,
-curation, dpo) and `run` (reward, eval, analytics, checkpoint, log, alerts, ray), on `base.Section`.
+The sections live in `model` (model, prompt), `rollout` (rollout, weight sync, watchdog), `training`
+(sft, train, critic, curation), `preference` (dpo, rm, prm), `objective` (the objective section, derived
+from ObjectiveSpec), `judge` and `run` (reward, eval, analytics, checkpoint, log, alerts, ray), all on
+`base.Section`.
 """
 
 from reinforge.settings.base import Section
+from reinforge.settings.model import LORA_TARGETS, LoraConfig, ModelConfig, MoEConfig, PromptConfig
+from reinforge.settings.preference import DPOConfig, ProcessRewardTrainingConfig, RewardModelTrainingConfig
+from reinforge.settings.rollout import RolloutConfig
 from reinforge.settings.run import (
     AlertConfig,
     AnalyticsConfig,
@@ -21,21 +26,7 @@ from reinforge.settings.run import (
     RewardFunctionConfig,
     RewardModelConfig,
 )
-from reinforge.settings.training import (
-    LORA_TARGETS,
-    CriticConfig,
-    CurationConfig,
-    DPOConfig,
-    LoraConfig,
-    ModelConfig,
-    MoEConfig,
-    ProcessRewardTrainingConfig,
-    PromptConfig,
-    RewardModelTrainingConfig,
-    RolloutConfig,
-    SFTConfig,
-    TrainConfig,
-)
+from reinforge.settings.training import CriticConfig, CurationConfig, SFTConfig, TrainConfig
 
 __all__ = [
     "AlertConfig",

@@ -43,12 +43,12 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
+from reinforge.records import Alert
 from reinforge.settings import AlertConfig
 
 # Metrics whose first `window` values form a baseline.
@@ -57,17 +57,6 @@ _BASELINE_KEYS = ("entropy", "response_length_mean", "reward_mean")
 _RECENT_KEYS = ("entropy", "response_length_mean", "truncation_rate", "reward_mean")
 # Float slack for "at least hacking_eval_drop below": 0.5 - 0.45 is 0.04999... in binary.
 _EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Alert:
-    step: int
-    name: str
-    message: str                 # one line for a person: the step, the numbers, what to try
-    values: dict[str, float]     # the numbers behind the message
-
-    def to_json(self) -> dict:
-        return {"step": self.step, "alert": self.name, "message": self.message, "values": dict(self.values)}
 
 
 def _number(value: object) -> float | None:

@@ -44,8 +44,8 @@ import torch
 from reinforge.errors import RunStopped
 from reinforge.models.decoder import DecoderWeights
 from reinforge.models.lora import base_model
+from reinforge.records import Alert
 from reinforge.rollout.probe import SamplerProbe, engine_logprobs, next_token_logprobs
-from reinforge.telemetry.alerts import Alert
 
 PROBE_LENGTH = 8
 
