@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -61,18 +62,63 @@ from reinforge.telemetry.recorder import Recorder
 from reinforge.telemetry.reflection import with_reflection_metrics
 
 Workers = Callable[[Policy], RolloutWorkers]   # the rollout workers of train.mode=async, given the policy
+Score = Callable[[list, Rollout], Scores]
+ScoreTransform = Callable[[Score], Score]
+
+
+@dataclass
+class RLStep:
+    """One RL step's parts, built in one place (`rl_step`) and run by the one loop (loops/loop.py).
+
+    Steps 1-2 come from `batches` (sampled now, or streamed from rollout workers, then curated), scored by
+    the reward functions and sources followed by the named `reward_transforms` in order; steps 3-5 are
+    `learner`'s; `after_update` hands the new weights to the sampler (verified by the weight-sync probe
+    when `weight_check` is on) and `on_step` logs, evaluates and checkpoints. `describe()` is what the run
+    directory records (RUN_DIR/step.json)."""
+
+    mode: str                                     # train.mode
+    batches: object                               # a BatchSource: SyncBatches, or StreamBatches via rank 0
+    reward_transforms: list[str]                  # applied in order to the composed reward
+    learner: Learner
+    after_update: Callable[[torch.nn.Module], None]
+    on_step: Callable[[StepRecord, RLState], None]
+    weight_check: bool
+    close: Callable[[], None] = lambda: None      # stops the rollout workers (async)
+
+    def describe(self) -> dict:
+        settings = self.learner.update
+        return {"mode": self.mode, "batches": type(self.batches).__name__,
+                "reward": ["reward functions and sources", *self.reward_transforms],
+                "learner": {"objective": _fields(self.learner.spec), "ppo_epochs": settings.ppo_epochs,
+                            "mini_batches": settings.mini_batches, "grad_clip": settings.grad_clip,
+                            "data_parallel": self.learner.dp.group is not None},
+                "after_update": ("publish, then the weight-sync probe" if self.weight_check else "publish"),
+                "on_step": "log, evaluate, checkpoint"}
+
+
+def _fields(spec: object) -> dict:
+    """A spec's fields as plain values for step.json (its parameter tables are read-only mappings)."""
+    return {f.name: (dict(v) if isinstance(v := getattr(spec, f.name), Mapping) else v)
+            for f in dataclasses.fields(spec)}
+
+
+def reward_step(score: Score, transforms: list[tuple[str, ScoreTransform]]) -> tuple[Score, list[str]]:
+    """`score` with each named transform applied in order, and the names (what RLStep records)."""
+    for _, transform in transforms:
+        score = transform(score)
+    return score, [name for name, _ in transforms]
 
 
 def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec: ObjectiveSpec,
            on_step: Callable[[StepRecord, RLState], None], saved: dict | None = None, group: LearnerGroup | None = None,
-           workers: Workers | None = None) -> RLResult:
+           workers: Workers | None = None, record_parts: Callable[[dict], None] | None = None) -> RLResult:
     """RL from step 1, or from the step after `saved` (an `RLState.state_dict()`; the weights are the caller's).
 
     train.mode=sync samples each batch now with `engine`; train.mode=async streams groups from rollout
     workers (`workers`, default by `backend`: a local sampler thread, or Ray actors; `engine` is then
     only the pipeline's, for evaluation) with bounded staleness. `group`: data-parallel learner ranks
     (distributed/data_parallel.py): `policy` stays plain (the sampler reads it) and a sharded copy of
-    it trains; every rank runs the same loop on the same batches.
+    it trains; every rank runs the same loop on the same batches. `record_parts` gets `RLStep.describe()`.
     """
     tc = cfg.train
     dp = DataParallel(group, policy.model)
@@ -82,14 +128,41 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
                           build_credit(tc, cfg.critic, policy.model, spec), sharded=dp.sharded)
     if saved is not None:
         state.load_state_dict(saved)
-    if tc.mode == "async":
-        return _run_async(cfg, policy, task, spec, on_step, state, learner, workers or default_workers(cfg, engine))
-    # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
-    composer = reward_composer(cfg, task, policy)
-    score = run_scores(cfg, composer)
+    build = _async_step if tc.mode == "async" else _sync_step
+    step = build(cfg, policy, engine, task, spec, on_step, state, learner, workers)
+    try:
+        if record_parts is not None:
+            record_parts(step.describe())
+        return train_rl(tc.steps, state, step.batches, step.learner, step.on_step, after_update=step.after_update)
+    finally:
+        step.close()
+
+
+def _reward_transforms(cfg: Config, spec: ObjectiveSpec, composer: RewardComposer, engine: RolloutEngine,
+                       sampling: SamplingParams) -> list[tuple[str, ScoreTransform]]:
+    """The named transforms of the composed reward, in the order they apply."""
+    transforms: list[tuple[str, ScoreTransform]] = []
+    if cfg.analytics.reflection_words:      # the figures of the samples' reflection words (telemetry/reflection.py)
+        words = cfg.analytics.reflection_words
+        transforms.append(("reflection word figures", lambda score: with_reflection_metrics(score, words)))
     if takes_baselines(spec):       # ReMax: a greedy completion of each prompt, scored, is its baseline
-        score = greedy_baselines(score, composed_scores(composer, 1), engine, sampling, tc.group_size)
+        greedy = composed_scores(composer, 1)
+        transforms.append(("greedy baseline", lambda score: greedy_baselines(score, greedy, engine, sampling,
+                                                                             cfg.train.group_size)))
+    return transforms
+
+
+def _sync_step(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec: ObjectiveSpec,
+               on_step: Callable, state: RLState, learner: Learner, workers: Workers | None) -> RLStep:
+    """train.mode=sync: each batch sampled now with `engine`, curated, then the update."""
+    tc, dp, sampling = cfg.train, learner.dp, learner.sampling
+    composer = reward_composer(cfg, task, policy)
+    score, names = reward_step(composed_scores(composer, tc.group_size),
+                               _reward_transforms(cfg, spec, composer, engine, sampling))
+    # Learner ranks split generation across themselves (distributed/data_parallel.py); one process: as given.
     engine, score = dp.rollout_parts(engine, score)
+    if dp.group is not None:
+        names.append("rank 0's rewards on every rank")
     source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
@@ -99,39 +172,28 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
     # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
     check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
     after_update, on_step = wire(check, no_publish, on_step, lambda: state.step, lambda: state.version)
-    return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step, after_update=after_update)
+    return RLStep("sync", SyncBatches(collector, dp), names, learner, after_update, on_step, check is not None)
 
 
-def _run_async(
-    cfg: Config,
-    policy: Policy,
-    task: Task,
-    spec: ObjectiveSpec,
-    on_step: Callable[[StepRecord, RLState], None],
-    state: RLState,
-    learner: Learner,
-    workers: Workers,
-) -> RLResult:
-    """train.mode=async: the loop over a `StreamBatches`, whose `publish` is the `after_update` hook. Under
-    learner ranks rank 0 alone holds the workers and the stream, and sends each batch to every rank."""
+def _async_step(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec: ObjectiveSpec,
+                on_step: Callable, state: RLState, learner: Learner, workers: Workers | None) -> RLStep:
+    """train.mode=async: batches streamed from rollout workers, whose `publish` is the `after_update` hook.
+    Under learner ranks rank 0 alone holds the workers and the stream, and sends each batch to every rank."""
     tc, dp = cfg.train, learner.dp
     lead = dp.group is None or dp.group.rank == 0
-    pool = workers(policy) if lead else None
+    pool = (workers or default_workers(cfg, engine))(policy) if lead else None
     try:
         collector = source = None
+        names: list[str] = []
         if lead:
             # The version counts learner steps (one weight publication each) and is what staleness counts.
             pool.publish(policy.model, state.step)
             source = StreamSource(state.pool, pool, StalenessGate(tc.prompts_per_step, tc.max_staleness, state.step),
                                   version=state.step, pending=state.pending, generator=state.sampler_rng)
-            collector = BatchCollector(
-                cfg.curation,
-                state.pool,
-                source,
-                run_scores(cfg, reward_composer(cfg, task, policy)),
-                tc.prompts_per_step,
-                tc.group_size,
-            )
+            composer = reward_composer(cfg, task, policy)
+            score, names = reward_step(composed_scores(composer, tc.group_size),
+                                       _reward_transforms(cfg, spec, composer, engine, learner.sampling))
+            collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
         policy.model.train()
         if state.step == 0 and lead:   # a critic: one process only (check_data_parallel)
             pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step,
@@ -144,16 +206,20 @@ def _run_async(
             check.verify(state.step, state.step)     # the first publication, before any sample is taken
         after_update, on_step = wire(check, stream.publish if lead else no_publish, on_step, lambda: state.step,
                                      lambda: source.version if lead else state.step)
-        return train_rl(tc.steps, state, dp.from_rank_0(stream), learner, on_step, after_update=after_update)
-    finally:
+    except BaseException:
         if pool is not None:
             pool.close()
+        raise
+    return RLStep("async", dp.from_rank_0(stream), names, learner, after_update, on_step, check is not None,
+                  close=pool.close if pool is not None else (lambda: None))
 
 
 def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec: PreferenceSpec,
-            on_step: Callable[[StepRecord, DPOState], None], saved: dict | None = None) -> RLResult:
+            on_step: Callable[[StepRecord, DPOState], None], saved: dict | None = None,
+            record_parts: Callable[[dict], None] | None = None) -> RLResult:
     """DPO from step 1, or from the step after `saved` (a `DPOState.state_dict()`; the weights are the caller's):
-    the same loop, with the pairs of dpo.pairs and the preference step."""
+    the same loop, with the pairs of dpo.pairs and the preference step. `record_parts` gets what the step is
+    made of."""
     tc = cfg.train
     forward = ForwardPlan.from_config(tc)
     source = PAIR_SOURCES[cfg.dpo.pairs](cfg, policy, engine, task)
@@ -161,6 +227,11 @@ def run_dpo(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec
     if saved is not None:
         state.load_state_dict(saved)
     policy.model.train()
+    if record_parts is not None:
+        record_parts({"mode": "preference", "batches": type(source).__name__, "pairs": cfg.dpo.pairs,
+                      "learner": {"objective": _fields(spec), "grad_clip": tc.grad_clip},
+                      "after_update": "none (the sampler reads the trained weights)",
+                      "on_step": "log, evaluate, checkpoint"})
     return train_rl(
         tc.steps, state, source, PreferenceLearner(policy, spec, forward, tc.grad_clip, tc.max_nonfinite_steps), on_step
     )
@@ -191,12 +262,6 @@ def probe_rewards(cfg: Config, task: Task, engine: RolloutEngine, rows: int = 3)
         rollout = engine.generate([e.prompt for e in examples], 1, params,
                                   generator=torch.Generator().manual_seed(cfg.seed))
     return composer.probe(examples, rollout)
-
-
-def run_scores(cfg: Config, composer: RewardComposer) -> Callable[[list, Rollout], Scores]:
-    """The RL step's reward (`composed_scores`), its figures with the reflection words of the samples
-    (analytics.reflection_words: telemetry/reflection.py)."""
-    return with_reflection_metrics(composed_scores(composer, cfg.train.group_size), cfg.analytics.reflection_words)
 
 
 def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers:

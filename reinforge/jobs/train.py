@@ -267,7 +267,8 @@ def _train(cfg: Config, hooks: _Hooks, engine: RolloutEngine, spec: ObjectiveSpe
 
     try:
         return TRAINERS[type(spec), cfg.train.mode](cfg, hooks.policy, engine, hooks.task, spec, on_step,
-                                                    saved=saved.tensors["rl"] if saved is not None else None, **ranks)
+                                                    saved=saved.tensors["rl"] if saved is not None else None,
+                                                    record_parts=run_dir.write_step_parts, **ranks)
     except KeyboardInterrupt:
         if watchdog is None or watchdog.stopped is None:
             raise

@@ -64,7 +64,7 @@ def holds_run(path: Path) -> bool:
 
 
 # What a run writes before its first RL step (besides an empty checkpoints/ or one a crash left half-written).
-_START_FILES = {"config.yaml", "metrics.jsonl", "alerts.jsonl", "error.log", "tensorboard", "wandb"}
+_START_FILES = {"config.yaml", "metrics.jsonl", "alerts.jsonl", "error.log", "step.json", "tensorboard", "wandb"}
 
 
 def failed_start(path: Path) -> bool:
@@ -144,6 +144,10 @@ class RunDir:
         directory = self.path / "model"
         save_policy(policy, directory, self.sampling)
         return directory
+
+    def write_step_parts(self, parts: dict) -> None:
+        """step.json: what the RL step is made of (jobs/rl.py: RLStep.describe)."""
+        (self.path / "step.json").write_text(json.dumps(parts, indent=2, default=str) + "\n")
 
     def write_summary(self, summary: dict) -> None:
         tmp = self.path / "summary.json.tmp"
