@@ -186,7 +186,7 @@ class Config(Section):
     def _check_reward_domains(self) -> Config:
         # Across two sections: reward.functions[].domains names the task's domains (a mix's).
         from reinforge.rewards.functions import check_reward_domains
-        from reinforge.rewards.sources import configured_sources
+        from reinforge.rewards.source_builders import configured_sources
         from reinforge.tasks import TASKS
 
         specs = TASKS[self.task.name].domain_specs(self.task.options)

@@ -29,7 +29,8 @@ from reinforge.rewards.reward_model import (
     score,
     train_reward_model,
 )
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.rm_job import run_reward_model_job
 from reinforge.rollout import Rollout
 from reinforge.settings import RewardConfig
