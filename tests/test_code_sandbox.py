@@ -362,7 +362,8 @@ def test_the_hook_reads_no_globals_so_patching_modules_cannot_change_it():
 
     hook = guard.make_hook("/tmp/w", ("/tmp/w",), ("/dev/null",), 8)
     for fn in (hook, guard.resolve, guard.as_path, guard.fd_path, guard.directory_fds,
-               guard.name_refused, guard.extension_refused, guard.import_refused):
+               guard.name_refused, guard.extension_refused, guard.import_refused, guard.open_bases,
+               guard.check_write_event, guard.check_path):
         loads = {i.opname for i in dis.get_instructions(fn)}
         assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}, fn.__name__
         assert fn.__closure__ is None, fn.__name__
@@ -450,6 +451,9 @@ def test_hook_decisions_on_resolved_paths(tmp_path):
         ("object.__setattr__", (guard.resolve, "__defaults__", ())),
         ("object.__delattr__", (guard.resolve, "__defaults__")),  # `f.__defaults__ = None`
         ("object.__delattr__", (guard.name_refused, "__kwdefaults__")),
+        ("object.__setattr__", (guard.open_bases, "__code__", None)),     # the hook's parts are guarded too
+        ("object.__getattr__", (guard.check_write_event, "__defaults__")),
+        ("object.__delattr__", (guard.check_path, "__defaults__")),
     ]
     for event, args in refused:
         with pytest.raises(PermissionError, match="sandbox:"):

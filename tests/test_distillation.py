@@ -24,7 +24,8 @@ from reinforge.models import build_tiny_qwen2
 from reinforge.models.factory import save_policy
 from reinforge.objectives.policy import ppo_clip
 from reinforge.rewards.compose import RewardComposer
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.rewards.teacher import TeacherSource, check_teacher, load_teacher, reverse_kl_terms
 from reinforge.rollout import Rollout, SamplingParams, build_engine
 from reinforge.tasks import Example, build_task

@@ -23,7 +23,8 @@ from reinforge.rewards.judge import (
     judge_prompt,
     parse_score,
 )
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.settings import RewardConfig
 from reinforge.settings.judge import DEFAULT_PATTERN, DEFAULT_TEMPLATE, JudgeConfig
 from reinforge.tasks import Example, SFTExample, build_task

@@ -40,7 +40,8 @@ from reinforge.rewards.process_model import (
     train_process_reward_model,
 )
 from reinforge.rewards.shepherd import shepherd_dataset, shepherd_labels
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.rollout.base import Rollout
 from reinforge.rollout.prompts import encode_prompts

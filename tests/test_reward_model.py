@@ -30,7 +30,8 @@ from reinforge.rewards.reward_model import (
     score,
     train_reward_model,
 )
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.rollout import Rollout
 from reinforge.settings import RewardConfig
 from reinforge.tasks import Example

@@ -49,7 +49,7 @@ def check_config(cfg: Config) -> None:
 def _reward_domains(cfg: Config) -> None:
     # Across two sections: reward.functions[].domains names the task's domains (a mix's).
     from reinforge.rewards.functions import check_reward_domains
-    from reinforge.rewards.sources import configured_sources
+    from reinforge.rewards.source_builders import configured_sources
     from reinforge.tasks import TASKS
 
     specs = TASKS[cfg.task.name].domain_specs(cfg.task.options)

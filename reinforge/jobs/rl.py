@@ -52,7 +52,8 @@ from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
-from reinforge.rewards.sources import SourceContext, build_sources
+from reinforge.rewards.source_builders import build_sources
+from reinforge.rewards.sources import SourceContext
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.rollout.weight_sync import build_check, sampler_probe, wire

@@ -143,22 +143,46 @@ def completion_token_stats_shared(
     `input_ids`, keys masked by `attention_mask`.
     """
     shape, w = _native_decoder(model)
-    device = batch.input_ids.device
-    group_ids = group_ids.to(device)
-    starts = batch.starts  # [N]
-    total = batch.attention_mask.sum(dim=1)    # [N] tokens of each (right-padded) row
-    width_all = batch.input_ids.shape[1]
-    if not bool((batch.attention_mask > 0).eq(torch.arange(width_all, device=device)[None, :] < total[:, None]).all()):
-        raise ValueError("the shared-prompt learner forward needs right-padded rows (attention_mask 1 then 0)")
+    _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
-    # Nothing to share (SFT: one trace per prompt): whole rows in one pass.
     if len(group_ids.unique()) == len(group_ids):
-        freqs = rotary_factors(model, shape, width_all)
-        geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
-        hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
-        return head_token_stats(model, batch, hidden[rows, starts[rows] + cols - 1], temperature, chunk_size, fp32_head,
-                                truncation)
+        predictors = _whole_row_predictors(model, shape, w, batch, rows, cols, pad)
+    else:
+        predictors = _shared_prompt_predictors(model, shape, w, batch, group_ids.to(batch.input_ids.device), rows,
+                                               cols, pad)
+    # the LM head on the valid tokens only
+    return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
+
+
+def _check_right_padded(batch: SequenceBatch) -> None:
+    """ValueError unless every row's attention mask is 1 on its tokens, then 0 (right padding)."""
+    total = batch.attention_mask.sum(dim=1)    # [N] tokens of each (right-padded) row
+    width_all = batch.input_ids.shape[1]
+    arange = torch.arange(width_all, device=batch.input_ids.device)
+    if not bool((batch.attention_mask > 0).eq(arange[None, :] < total[:, None]).all()):
+        raise ValueError("the shared-prompt learner forward needs right-padded rows (attention_mask 1 then 0)")
+
+
+def _whole_row_predictors(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch,
+                          rows: torch.Tensor, cols: torch.Tensor, pad: int | None) -> torch.Tensor:
+    """Nothing to share (SFT: one trace per prompt): whole rows in one pass; the hidden state [M, E]
+    predicting each valid token (rows[m], cols[m])."""
+    starts, width_all = batch.starts, batch.input_ids.shape[1]
+    freqs = rotary_factors(model, shape, width_all)
+    geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
+    hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
+    return hidden[rows, starts[rows] + cols - 1]
+
+
+def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch,
+                              group_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                              pad: int | None) -> torch.Tensor:
+    """The hidden state [M, E] predicting each valid token (rows[m], cols[m]): a prompt pass running each
+    group's prompt once, then completion passes by length bucket attending to their prompt's keys/values."""
+    device = batch.input_ids.device
+    starts = batch.starts  # [N]
+    width_all = batch.input_ids.shape[1]
     slot, representative = _prompt_slots(batch, group_ids)
     # Token t >= 1 is predicted at completion position t - 1: row i's pass needs positions
     # 0..need[i]-1, need[i] its last trained token's column (0: its tokens are predicted by the prompt
@@ -201,7 +225,4 @@ def completion_token_stats_shared(
         order.append(mine)
     order = torch.cat(order)
     back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=device))
-    predictors = torch.cat(pieces)[back]
-
-    # 3. the LM head on the valid tokens only
-    return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
+    return torch.cat(pieces)[back]

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from reinforge.objectives.aggregation import LOCAL, BatchReduce
 from reinforge.objectives.common import log_ratio, masked
-from reinforge.objectives.surrogate import PolicyTerms, clipped_surrogate, token_metrics
+from reinforge.objectives.surrogate import PolicyTerms, clipped_surrogate, surrogate_terms, token_metrics
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor, reduce: BatchReduce = LOCAL) -> Tensor:
@@ -128,10 +128,7 @@ def clip_cov(
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
     surrogate = clipped_surrogate(ratio, advantages, eps_low, eps_high)
     objective = torch.where(selected, torch.zeros_like(ratio), surrogate.objective)
-    return PolicyTerms(
-        loss=masked(-objective, mask),
-        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), cov_clip_frac=selected, ratio=ratio),
-    )
+    return surrogate_terms(objective, mask, ratio.dtype, surrogate, cov_clip_frac=selected, ratio=ratio)
 
 
 def kl_cov(

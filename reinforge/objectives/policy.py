@@ -28,6 +28,7 @@ from reinforge.objectives.surrogate import (
     PolicyTerms,
     clipped_surrogate,
     require_sampler,
+    surrogate_terms,
     token_metrics,
 )
 
@@ -53,10 +54,7 @@ def ppo_clip(
     """
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))                      # [N, T]
     surrogate = clipped_surrogate(ratio, advantages, eps_low, eps_high)
-    return PolicyTerms(
-        loss=masked(-surrogate.objective, mask),
-        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio),
-    )
+    return surrogate_terms(surrogate.objective, mask, ratio.dtype, surrogate, ratio=ratio)
 
 
 def dual_clip(
@@ -86,11 +84,7 @@ def dual_clip(
     floor = clip_c * advantages                                               # [N, T] no grad
     dual_clipped = (advantages < 0) & (surrogate.objective.detach() < floor)
     objective = torch.where(dual_clipped, floor, surrogate.objective)
-    return PolicyTerms(
-        loss=masked(-objective, mask),
-        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), dual_clip_frac=dual_clipped,
-                               ratio=ratio),
-    )
+    return surrogate_terms(objective, mask, ratio.dtype, surrogate, dual_clip_frac=dual_clipped, ratio=ratio)
 
 
 def cispo(
@@ -179,6 +173,28 @@ def _divergence_masked(
     )
 
 
+def _beyond_delta(
+    logprobs: Tensor,          # [N, T] log pi_theta, requires grad
+    sampler_logprobs: Tensor,  # [N, T] log pi_sampler
+    advantages: Tensor,        # [N, T]
+    mask: Tensor,              # [N, T]
+    name: str,                 # the divergence's metric name
+    divergence: Tensor,        # [N, T] D, detached
+    delta: float,
+    p: Tensor | None = None,     # [N, T] the sampled token's probabilities; None: exp(logprobs), detached
+    p_mu: Tensor | None = None,  # [N, T] under the sampler; None: exp(sampler_logprobs)
+    ratio_cap: float | None = None,
+) -> PolicyTerms:
+    """_divergence_masked with the trust region D <= delta: a token outside it is blocked in the
+    direction its sampled token's probability moved (up where p > p_mu, down where p < p_mu)."""
+    if p is None or p_mu is None:
+        p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)
+    outside = divergence > delta
+    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
+                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
+                              divergence={name: divergence}, ratio_cap=ratio_cap)
+
+
 def dppo_tv(
     *,
     logprobs: Tensor,                       # [N, T] log pi_theta, requires grad
@@ -241,10 +257,8 @@ def dppo_kl(
     p = torch.exp(logprobs.detach()).clamp(floor, 1.0 - floor)                # [N, T]
     p_mu = torch.exp(sampler_logprobs).clamp(floor, 1.0 - floor)              # [N, T]
     kl = p_mu * (p_mu.log() - p.log()) + (1.0 - p_mu) * (torch.log1p(-p_mu) - torch.log1p(-p))
-    outside = kl > delta
-    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
-                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
-                              divergence={"binary_kl": kl}, ratio_cap=ratio_cap)
+    return _beyond_delta(logprobs, sampler_logprobs, advantages, mask, "binary_kl", kl, delta, p, p_mu,
+                         ratio_cap=ratio_cap)
 
 
 def _top_k_probabilities(top_logprobs: Tensor | None, sampler_top_logprobs: Tensor | None,
@@ -283,11 +297,7 @@ def dppo_topk_tv(
     sampler_logprobs = require_sampler(sampler_logprobs, "dppo_topk_tv")
     p_k, mu_k, p_o, mu_o = _top_k_probabilities(top_logprobs, sampler_top_logprobs, "dppo_topk_tv")
     tv = 0.5 * ((p_k - mu_k).abs().sum(-1) + (p_o - mu_o).abs())                          # [N, T]
-    p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)                      # [N, T]
-    outside = tv > delta
-    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
-                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
-                              divergence={"tv": tv})
+    return _beyond_delta(logprobs, sampler_logprobs, advantages, mask, "tv", tv, delta)
 
 
 def dppo_topk_kl(
@@ -316,11 +326,7 @@ def dppo_topk_kl(
     rest = torch.where(mu_o > 0, mu_o * (mu_o.clamp(min=floor).log() - p_o.clamp(min=floor).log()),
                        torch.zeros_like(mu_o))
     kl = inner.sum(-1) + rest                                                                  # [N, T]
-    p, p_mu = torch.exp(logprobs.detach()), torch.exp(sampler_logprobs)
-    outside = kl > delta
-    return _divergence_masked(logprobs, sampler_logprobs, advantages, mask,
-                              blocked_up=outside & (p > p_mu), blocked_down=outside & (p < p_mu),
-                              divergence={"top_k_kl": kl})
+    return _beyond_delta(logprobs, sampler_logprobs, advantages, mask, "top_k_kl", kl, delta)
 
 
 def decoupled_ppo(
@@ -349,11 +355,8 @@ def decoupled_ppo(
     behav_masked = behav_weight > w_max
     surrogate = clipped_surrogate(ratio, advantages, eps, eps)
     objective = torch.where(behav_masked, torch.zeros_like(ratio), behav_weight * surrogate.objective)
-    return PolicyTerms(
-        loss=masked(-objective, mask),
-        metrics=token_metrics(mask, ratio.dtype, **surrogate.flags(), ratio=ratio,
-                               behav_weight=behav_weight, behav_masked_frac=behav_masked),
-    )
+    return surrogate_terms(objective, mask, ratio.dtype, surrogate, ratio=ratio, behav_weight=behav_weight,
+                           behav_masked_frac=behav_masked)
 
 
 def reinforce(

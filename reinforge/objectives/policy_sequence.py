@@ -20,8 +20,8 @@ from reinforge.objectives.aggregation import (
     sequence_geometric_mean,
     sequence_mean,
 )
-from reinforge.objectives.common import log_ratio, masked
-from reinforge.objectives.surrogate import PolicyTerms, clipped_surrogate, token_metrics
+from reinforge.objectives.common import log_ratio
+from reinforge.objectives.surrogate import PolicyTerms, clipped_surrogate, surrogate_terms, token_metrics
 
 
 def _sequence_terms(objective: Tensor, mask: Tensor, dtype: torch.dtype, **metrics: Tensor) -> PolicyTerms:
@@ -80,10 +80,7 @@ def gspo_token(
     seq_ratio = torch.exp(sequence_mean(log_ratio(logprobs.detach(), old_logprobs), mask))  # [N] sg(s_i)
     token_ratio = seq_ratio.unsqueeze(1) * torch.exp(logprobs - logprobs.detach())          # [N, T] s_it
     surrogate = clipped_surrogate(token_ratio, advantages, eps_low, eps_high)
-    return PolicyTerms(
-        loss=masked(-surrogate.objective, mask),
-        metrics=token_metrics(mask, logprobs.dtype, **surrogate.flags(), ratio=token_ratio),
-    )
+    return surrogate_terms(surrogate.objective, mask, logprobs.dtype, surrogate, ratio=token_ratio)
 
 
 def gmpo(

@@ -71,3 +71,11 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_hig
         clipped_low=(advantages < 0) & (ratio < 1.0 - eps_low),
         clipped_high=(advantages > 0) & (ratio > 1.0 + eps_high),
     )
+
+
+def surrogate_terms(objective: Tensor, mask: Tensor, dtype: torch.dtype, surrogate: ClippedSurrogate,
+                    **metrics: Tensor) -> PolicyTerms:
+    """Per-token terms of an objective built on `surrogate` ([N, T]: its J, or J with some tokens changed):
+    loss -objective on the valid tokens; metrics the surrogate's clip flags then `metrics` (`token_metrics`)."""
+    return PolicyTerms(loss=masked(-objective, mask),
+                       metrics=token_metrics(mask, dtype, **surrogate.flags(), **metrics))

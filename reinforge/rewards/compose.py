@@ -4,7 +4,8 @@ This module owns the step between a rollout and its advantages: it calls each
 configured reward function on the completions, sums them with their weights,
 adds DAPO's overlong shaping, and reports what went wrong per function (raised,
 or declined to score) so that such samples can be dropped instead of trained on
-with a made-up reward.
+with a made-up reward. How one function is called on the rows in its convention, and
+what its failures say, is reinforge.rewards.terms.
 
 A reward function is a plain callable in one of three conventions, told apart
 by its signature when the config is checked (`reinforge.rewards.conventions`):
@@ -36,32 +37,15 @@ function, the sample and the exception (the full traceback is its `.details`).
 from __future__ import annotations
 
 import math
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from reinforge.data.chat import Conversation
 from reinforge.errors import ConfigError
 from reinforge.objectives.common import accepted_params
-from reinforge.rewards.conventions import (
-    TRL_INPUTS,
-    VERL_INPUTS,
-    NotARewardError,
-    RewardForm,
-    call_all,
-    keywords,
-    reward_form,
-    run_trl,
-    sample_value,
-    trl_values,
-    unfilled_parameters,
-    verl_extras,
-    verl_value,
-)
+from reinforge.rewards.conventions import NotARewardError, reward_form, unfilled_parameters
 from reinforge.rewards.functions import (
     FORM_INPUTS,
     REWARD_FUNCTIONS,
@@ -74,6 +58,7 @@ from reinforge.rewards.functions import (
     verifier,
 )
 from reinforge.rewards.sources import RewardSource, check_values
+from reinforge.rewards.terms import Failure, Term, call_term, failure_traceback, form_hint, return_hint, scores_nothing
 from reinforge.rollout.base import Rollout
 from reinforge.settings import RewardConfig
 from reinforge.tasks.base import Example, Task
@@ -193,25 +178,6 @@ def _nanmean(values: Tensor) -> float:
     return float(scored.mean()) if scored.numel() else math.nan
 
 
-@dataclass(frozen=True)
-class _Term:
-    key: str                     # name in parts and metrics: the function part of the name, made unique
-    label: str                   # the configured name as a dotted path, for messages: "my_mod.f"
-    fn: Callable[..., Any]
-    form: RewardForm             # the calling convention (reinforge.rewards.conventions)
-    weight: float
-    params: dict[str, Any]
-    accepts: set[str] | None     # keywords the function declares; None if it takes **kwargs
-    domains: frozenset[str] | None = None   # the domains it scores (reward.functions[].domains); None: all
-
-
-@dataclass
-class _Failure:
-    term: _Term
-    row: int | None              # None: a batched call failed as a whole
-    error: BaseException
-
-
 class RewardComposer:
     """The configured reward functions of a run, called on each batch, summed with their weights,
     then the reward sources (reinforge.rewards.sources: reward models, judges, teachers), each a
@@ -224,7 +190,7 @@ class RewardComposer:
         self.task = task
         self.sources = list(sources)
         self.max_error_rate = cfg.max_error_rate
-        self.terms: list[_Term] = []
+        self.terms: list[Term] = []
         taken = {"overlong"} if cfg.overlong is not None else set()
         for f in cfg.functions:
             fn = resolve_reward_function(f.name, f.params)
@@ -236,7 +202,7 @@ class RewardComposer:
             taken.add(key)
             form = reward_form(fn, f.name)
             label = f.name if f.name.rpartition(":")[0].endswith(".py") else f.name.replace(":", ".")
-            self.terms.append(_Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn),
+            self.terms.append(Term(key, label, fn, form, f.weight, dict(f.params), accepted_params(fn),
                                     frozenset(f.domains) if f.domains is not None else None))
         if check_domains:
             check_reward_domains(cfg.functions, task.domains, has_source=bool(self.sources))
@@ -273,18 +239,18 @@ class RewardComposer:
         declined = torch.zeros(n, dtype=torch.long)     # functions that returned None, per row
         applicable = torch.zeros(n, dtype=torch.long)   # functions that score the row's domain, per row
         domains = [self.task.domain_of(e) for e in rows]
-        failures: list[_Failure] = []
+        failures: list[Failure] = []
         extras: dict[str, Tensor] = {}
         for t in self.terms:
             # A function restricted to domains is not called on other rows: not applicable, left out of
             # the sum (NaN in its part), which is not a skip.
             index = [r for r in range(n) if t.domains is None or domains[r] in t.domains]
             applicable[index] += 1
-            values, failed, found = self._call(t, rows, rollout, index)
+            values, failed, found = call_term(t, rows, rollout, index, self.task)
             for (name, r), value in found.items():
                 extras.setdefault(f"{t.key}/{name}", torch.full((n,), math.nan))[r] = value
             for r, err in failed.items():
-                failures.append(_Failure(t, r, err))
+                failures.append(Failure(t, r, err))
                 errors[t.key] += 1
                 raised[r] = True
             for r, value in zip(index, values, strict=True):
@@ -310,7 +276,7 @@ class RewardComposer:
         total = torch.where(valid, total, torch.full_like(total, math.nan))
         first = failures[0] if failures else None
         return RewardBatch(total=total, parts=parts, valid=valid, raised=raised, skipped=skipped, errors=errors,
-                           first_traceback=self._traceback(first) if first else None,
+                           first_traceback=failure_traceback(first) if first else None,
                            token_advantages=token_advantages, source_metrics=source_metrics, extras=extras)
 
     def _sources(self, rows: list[Example], rollout: Rollout, parts: dict[str, Tensor], total: Tensor,
@@ -335,45 +301,6 @@ class RewardComposer:
             metrics[f"reward/{source.key}/unscored"] = float(out.unscored)
         return token_advantages, metrics
 
-    # ------------------------------------------------------------- calling
-
-    def _call(
-        self, t: _Term, rows: list[Example], rollout: Rollout, index: list[int]
-    ) -> tuple[list[float | None], dict[int, BaseException], dict[tuple[str, int], float]]:
-        """Term `t` on the rows `index`: their values in that order (None: declined), the rows it raised
-        on, and the numeric extra keys of verl dict results, by (name, row)."""
-        if not index:
-            return [], {}, {}
-        if t.form == "trl":
-            try:
-                inputs = self._trl_inputs(t, rows, rollout, index)
-                return trl_values(run_trl(t.fn, keywords(t.accepts, inputs)), len(index)), {}, {}
-            except Exception as err:     # the batch call failed as a whole: every row is lost
-                return [None] * len(index), dict.fromkeys(index, err), {}
-        inputs = [
-            self._sample_inputs(rows[r], rollout, r) if t.form == "sample" else self._verl_inputs(rows[r], rollout, r)
-            for r in index
-        ]
-        results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
-        convert = sample_value if t.form == "sample" else verl_value
-        values: list[float | None] = []
-        failed: dict[int, BaseException] = {}
-        extras: dict[tuple[str, int], float] = {}
-        for r, result in zip(index, results, strict=True):
-            if isinstance(result, BaseException):      # raised inside the function: its own traceback
-                failed[r] = result
-                values.append(None)
-                continue
-            try:
-                values.append(convert(result))
-            except Exception as err:                    # returned something that is not a reward
-                failed[r] = err
-                values.append(None)
-                continue
-            if t.form == "verl":
-                extras.update({(name, r): value for name, value in verl_extras(result).items()})
-        return values, failed, extras
-
     def probe(self, examples: list[Example], rollout: Rollout) -> list[str]:
         """Each reward function called once on `rollout` (one completion per example): ConfigError at
         once, naming the function and what it returned, for a result that is not a reward (a str, a
@@ -386,75 +313,24 @@ class RewardComposer:
         warnings: list[str] = []
         for t in self.terms:
             index = [r for r in range(n) if t.domains is None or domains[r] in t.domains]
-            values, failed, _ = self._call(t, examples, rollout, index)
+            values, failed, _ = call_term(t, examples, rollout, index, self.task)
             wrong = next((err for err in failed.values() if isinstance(err, NotARewardError)), None)
             if wrong is not None:
                 raise ConfigError(f"reward function {t.label} {wrong} (probed on {len(index)} samples before "
-                                  f"training){_return_hint(t)}")
+                                  f"training){return_hint(t)}")
             if index and not failed and all(v is None for v in values) and t.form == "sample":
-                if self._scores_nothing(t, examples, rollout, index):
+                if scores_nothing(t, examples, rollout, index, self.task):
                     raise ConfigError(f"reward function {t.label} returned None on all {len(index)} probe samples and "
                                       "on their gold answers: None leaves a sample unscored, so it would score nothing "
-                                      f"(probed before training){_return_hint(t)}")
+                                      f"(probed before training){return_hint(t)}")
                 if not any(examples[r].answer for r in index):
                     warnings.append(f"reward function {t.label} returned None (do not score) on all {len(index)} "
                                     "probe samples: if it should score them, make it return a float")
         return warnings
 
-    def _scores_nothing(self, t: _Term, examples: list[Example], rollout: Rollout, index: list[int]) -> bool:
-        """Whether per-sample function `t`, which declined every probe sample, declines their gold answers
-        too (given as the completion): a function that never returns a number (a forgotten `return`),
-        told apart from one that declines the untrained model's unreadable samples."""
-        golden = [r for r in index if examples[r].answer]
-        if not golden:
-            return False
-        inputs = [{**self._sample_inputs(examples[r], rollout, r), "completion": str(examples[r].answer)}
-                  for r in golden]
-        results = call_all(t.fn, [keywords(t.accepts, {**kw, **t.params}) for kw in inputs])
-        return all(result is None for result in results)
-
-    def _sample_inputs(self, example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
-        return {**example.meta, "prompt": example.prompt, "completion": rollout.texts[r], "answer": example.answer,
-                "length": int(rollout.lengths[r]), "truncated": bool(rollout.truncated[r]), "example": example,
-                "task": self.task}
-
-    @staticmethod
-    def _verl_inputs(example: Example, rollout: Rollout, r: int) -> dict[str, Any]:
-        reward_model = example.meta.get("reward_model")
-        ground_truth = (
-            reward_model["ground_truth"]
-            if isinstance(reward_model, Mapping) and "ground_truth" in reward_model
-            else example.answer
-        )
-        return {"data_source": example.meta.get("data_source"), "solution_str": rollout.texts[r],
-                "ground_truth": ground_truth, "extra_info": example.meta.get("extra_info")}
-
-    @staticmethod
-    def _trl_inputs(t: _Term, rows: list[Example], rollout: Rollout, index: list[int]) -> dict[str, Any]:
-        """TRL's batched inputs of the rows `index` (all rows, unless the function is restricted to domains)."""
-        mask = rollout.completion_mask > 0      # every token of the completion, as in its text
-        batch = [rows[r] for r in index]
-        columns = dict.fromkeys(k for e in batch for k in e.meta)      # every column of the batch, in first-seen order
-        chat = [isinstance(e.prompt, Conversation) for e in batch]
-        return {
-            **{k: [e.meta.get(k) for e in batch] for k in columns},
-            "answer": [e.answer for e in batch],
-            "prompts": [e.prompt.as_list() if c else str(e.prompt) for e, c in zip(batch, chat, strict=True)],
-            "completions": [[{"role": "assistant", "content": rollout.texts[r]}] if c else rollout.texts[r]
-                            for r, c in zip(index, chat, strict=True)],
-            "completion_ids": [rollout.completion_ids[r][mask[r]].tolist() for r in index],
-            **t.params,
-        }
-
     # -------------------------------------------------------------- errors
 
-    @staticmethod
-    def _traceback(failure: _Failure) -> str:
-        where = "a batch call" if failure.row is None else f"row {failure.row}"
-        text = "".join(traceback.format_exception(type(failure.error), failure.error, failure.error.__traceback__))
-        return f"reward function {failure.term.key!r} on {where}:\n{text}"
-
-    def _error(self, failures: list[_Failure], rows: list[Example], rollout: Rollout, raised: Tensor,
+    def _error(self, failures: list[Failure], rows: list[Example], rollout: Rollout, raised: Tensor,
                errors: dict[str, int]) -> RewardError:
         first = failures[0]
         r = first.row if first.row is not None else 0
@@ -463,30 +339,11 @@ class RewardComposer:
             f"reward function {first.term.label} raised {first.error!r} on sample {r} "
             f"(prompt {_clip(rows[r].prompt)}, completion {_clip(rollout.texts[r])}); reward functions raised on "
             f"{int(raised.sum())} of {len(rows)} samples ({counts}), more than reward.max_error_rate="
-            f"{self.max_error_rate}{_form_hint(first)}"
+            f"{self.max_error_rate}{form_hint(first)}"
         )
-        err = RewardError(message.replace("\n", " "), self._traceback(first))
+        err = RewardError(message.replace("\n", " "), failure_traceback(first))
         err.__cause__ = first.error
         return err
-
-
-def _return_hint(t: _Term) -> str:
-    """What the function's convention must return."""
-    return {"trl": ": return a list of floats, one per completion (None where it does not apply)",
-            "verl": ": return a float, or a dict with a float 'score'",
-            "sample": ": return a float (None to leave the sample unscored)"}[t.form]
-
-
-def _form_hint(failure: _Failure) -> str:
-    """When a function that takes only **kwargs (called per sample) looked up another form's input
-    (kwargs["completions"]), the form it was called in, and how to get the one it expects."""
-    key = failure.error.args[0] if isinstance(failure.error, KeyError) and failure.error.args else None
-    if failure.term.form != "sample" or key not in (*TRL_INPUTS, *VERL_INPUTS):
-        return ""
-    form, params = ("TRL's batched form", "completions, **kwargs") if key in TRL_INPUTS else \
-        ("verl's form", "data_source, solution_str, ground_truth, extra_info=None")
-    return (f"; a function of only **kwargs is called once per sample with completion, prompt, answer and the row's "
-            f"fields: to be called in {form}, name its parameters ({params})")
 
 
 __all__ = [

@@ -115,7 +115,7 @@ def check_reward_section(reward: Any, resolve: bool = True) -> Any:
     """`reward` (the RewardConfig) once each of its functions resolves (ValueError with a suggestion for an
     unknown name or parameter; not with `resolve` False: `reinforge export` of a run whose reward was a
     notebook function computes no reward) and something scores (ConfigError)."""
-    from reinforge.rewards.sources import configured_sources
+    from reinforge.rewards.source_builders import configured_sources
 
     for f in reward.functions if resolve else []:
         resolve_reward_function(f.name, f.params)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from reinforge.models import Policy, load_policy
-from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches, register_source
+from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches
 from reinforge.rollout import SamplingParams, build_engine
 from reinforge.rollout.base import Rollout, RolloutEngine
 from reinforge.settings import ModelConfig, RolloutConfig
@@ -207,8 +207,8 @@ class JudgeSource:
         return SourceScores(values=out.scores, metrics=out.metrics, unscored=out.unscored)
 
 
-@register_source("judge")
-def _build_source(section: JudgeConfig, context: SourceContext) -> JudgeSource:
+def build_source(section: JudgeConfig, context: SourceContext) -> JudgeSource:
+    """The source section `reward.judge` configures (rewards/source_builders.py)."""
     return JudgeSource(build_judge(section, context.policy, context.device, context.chat_template), section.weight)
 
 

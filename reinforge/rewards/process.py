@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.objectives.advantages import grpo
 from reinforge.rewards.process_model import load_process_reward_model, step_probabilities
-from reinforge.rewards.sources import SourceContext, SourceScores, register_source
+from reinforge.rewards.sources import SourceContext, SourceScores
 from reinforge.rollout.base import Rollout
 from reinforge.tasks.base import Example
 
@@ -236,8 +236,8 @@ class ProcessRewardSource:
         return SourceScores(values=values, metrics=metrics, unscored=no_steps)
 
 
-@register_source("process")
-def _build_source(section, context: SourceContext) -> ProcessRewardSource:
+def build_source(section, context: SourceContext) -> ProcessRewardSource:
+    """The source section `reward.process` configures (rewards/source_builders.py)."""
     from reinforge.errors import ConfigError
 
     if context.policy is None:

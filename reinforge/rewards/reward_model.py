@@ -36,7 +36,7 @@ from reinforge.models.lora import merged
 from reinforge.models.tokenizer import load_tokenizer
 from reinforge.objectives.preference import sigmoid as dpo_sigmoid_loss
 from reinforge.records import PreferencePair
-from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches, register_source
+from reinforge.rewards.sources import SourceContext, SourceScores, micro_batches
 from reinforge.rollout.base import Rollout
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.tasks.base import Example
@@ -334,8 +334,8 @@ class RewardModelSource:
                                                     if len(raw) > 1 else 0.0})
 
 
-@register_source("model")
-def _build_source(section, context: SourceContext) -> RewardModelSource:
+def build_source(section, context: SourceContext) -> RewardModelSource:
+    """The source section `reward.model` configures (rewards/source_builders.py)."""
     return RewardModelSource(section.path, weight=section.weight, device=section.device or context.device,
                              micro_batch_size=section.micro_batch_size, normalize=section.normalize,
                              clip=section.clip, chat_template=context.chat_template)

@@ -14,13 +14,13 @@ source's weight (DESIGN.md, "reward sources"):
   adds to every model token's advantage after the advantage estimator (on-policy distillation's
   per-token reverse KL, a PRM's step-end credit). Zero on padding and environment tokens.
 
-Each source is built from its config section by a builder in `SOURCE_BUILDERS`, given what every
-source may need (`SourceContext`); a section left at None builds nothing.
+Each source is built from its config section by a builder (the table `SOURCE_BUILDERS` of
+rewards/source_builders.py, which sits above the sources' modules), given what every source may need
+(`SourceContext`); a section left at None builds nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,42 +62,6 @@ class SourceContext:
     temperature: float = 1.0     # the rollout's sampling temperature (a teacher scores tokens under it)
 
 
-# reward config field -> builder(section, context); filled by the modules that define the sources
-SOURCE_BUILDERS: dict[str, Callable[[Any, SourceContext], RewardSource]] = {}
-
-
-def register_source(field_name: str) -> Callable[[Callable[[Any, SourceContext], RewardSource]],
-                                                 Callable[[Any, SourceContext], RewardSource]]:
-    """Decorator: the builder of the source configured by `reward.<field_name>`."""
-
-    def add(builder: Callable[[Any, SourceContext], RewardSource]) -> Callable[[Any, SourceContext], RewardSource]:
-        SOURCE_BUILDERS[field_name] = builder
-        return builder
-
-    return add
-
-
-def build_sources(reward_cfg: Any, context: SourceContext) -> list[RewardSource]:
-    """The sources whose sections are set in `reward_cfg` (a RewardConfig), in the order of SOURCE_BUILDERS."""
-    _load_builtin_sources()
-    return [builder(section, context) for name, builder in SOURCE_BUILDERS.items()
-            if (section := getattr(reward_cfg, name, None)) is not None]
-
-
-def configured_sources(reward_cfg: Any) -> list[str]:
-    """The names of the source sections set in `reward_cfg`, without building anything."""
-    _load_builtin_sources()
-    return [name for name in SOURCE_BUILDERS if getattr(reward_cfg, name, None) is not None]
-
-
-def _load_builtin_sources() -> None:
-    # Importing a source's module registers its builder; they import transformers models, so only when asked.
-    import reinforge.rewards.judge  # noqa: F401
-    import reinforge.rewards.process  # noqa: F401
-    import reinforge.rewards.reward_model  # noqa: F401
-    import reinforge.rewards.teacher  # noqa: F401
-
-
 def check_values(source: RewardSource, out: SourceScores, n: int, width: int) -> None:
     """ValueError when a source returned tensors of the wrong shape (a bug in the source, not user data)."""
     if out.values is not None and tuple(out.values.shape) != (n,):
@@ -112,5 +76,4 @@ def micro_batches(n: int, size: int) -> list[range]:
     return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-__all__ = ["SOURCE_BUILDERS", "RewardSource", "SourceContext", "SourceScores", "build_sources",
-           "configured_sources", "micro_batches", "register_source"]
+__all__ = ["RewardSource", "SourceContext", "SourceScores", "check_values", "micro_batches"]

@@ -35,7 +35,7 @@ from reinforge.errors import ConfigError
 from reinforge.learner import ForwardPlan, build_sequences, token_logprobs
 from reinforge.models.factory import check_model_path, resolve_device
 from reinforge.models.tokenizer import build_char_tokenizer, load_tokenizer
-from reinforge.rewards.sources import SourceContext, SourceScores, register_source
+from reinforge.rewards.sources import SourceContext, SourceScores
 from reinforge.rollout.base import Rollout
 from reinforge.tasks.base import Example
 
@@ -123,8 +123,8 @@ class TeacherSource:
         })
 
 
-@register_source("teacher")
-def _build_source(section, context: SourceContext) -> TeacherSource:
+def build_source(section, context: SourceContext) -> TeacherSource:
+    """The source section `reward.teacher` configures (rewards/source_builders.py)."""
     if context.policy is None:
         raise ValueError("reward.teacher needs the run's policy (its tokenizer) in the SourceContext")
     tokenizer = context.policy.tokenizer

@@ -24,17 +24,14 @@ padded rows (`capture=False`, what the CPU tests check) it gives the eager path'
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import torch
 
 from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.kv_cache import KVCache
+from reinforge.rollout.passes import DecodePasses
 from reinforge.rollout.sampling import keyed_uniforms, sample_tokens
-
-if TYPE_CHECKING:
-    from reinforge.rollout.native import NativeEngine
 
 # Asks of a bucket, in a session, before it is captured: a capture costs a few eager steps (a warm-up, the
 # capture, the check), so buckets that live a handful of steps stay eager.
@@ -53,7 +50,7 @@ def bucket_of(live: int, slots: int) -> int:
     return min(slots, 1 << max(0, live - 1).bit_length())
 
 
-def step_body(engine: NativeEngine, w: DecoderWeights, cache: KVCache, params: SamplingParams, tokens: torch.Tensor,
+def step_body(engine: DecodePasses, w: DecoderWeights, cache: KVCache, params: SamplingParams, tokens: torch.Tensor,
               positions: torch.Tensor, rot: torch.Tensor, keys: torch.Tensor,
               counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step of the front slots without host synchronisation: `engine._decode_rows` (the
@@ -89,7 +86,7 @@ class DecodeGraphs:
     """The decode graphs of one session's weights and cache (see the module docstring).
     `capture=False` runs the same bucketed step on the static buffers eagerly (no CUDA needed)."""
 
-    def __init__(self, engine: NativeEngine, weights: DecoderWeights, cache: KVCache, params: SamplingParams,
+    def __init__(self, engine: DecodePasses, weights: DecoderWeights, cache: KVCache, params: SamplingParams,
                  capture: bool = True):
         self.engine, self.weights, self.cache, self.params, self.capture = engine, weights, cache, params, capture
         self.buffers = (list(cache.k), list(cache.v))     # held: their identity is what the graphs read

@@ -12,16 +12,16 @@ This module owns
 - the records it hands back (`FinishedRow`) and their collation into a `Rollout` (`rows_to_rollout`).
 
 The prefill and decode passes themselves are the engine's (`rollout.native.NativeEngine`), which a
-session reads as a duck-typed object: `policy`, `shape`, `kernels`, `_prefill`, `_decode`,
-`_stop_strings` and `_spare`; and, when it has decode graphs (rollout/graphs.py), `graph_mode`,
-`_decode_rows` and `disable_graphs`.
+session reads through the interface `rollout.passes.DecodePasses`: `policy`, `shape`, `kernels`,
+`_prefill`, `_decode`, `_stop_strings` and `_spare`; and, when it has decode graphs
+(rollout/graphs.py), `graph_mode`, `_decode_rows` and `disable_graphs`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,11 +30,9 @@ from reinforge.models.lora import base_model
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
+from reinforge.rollout.passes import DecodePasses
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
-
-if TYPE_CHECKING:   # native.py imports this module to build sessions; the engine is only an annotation here
-    from reinforge.rollout.native import NativeEngine
 
 
 @dataclass
@@ -121,7 +119,7 @@ class DecodeSession:
     called from one thread (or under one lock).
     """
 
-    def __init__(self, engine: NativeEngine, params: SamplingParams, slots: int,
+    def __init__(self, engine: DecodePasses, params: SamplingParams, slots: int,
                  generator: torch.Generator | None, version: int, keep_context: bool = False):
         self.engine, self.params, self.count, self.generator, self.version = engine, params, slots, generator, version
         self.keep_context = keep_context

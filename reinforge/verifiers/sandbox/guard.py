@@ -274,6 +274,72 @@ def guard_imp(imp, cwd, extension_roots, refused_builtins=FRESH_COPY_REFUSED,
     return (id(create), id(create_builtin), id(load), id(create_dynamic))
 
 
+def open_bases(args, cwd, max_fd, own_fds, write_flags, write_modes, as_path=as_path,
+               directory_fds=directory_fds, type_=type, int_type=int, str_type=str, perm=PermissionError):
+    """What the `open` event with `args` (path, mode or None, flags) must pass: (path, bases), the
+    exact-str path (None for a descriptor already held: judged when it was opened) and the
+    (directory a relative path starts from, judged by the write rule) pairs it is resolved from."""
+    path = as_path(args[0], False)
+    if path is None:
+        return None, ()
+    # By the flags, and by the mode where there is one: a write is never judged as a
+    # read even when an opener reports flags 0 with its mode string.
+    mode = args[1]
+    if mode is not None and type_(mode) is not str_type:
+        raise perm("sandbox: open with this mode is not allowed")
+    writing = type_(args[2]) is not int_type or (args[2] & write_flags) != 0
+    if mode is not None:
+        for c in write_modes:
+            if c in mode:
+                writing = True
+    bases = ((cwd, writing),)  # (where a relative path starts, judged by the write rule)
+    if args[1] is None and not path.startswith("/"):
+        # os.open: the event does not show the dir_fd, so every open directory counts.
+        for fd, where in directory_fds(max_fd):
+            bases = (*bases, (where, writing and fd not in own_fds))
+    return path, bases
+
+
+def check_write_event(event, args, cwd, write_events, write_exact, write_prefix, no_dir_fd, as_path=as_path,
+                      resolve=resolve, fd_path=fd_path, len_=len, type_=type, int_type=int, perm=PermissionError):
+    """PermissionError unless every path argument of the write event `event` (one of `write_events`)
+    leads into the work directory (`write_prefix`) or to one of `write_exact`, resolved from its dir_fd
+    where the event has one; descriptors are refused (but ftruncate's)."""
+    specs = ()
+    for name, entry in write_events:
+        if name == event:
+            specs = entry
+    for i, j in specs:
+        path = as_path(args[i], False)
+        if path is None:
+            if event == "os.truncate":
+                continue  # ftruncate needs a descriptor open for writing
+            raise perm(f"sandbox: {event} on a file descriptor is not allowed")
+        base = cwd
+        if j >= 0 and j < len_(args) and args[j] not in no_dir_fd:
+            if type_(args[j]) is not int_type:
+                raise perm(f"sandbox: {event} with this dir_fd is not allowed")
+            base = fd_path(args[j])
+        full = resolve(path, base)
+        if not (full in write_exact or full.startswith(write_prefix)):
+            raise perm(f"sandbox: {event} outside the work directory is not allowed")
+
+
+def check_path(path, bases, read_exact, read_prefixes, write_exact, write_prefix, resolve=resolve,
+               perm=PermissionError):
+    """PermissionError unless the exact-str `path`, resolved from each (base, writing) of `bases`,
+    lands where the write rule (writing) or the read rule (not) allows."""
+    for base, writing in bases:
+        full = resolve(path, base)
+        if writing:
+            ok = full in write_exact or full.startswith(write_prefix)
+        else:
+            ok = full in read_exact or full.startswith(read_prefixes)
+        if not ok:
+            verb = "writing" if writing else "reading"
+            raise perm(f"sandbox: {verb} {full} is not allowed")
+
+
 def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(),
               extension_roots=()):
     """The audit hook for a candidate whose cwd is `workdir` (all paths already resolved).
@@ -285,7 +351,7 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
     extension modules may be loaded from.
     """
     helpers = (resolve, as_path, fd_path, directory_fds, name_refused, extension_refused,
-               import_refused)
+               import_refused, open_bases, check_write_event, check_path)
     guarded_ids = [*guarded_ids, *(id(f) for f in helpers)]
 
     def hook(event, args, cwd=workdir, read_prefixes=tuple(r + "/" for r in read_roots),
@@ -299,11 +365,10 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
              write_event_names=frozenset(e for e, _ in WRITE_PATH_EVENTS),
              write_events=WRITE_PATH_EVENTS, read_events=READ_PATH_EVENTS,
              no_dir_fd=_NO_DIR_FD, write_flags=_WRITE_FLAGS, write_modes="wax+",
-             max_fd=max_fd, own_fds=frozenset(own_fds), resolve=resolve, as_path=as_path,
-             directory_fds=directory_fds, fd_path=fd_path, import_refused=import_refused,
-             extension_roots=tuple(r + "/" for r in extension_roots),
-             guarded=frozenset(guarded_ids), id_=id,
-             to_str=str.__str__, len_=len, int_type=int, str_type=str, type_=type,
+             max_fd=max_fd, own_fds=frozenset(own_fds), as_path=as_path,
+             import_refused=import_refused, open_bases=open_bases, check_write_event=check_write_event,
+             check_path=check_path, extension_roots=tuple(r + "/" for r in extension_roots),
+             guarded=frozenset(guarded_ids), id_=id, to_str=str.__str__,
              perm=PermissionError, import_error=ImportError):
         if event in refused or event.startswith(refused_prefixes):
             raise perm(f"sandbox: {event} is not allowed")
@@ -317,59 +382,19 @@ def make_hook(workdir, read_roots, read_files, max_fd, own_fds=(), guarded_ids=(
                 raise perm(f"sandbox: {event} {to_str(args[1])} is not allowed")
             return
         if event == "open":
-            path = as_path(args[0], False)
+            path, bases = open_bases(args, cwd, max_fd, own_fds, write_flags, write_modes)
             if path is None:
                 return  # a descriptor already held: judged when it was opened
-            # By the flags, and by the mode where there is one: a write is never judged as a
-            # read even when an opener reports flags 0 with its mode string.
-            mode = args[1]
-            if mode is not None and type_(mode) is not str_type:
-                raise perm("sandbox: open with this mode is not allowed")
-            writing = type_(args[2]) is not int_type or (args[2] & write_flags) != 0
-            if mode is not None:
-                for c in write_modes:
-                    if c in mode:
-                        writing = True
-            bases = ((cwd, writing),)  # (where a relative path starts, judged by the write rule)
-            if args[1] is None and not path.startswith("/"):
-                # os.open: the event does not show the dir_fd, so every open directory counts.
-                for fd, where in directory_fds(max_fd):
-                    bases = (*bases, (where, writing and fd not in own_fds))
         elif event in read_events:
             path = as_path("." if args[0] is None else args[0], True)
             if path is None:
                 return
             bases = ((cwd, False),)
         elif event in write_event_names:
-            specs = ()
-            for name, entry in write_events:
-                if name == event:
-                    specs = entry
-            for i, j in specs:
-                path = as_path(args[i], False)
-                if path is None:
-                    if event == "os.truncate":
-                        continue  # ftruncate needs a descriptor open for writing
-                    raise perm(f"sandbox: {event} on a file descriptor is not allowed")
-                base = cwd
-                if j >= 0 and j < len_(args) and args[j] not in no_dir_fd:
-                    if type_(args[j]) is not int_type:
-                        raise perm(f"sandbox: {event} with this dir_fd is not allowed")
-                    base = fd_path(args[j])
-                full = resolve(path, base)
-                if not (full in write_exact or full.startswith(write_prefix)):
-                    raise perm(f"sandbox: {event} outside the work directory is not allowed")
+            check_write_event(event, args, cwd, write_events, write_exact, write_prefix, no_dir_fd)
             return
         else:
             return
-        for base, writing in bases:
-            full = resolve(path, base)
-            if writing:
-                ok = full in write_exact or full.startswith(write_prefix)
-            else:
-                ok = full in read_exact or full.startswith(read_prefixes)
-            if not ok:
-                verb = "writing" if writing else "reading"
-                raise perm(f"sandbox: {verb} {full} is not allowed")
+        check_path(path, bases, read_exact, read_prefixes, write_exact, write_prefix)
 
     return hook

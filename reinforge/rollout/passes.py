@@ -1,0 +1,54 @@
+"""What a decoding session asks of the engine it decodes for (`DecodePasses`): the model's prefill and
+decode passes and the state they read. `rollout.native.NativeEngine` is the one implementation; the
+session (rollout/session.py) and the decode graphs (rollout/graphs.py) are written against this
+interface, so neither imports the engine module that builds them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from reinforge.models import Policy
+from reinforge.models.decoder import DecoderShape, DecoderWeights
+from reinforge.rollout.kv_cache import KVCache
+
+
+class DecodePasses(Protocol):
+    """The engine as a session reads it (the members are `NativeEngine`'s, documented there)."""
+
+    policy: Policy                 # its model, tokenizer and end-of-sequence ids
+    shape: DecoderShape            # heads, head size, sliding window of the decoder
+    kernels: Any                   # the fused CPU decode kernels, None when the step runs `_decode_rows`
+    graph_mode: str | None         # "capture" / "eager": the decode step through rollout/graphs.py; None: plain
+    moe_layers: int                # MoE layers of the decoder (0: dense)
+    top_k: int                     # experts per token of its MoE layers
+    _spare: KVCache | None         # a finished session's cache, whose memory the next one reuses
+
+    def decoder_weights(self) -> DecoderWeights:
+        """The weights to decode with, taken afresh (the latest optimizer step)."""
+        ...
+
+    def disable_graphs(self, reason: str) -> None:
+        """Decode eagerly from now on (`reason` logged)."""
+        ...
+
+    def _prefill(self, w: DecoderWeights, prompt_ids: list[list[int]], freqs: torch.Tensor,
+                 routes: list[torch.Tensor] | None = None) -> Any:
+        """Per-layer keys, values of each prompt and the logits of its next token."""
+        ...
+
+    def _decode(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                freqs: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """One token of each front slot; next-token logits [live, V]."""
+        ...
+
+    def _decode_rows(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                     rot: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`_decode` without host synchronisation (a CUDA graph's body)."""
+        ...
+
+    def _stop_strings(self, tokens: torch.Tensor, generated: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
+        """[live] bool: which rows' text so far contains a stop string."""
+        ...
