@@ -454,3 +454,25 @@ def test_blocked_sampling_draws_the_inverse_cdf_tokens(device: str, temperature:
     same = got == tokens
     torch.testing.assert_close(got_lp[same], logprobs[same], atol=1e-5, rtol=0)
     assert bool(torch.isfinite(got_lp).all())
+
+
+@pytest.mark.parametrize("max_batch_rows", [None, 16])
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_decoding_ahead_of_the_stop_flags_on_the_device_gives_the_synchronous_rows(device: str,
+                                                                                   max_batch_rows) -> None:
+    """With decode graphs each step decodes before it reads the previous step's stop flags, which come
+    through pinned memory behind that step (`DecodeSession._step_ahead`); 40 rows in all slots, or 16 slots
+    refilled as rows end. fp32: every row's tokens and stop flag are the synchronous engine's (no graphs,
+    no look-ahead), log-probs within the fp32 rounding of other GEMM shapes."""
+    policy = tiny(device, torch.float32)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    sync = NativeEngine(policy, cuda_graphs=False, max_batch_rows=max_batch_rows).generate(PROMPTS, 8, params,
+                                                                                          group_keys=keys)
+    engine = NativeEngine(policy, max_batch_rows=max_batch_rows)
+    ahead = engine.generate(PROMPTS, 8, params, group_keys=keys)
+    assert engine.graph_mode == "capture", "a graph failed or disagreed with its eager step (see the log)"
+    assert sync.lengths.float().std() > 0
+    assert _rows(sync) == _rows(ahead)
+    assert torch.equal(sync.truncated, ahead.truncated)
+    torch.testing.assert_close(ahead.sampler_logprobs, sync.sampler_logprobs, atol=FP32_TOL, rtol=0)

@@ -93,6 +93,23 @@ class WaitingRow:
     top: tuple[torch.Tensor, torch.Tensor] | None = None   # its first position's top-K ([K] ids, [K] log-probs)
 
 
+@dataclass
+class _Flags:
+    """The live rows' stop flags after a decode step, `generated * 2 + stopped` per slot (`host`, int64;
+    on CUDA pinned memory that a copy queued behind the step fills, done when `event` is), for the
+    `live` slots of that step; `order`: the slots of the session now, as indices into them (None: the same)."""
+
+    host: torch.Tensor
+    event: Any
+    live: int
+    order: torch.Tensor | None = None
+
+    @property
+    def slots(self) -> int:
+        """The session's live slots these flags are of."""
+        return self.live if self.order is None else len(self.order)
+
+
 class DecodeSession:
     """Rows decoding in `slots` cache slots; the live slots are always 0..live-1.
 
@@ -136,9 +153,11 @@ class DecodeSession:
         self.freqs: torch.Tensor | None = None
         self.live = 0
         max_new, d = params.max_new_tokens, self.device
-        self.tokens = torch.zeros(slots, max_new, dtype=torch.long, device=d)       # each slot's tokens so far
-        self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
-        self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
+        # Each slot's tokens so far; one column more than max_new_tokens, which a row's step past its end
+        # writes when its stop is seen a step late (`_step_ahead`).
+        self.tokens = torch.zeros(slots, max_new + 1, dtype=torch.long, device=d)
+        self.logprobs = torch.zeros(slots, max_new + 1, dtype=torch.float32, device=d)
+        self.versions = torch.zeros(slots, max_new + 1, dtype=torch.long, device=d)
         # With params.record_top_k = K: each position's K most likely ids and log-probs (sampling.sampler_top_k)
         k = params.record_top_k
         self.top_ids = torch.zeros(slots, max_new, k, dtype=torch.long, device=d) if k else None
@@ -155,6 +174,9 @@ class DecodeSession:
         moe = (engine.moe_layers, engine.top_k) if getattr(engine, "moe_layers", 0) else None
         self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
         self.prompt_routes: list[torch.Tensor | None] = [None] * slots
+        # With decode graphs: the stop flags of the last step, on their way to the host (`_step_ahead`)
+        self._ahead: _Flags | None = None
+        self._pinned: list[torch.Tensor] = []
 
     @property
     def busy(self) -> bool:
@@ -187,7 +209,12 @@ class DecodeSession:
     def step(self) -> list[FinishedRow]:
         """Admit, retire the rows that ended, decode one token of each live row; the rows that ended."""
         finished: list[FinishedRow] = []
-        self._admit(torch.arange(self.live, min(self.count, self.live + len(self.waiting)), device=self.device))
+        into = torch.arange(self.live, min(self.count, self.live + len(self.waiting)), device=self.device)
+        ahead, self._ahead = self._ahead, None
+        if (ahead is not None and not len(into) and self.live == ahead.slots
+                and self.cache.capacity >= self.cache.limit):
+            return self._step_ahead(ahead)
+        self._admit(into)
         admitted = True
         while admitted and self.live:   # a newly admitted row may end on its first token
             live = self.live
@@ -198,43 +225,112 @@ class DecodeSession:
             done = (stopped | (g >= self.params.max_new_tokens)).nonzero().squeeze(1)
             if not len(done):
                 break
-            # One gather per field (a copy: the slots are about to be reused), then views of its rows.
-            tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
-            top_ids, top_lps = ((None, None) if self.top_ids is None
-                                else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
-            routes = None if self.routes is None else self.routes[done].cpu()
-            for i, (slot, n, stop) in enumerate(
-                zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
-            ):
-                context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
-                prompt_routes = self.prompt_routes[slot]
-                row_routes = (None if routes is None or prompt_routes is None
-                              else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
-                finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
-                                            truncated=not stop, context=context, routes=row_routes,
-                                            top_ids=None if top_ids is None else top_ids[i, :n],
-                                            top_logprobs=None if top_lps is None else top_lps[i, :n]))
+            finished += self._finished_rows(done, g[done].tolist(), stopped[done].tolist())
             admitted = self._retire(done)
         if self.live:
-            live = self.live
-            g, pos = self.generated[:live], self.length[:live]
-            step_routes: list[torch.Tensor] | None = None if self.routes is None else []
-            out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
-            if out is None:
-                logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
-                token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
-            else:
-                logits, token, logprob = out
-            self.length[:live] += 1
-            rows = torch.arange(live, device=self.device)
-            if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
-                self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
-            self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
-            top = self._top(logits)
-            if top is not None:
-                self.top_ids[rows, g], self.top_logprobs[rows, g] = top
-            self.last[:live] = token
-            self.generated[:live] += 1
+            self._decode_live()
+            if self._looks_ahead():
+                self._ahead = self._flags()
+        return finished
+
+    def _decode_live(self) -> None:
+        """One token of every live row, sampled and recorded (no host synchronisation through the graphs)."""
+        live = self.live
+        g, pos = self.generated[:live], self.length[:live]
+        step_routes: list[torch.Tensor] | None = None if self.routes is None else []
+        out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
+        if out is None:
+            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
+            token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
+        else:
+            logits, token, logprob = out
+        self.length[:live] += 1
+        rows = torch.arange(live, device=self.device)
+        if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
+            self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
+        self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
+        top = self._top(logits)
+        if top is not None:
+            self.top_ids[rows, g], self.top_logprobs[rows, g] = top
+        self.last[:live] = token
+        self.generated[:live] += 1
+
+    def _finished_rows(self, done: torch.Tensor, lengths: list[int], stops: list[bool]) -> list[FinishedRow]:
+        """The records of the rows in slots `done` (device), of `lengths` tokens, ended by a stop (`stops`)
+        or by max_new_tokens: copies, read before the slots are reused."""
+        # One gather per field (a copy: the slots are about to be reused), then views of its rows.
+        tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
+        top_ids, top_lps = ((None, None) if self.top_ids is None
+                            else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
+        routes = None if self.routes is None else self.routes[done].cpu()
+        finished = []
+        for i, (slot, n, stop) in enumerate(zip(done.tolist(), lengths, stops, strict=True)):
+            context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
+            prompt_routes = self.prompt_routes[slot]
+            row_routes = (None if routes is None or prompt_routes is None
+                          else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
+            finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
+                                        truncated=not stop, context=context, routes=row_routes,
+                                        top_ids=None if top_ids is None else top_ids[i, :n],
+                                        top_logprobs=None if top_lps is None else top_lps[i, :n]))
+        return finished
+
+    def _looks_ahead(self) -> bool:
+        """Whether the next step may decode before it knows which rows this step ended (`_step_ahead`):
+        with decode graphs, for rows whose end is a token (no stop strings, which need the text), whose
+        records are tokens, log-probs and versions only (no context kept, no top-K, no MoE routes)."""
+        return (getattr(self.engine, "graph_mode", None) is not None and not self.params.stop
+                and not self.keep_context and not self.params.record_top_k and self.routes is None)
+
+    def _flags(self) -> _Flags:
+        """The live rows' stop flags and token counts after the step just queued, on their way to the host:
+        on CUDA a copy into pinned memory behind that step, with an event to wait for."""
+        live = self.live
+        code = self.generated[:live] * 2 + torch.isin(self.last[:live], self.eos)      # [live] int64
+        if code.device.type != "cuda":
+            return _Flags(code.cpu(), None, live)
+        if not self._pinned:
+            self._pinned = [torch.empty(self.count, dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self._pinned.reverse()             # two buffers, alternating: the other may still be read
+        host = self._pinned[0][:live]
+        host.copy_(code, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _Flags(host, event, live)
+
+    def _step_ahead(self, ahead: _Flags) -> list[FinishedRow]:
+        """A step that decodes first and then reads the previous step's stop flags (`ahead`), which the
+        device sent while this step's work was queued: the host never waits for the step it just
+        launched, so the device runs steps back to back. A row that had ended is thereby decoded one
+        step past its end; that token (in the spare column, `tokens[:, max_new_tokens]` at most) and its
+        key/value (at a position its slot's next row rewrites before reading it) are never read: each row
+        draws from its own stream, so no other row's tokens change. The rows that ended are retired here;
+        when waiting rows take their slots, the next step checks synchronously again."""
+        live = self.live
+        self._decode_live()
+        flags = self._flags()
+        if ahead.event is not None:
+            ahead.event.synchronize()      # the previous step's flags only: this step keeps the device busy
+        code = ahead.host[: ahead.live].clone()
+        if ahead.order is not None:
+            code = code[ahead.order]
+        counts, stopped = code // 2, (code % 2).bool()
+        done = (stopped | (counts >= self.params.max_new_tokens)).nonzero().squeeze(1)
+        if not len(done):
+            self._ahead = flags
+            return []
+        finished = self._finished_rows(done.to(self.device), counts[done].tolist(), stopped[done].tolist())
+        if self._retire(done.to(self.device)) or self.waiting:
+            return finished                # waiting rows took slots: the next step checks them synchronously
+        # No row waited: the live rows were packed. This step's flags, for the slots as packed (`_retire`'s
+        # moves): a hole takes its mover's flags.
+        keep = torch.ones(live, dtype=torch.bool)
+        keep[done] = False
+        kept = int(keep.sum())
+        if kept:
+            order = torch.arange(live)
+            order[(~keep[:kept]).nonzero().squeeze(1)] = keep[kept:].nonzero().squeeze(1) + kept
+            self._ahead = _Flags(flags.host, flags.event, flags.live, order[:kept])
         return finished
 
     def _graph_step(self, live: int, g: torch.Tensor, pos: torch.Tensor
