@@ -31,6 +31,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
+from reinforge.rollout.stop_flags import StopFlags
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
 if TYPE_CHECKING:   # native.py imports this module to build sessions; the engine is only an annotation here
@@ -91,23 +92,6 @@ class WaitingRow:
     key: int                    # its sampling stream (`keyed_uniforms`)
     drawn: int = 0              # draws of that stream before this turn (earlier turns of an extended row)
     top: tuple[torch.Tensor, torch.Tensor] | None = None   # its first position's top-K ([K] ids, [K] log-probs)
-
-
-@dataclass
-class _Flags:
-    """The live rows' stop flags after a decode step, `generated * 2 + stopped` per slot (`host`, int64;
-    on CUDA pinned memory that a copy queued behind the step fills, done when `event` is), for the
-    `live` slots of that step; `order`: the slots of the session now, as indices into them (None: the same)."""
-
-    host: torch.Tensor
-    event: Any
-    live: int
-    order: torch.Tensor | None = None
-
-    @property
-    def slots(self) -> int:
-        """The session's live slots these flags are of."""
-        return self.live if self.order is None else len(self.order)
 
 
 class DecodeSession:
@@ -175,7 +159,7 @@ class DecodeSession:
         self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
         self.prompt_routes: list[torch.Tensor | None] = [None] * slots
         # With decode graphs: the stop flags of the last step, on their way to the host (`_step_ahead`)
-        self._ahead: _Flags | None = None
+        self._ahead: StopFlags | None = None
         self._pinned: list[torch.Tensor] = []
 
     @property
@@ -282,55 +266,29 @@ class DecodeSession:
         return (getattr(self.engine, "graph_mode", None) is not None and not self.params.stop
                 and not self.keep_context and not self.params.record_top_k and self.routes is None)
 
-    def _flags(self) -> _Flags:
-        """The live rows' stop flags and token counts after the step just queued, on their way to the host:
-        on CUDA a copy into pinned memory behind that step, with an event to wait for."""
+    def _flags(self) -> StopFlags:
+        """The live rows' stop flags after the step just queued, on their way to the host."""
         live = self.live
-        code = self.generated[:live] * 2 + torch.isin(self.last[:live], self.eos)      # [live] int64
-        if code.device.type != "cuda":
-            return _Flags(code.cpu(), None, live)
-        if not self._pinned:
-            self._pinned = [torch.empty(self.count, dtype=torch.long, pin_memory=True) for _ in range(2)]
-        self._pinned.reverse()             # two buffers, alternating: the other may still be read
-        host = self._pinned[0][:live]
-        host.copy_(code, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return _Flags(host, event, live)
+        return StopFlags.send(self.generated[:live], self.last[:live], self.eos, self._pinned, self.count)
 
-    def _step_ahead(self, ahead: _Flags) -> list[FinishedRow]:
-        """A step that decodes first and then reads the previous step's stop flags (`ahead`), which the
-        device sent while this step's work was queued: the host never waits for the step it just
-        launched, so the device runs steps back to back. A row that had ended is thereby decoded one
-        step past its end; that token (in the spare column, `tokens[:, max_new_tokens]` at most) and its
-        key/value (at a position its slot's next row rewrites before reading it) are never read: each row
-        draws from its own stream, so no other row's tokens change. The rows that ended are retired here;
-        when waiting rows take their slots, the next step checks synchronously again."""
-        live = self.live
+    def _step_ahead(self, ahead: StopFlags) -> list[FinishedRow]:
+        """A step that decodes first and then reads the previous step's stop flags (`ahead`, rollout/
+        stop_flags.py), which the device sent while this step's work was queued: the host never waits
+        for the step it just launched, so the device runs steps back to back. A row that had ended is
+        thereby decoded one step past its end; that token (in the spare column, `tokens[:, max_new_tokens]`
+        at most) and its key/value (at a position its slot's next row rewrites before reading it) are
+        never read: each row draws from its own stream, so no other row's tokens change. The rows that
+        ended are retired here; when waiting rows take their slots, the next step checks synchronously."""
         self._decode_live()
         flags = self._flags()
-        if ahead.event is not None:
-            ahead.event.synchronize()      # the previous step's flags only: this step keeps the device busy
-        code = ahead.host[: ahead.live].clone()
-        if ahead.order is not None:
-            code = code[ahead.order]
-        counts, stopped = code // 2, (code % 2).bool()
+        counts, stopped = ahead.read()      # the previous step's flags only: this step keeps the device busy
         done = (stopped | (counts >= self.params.max_new_tokens)).nonzero().squeeze(1)
         if not len(done):
             self._ahead = flags
             return []
         finished = self._finished_rows(done.to(self.device), counts[done].tolist(), stopped[done].tolist())
-        if self._retire(done.to(self.device)) or self.waiting:
-            return finished                # waiting rows took slots: the next step checks them synchronously
-        # No row waited: the live rows were packed. This step's flags, for the slots as packed (`_retire`'s
-        # moves): a hole takes its mover's flags.
-        keep = torch.ones(live, dtype=torch.bool)
-        keep[done] = False
-        kept = int(keep.sum())
-        if kept:
-            order = torch.arange(live)
-            order[(~keep[:kept]).nonzero().squeeze(1)] = keep[kept:].nonzero().squeeze(1) + kept
-            self._ahead = _Flags(flags.host, flags.event, flags.live, order[:kept])
+        if not self._retire(done.to(self.device)):
+            self._ahead = flags.packed(done)    # no row waited: the live rows were packed, and their flags
         return finished
 
     def _graph_step(self, live: int, g: torch.Tensor, pos: torch.Tensor
