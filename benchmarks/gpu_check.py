@@ -325,7 +325,7 @@ def part_learner(device: torch.device, size: dict, state: dict) -> dict:
     datasheet = next((tf for key, tf in PEAK_TFLOPS.items() if key in name), None) if device.type == "cuda" else None
     achieved = flops / seconds / 1e12
     return {"model": "qwen2.5-0.5b shape" if size is FULL else "tiny", "dtype": "bfloat16",
-            "rows": len(batch.group_ids),
+            "rows": len(batch.group_ids), "micro_batches": len(plan.micro_batches(batch.sequences, device=device)),
             "batch_tokens": int(tokens), "completion_tokens": int(batch.sequences.completion_mask.sum()),
             "update_seconds": round(seconds, 4), "learner_tokens_per_s": round(tokens / seconds, 1),
             "model_tflops": sig(achieved), "mfu_measured": sig(achieved / state["bf16_tflops"], 4),
@@ -396,7 +396,7 @@ def part_profile(device: torch.device, size: dict, state: dict) -> dict:
     batch = learner_batch(prompt_ids, size["group_size"], new_tokens, config.vocab_size,
                           policy.tokenizer.pad_token_id, g)
     plan = ForwardPlan.from_config(_update_config(size["prompt_length"], new_tokens).train)
-    micro = plan.micro_batches(batch.sequences)[0]
+    micro = plan.micro_batches(batch.sequences, device=device)[0]       # the update's own plan on this device
     seq = batch.sequences.rows(micro)
 
     def micro_step() -> None:
@@ -409,7 +409,7 @@ def part_profile(device: torch.device, size: dict, state: dict) -> dict:
     with profile(activities=activities) as prof:
         micro_step()
         synchronize(device)
-    learner = {"rows": len(micro), "micro_batches": len(plan.micro_batches(batch.sequences)),
+    learner = {"rows": len(micro), "micro_batches": len(plan.micro_batches(batch.sequences, device=device)),
                "tokens": int(seq.attention_mask.sum()), **_profile_tables(prof, 1)}
     return {"decode": decode, "learner_micro_step": learner}
 

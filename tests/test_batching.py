@@ -56,3 +56,35 @@ def test_groups_stay_together_unless_larger_than_a_micro_batch() -> None:
     plan = [p.tolist() for p in plan_micro_batches(lengths, max_rows=4, max_tokens=30, groups=groups)]
     assert plan == [[1, 4, 10], [0, 2, 7], [3, 5, 6, 8], [9]]
     assert sorted(r for p in plan for r in p) == list(range(11))
+
+
+def test_shared_prompt_budget_counts_each_prompt_once() -> None:
+    # Three groups of two rows; prompts of 10, 10 and 4 tokens, completions (lengths - prompt) 5 and 1,
+    # 6 and 2, 3 and 3. The shared-prompt forward runs 10 + 5 + 1 = 16, 10 + 6 + 2 = 18 and 4 + 3 + 3 = 10
+    # positions; rows x longest row would count 2 x 15 = 30, 2 x 16 = 32 and 2 x 7 = 14.
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    prompts = torch.tensor([10, 10, 10, 10, 4, 4])
+    lengths = prompts + torch.tensor([5, 1, 6, 2, 3, 3])
+    plan = [p.tolist() for p in plan_micro_batches(lengths, 8, 34, groups=groups, prompt_lengths=prompts)]
+    # Longest first: group 1 (16), group 0 (15), group 2 (7): 18 + 16 = 34 fits, + 10 does not.
+    assert plan == [[2, 3, 0, 1], [4, 5]]
+    assert [p.tolist() for p in plan_micro_batches(lengths, 8, 34, groups=groups)] == [[2, 3], [0, 1], [4, 5]]
+    assert [p.tolist() for p in plan_micro_batches(lengths, 8, 44, groups=groups, prompt_lengths=prompts)] == [
+        [2, 3, 0, 1, 4, 5]]
+    with pytest.raises(ValueError, match="pass groups"):
+        plan_micro_batches(lengths, 8, 34, prompt_lengths=prompts)
+
+
+def test_the_forward_plan_counts_shared_positions_on_cuda_only() -> None:
+    from reinforge.learner import ForwardPlan, build_sequences
+
+    prompts = [[5] * 40, [6] * 40]
+    mask = torch.zeros(4, 8)
+    mask[:, :4] = 1
+    batch = build_sequences([p for p in prompts for _ in range(2)], torch.full((4, 8), 7), mask, 0,
+                            group_ids=torch.tensor([0, 0, 1, 1]))
+    plan = ForwardPlan(micro_batch_size=8, micro_batch_tokens=100, shared_prefix=True)
+    # Rows of 44 tokens: 2 x 44 = 88 per group by rows x longest; 40 + 4 + 4 = 48 positions run.
+    assert [p.tolist() for p in plan.micro_batches(batch)] == [[0, 1], [2, 3]]
+    assert [p.tolist() for p in plan.micro_batches(batch, device="cpu")] == [[0, 1], [2, 3]]
+    assert [p.tolist() for p in plan.micro_batches(batch, device="cuda")] == [[0, 1, 2, 3]]

@@ -192,3 +192,20 @@ def test_no_valid_tokens_gives_zeros_and_zero_grad(tiny_policy):
     assert stats.logprobs.shape == (2, 3) and bool((stats.logprobs == 0).all()) and bool((stats.entropy == 0).all())
     (stats.logprobs + stats.entropy).sum().backward()
     assert all(p.grad is None or bool((p.grad == 0).all()) for p in model.parameters())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_loss_without_the_entropy_gets_the_same_gradient_bits(temperature):
+    """Without the entropy in the loss its gradient is None and the backward skips its terms; the
+    gradients are the bits the full form gives with a zero entropy gradient (e (log p + H) = 0 exactly)."""
+    hidden, weight, bias, targets = make_inputs(9, 6, 23, torch.float32, seed=3)
+    g = torch.randn(9, generator=torch.Generator().manual_seed(4))
+
+    def grads(with_zero_entropy: bool):
+        logp, ent = chunked_token_logprobs_and_entropy(hidden, weight, bias, targets, temperature=temperature,
+                                                       chunk_size=4)
+        loss = (logp * g).sum() + (0.0 * ent.sum() if with_zero_entropy else 0.0)
+        return torch.autograd.grad(loss, (hidden, weight, bias))
+
+    for got, ref in zip(grads(False), grads(True), strict=True):
+        assert torch.equal(got, ref)

@@ -428,3 +428,52 @@ def test_expanded_attention_is_the_grouped_query_attention_of_a_pass() -> None:
     torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
     for a, r in zip(*grads, strict=True):
         torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("device", DEVICES)
+def test_blocked_sampling_draws_the_inverse_cdf_tokens(device: str, temperature: float) -> None:
+    """Unfiltered sampling on CUDA (`sampling.sample_blocked`: the CDF in blocks of 1,024 tokens, then
+    inside the draw's block) against the CPU's full-vocabulary inverse CDF at the same keyed uniforms,
+    over 20,000 tokens (19 blocks and a tail) with some that underflow to p = 0. On the CPU the
+    function itself gives every token; on CUDA `sample_tokens`, which takes it there, may depart only
+    where rounding moves a CDF boundary across a uniform; log-probs within fp32 rounding."""
+    from reinforge.rollout.sampling import keyed_uniforms, sample_blocked, sample_tokens
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(128, 20000, generator=g) * 3
+    logits[:, 1000:1100] -= 300
+    uniforms = keyed_uniforms(torch.arange(128) * 7919, torch.zeros(128, dtype=torch.long))
+    params = SamplingParams(temperature=temperature, max_new_tokens=1)
+    tokens, logprobs = sample_tokens(logits, params, uniforms=uniforms)
+    if device == "cpu":
+        got, got_lp = sample_blocked(logits / temperature, uniforms=uniforms)
+        assert torch.equal(got, tokens)
+    else:
+        got, got_lp = (t.cpu() for t in sample_tokens(logits.to(device), params, uniforms=uniforms.to(device)))
+        assert (got == tokens).float().mean() >= 0.95
+    same = got == tokens
+    torch.testing.assert_close(got_lp[same], logprobs[same], atol=1e-5, rtol=0)
+    assert bool(torch.isfinite(got_lp).all())
+
+
+@pytest.mark.parametrize("max_batch_rows", [None, 16])
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_decoding_ahead_of_the_stop_flags_on_the_device_gives_the_synchronous_rows(device: str,
+                                                                                   max_batch_rows) -> None:
+    """With decode graphs each step decodes before it reads the previous step's stop flags, which come
+    through pinned memory behind that step (`DecodeSession._step_ahead`); 40 rows in all slots, or 16 slots
+    refilled as rows end. fp32: every row's tokens and stop flag are the synchronous engine's (no graphs,
+    no look-ahead), log-probs within the fp32 rounding of other GEMM shapes."""
+    policy = tiny(device, torch.float32)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    keys = torch.tensor([11, 22, 33, 44, 55])
+    sync = NativeEngine(policy, cuda_graphs=False, max_batch_rows=max_batch_rows).generate(PROMPTS, 8, params,
+                                                                                          group_keys=keys)
+    engine = NativeEngine(policy, max_batch_rows=max_batch_rows)
+    ahead = engine.generate(PROMPTS, 8, params, group_keys=keys)
+    assert engine.graph_mode == "capture", "a graph failed or disagreed with its eager step (see the log)"
+    assert sync.lengths.float().std() > 0
+    assert _rows(sync) == _rows(ahead)
+    assert torch.equal(sync.truncated, ahead.truncated)
+    torch.testing.assert_close(ahead.sampler_logprobs, sync.sampler_logprobs, atol=FP32_TOL, rtol=0)

@@ -430,3 +430,36 @@ def test_the_capture_path_with_an_emulated_graph_gives_the_eager_rows(monkeypatc
     assert captured[0] == 15 and len(captured) >= 3
     assert _rows(graphed) == _rows(eager)
     torch.testing.assert_close(graphed.sampler_logprobs, eager.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("max_batch_rows", [None, 6])
+def test_decoding_ahead_of_the_stop_flags_gives_the_same_rows(max_batch_rows, monkeypatch) -> None:
+    """With decode graphs a step decodes before it reads the previous step's stop flags
+    (`DecodeSession._step_ahead`: no host wait for the step just launched): a row that ended is decoded
+    once more and retired a step late, the live rows packed with their flags, waiting rows admitted
+    into freed slots (6 slots for 15 rows). Every row's tokens, stop flag and log-probs are the
+    synchronous engine's, and most steps ran ahead, retiring rows on some of them."""
+    from reinforge.rollout import session as session_module
+
+    policy = qwen2(num_kv_heads=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=14)
+    keys = torch.tensor([5, 6, 7, 8, 9])
+    eager = NativeEngine(policy, cpu_kernels=False, max_batch_rows=max_batch_rows)
+    ahead = NativeEngine(policy, cpu_kernels=False, max_batch_rows=max_batch_rows)
+    ahead.graph_mode = "eager"
+    steps: list[int] = []
+    real = session_module.DecodeSession._step_ahead
+
+    def counted(self, flags):
+        finished = real(self, flags)
+        steps.append(len(finished))
+        return finished
+
+    monkeypatch.setattr(session_module.DecodeSession, "_step_ahead", counted)
+    a = eager.generate(PROMPTS, 3, params, group_keys=keys)
+    b = ahead.generate(PROMPTS, 3, params, group_keys=keys)
+    assert ahead.graph_mode == "eager"
+    assert a.lengths.float().std() > 0 and bool(a.truncated.any()) and not bool(a.truncated.all())
+    assert _rows(a) == _rows(b)
+    torch.testing.assert_close(b.sampler_logprobs, a.sampler_logprobs, atol=1e-5, rtol=0)
+    assert len(steps) >= 8 and sum(1 for n in steps if n) >= 2

@@ -212,6 +212,16 @@ def test_entropy_bonus():
     assert out.metrics["entropy"] == pytest.approx(2.0)
 
 
+def test_a_zero_entropy_coefficient_logs_the_entropy_and_sends_it_no_gradient():
+    # The same loss as without the entropy, its metric still logged, and no gradient path to it (so the
+    # chunked LM head's backward skips its entropy terms).
+    entropy = torch.full_like(MASK, 2.0).requires_grad_()
+    out, _ = _recipe("grpo", kl_coef=0.0, entropy_coef=0.0, entropy=entropy)
+    assert out.loss.item() == pytest.approx(-0.25, abs=1e-12)
+    assert out.metrics["entropy"] == pytest.approx(2.0)
+    assert entropy.grad is None
+
+
 def test_recipe_specs_match_the_formula_sheet():
     grpo, dr_grpo = RECIPE_OBJECTIVES["grpo"], RECIPE_OBJECTIVES["dr_grpo"]
     assert (grpo.advantage, grpo.aggregation, grpo.kl_estimator, grpo.kl_coef) == (

@@ -50,13 +50,19 @@ class ForwardPlan:
         experts, learner/routing.py): the KL penalty is to the reference's own distribution."""
         return replace(self, truncation=None, routing_replay=False)
 
-    def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None,
+                      device: torch.device | str | None = None) -> list[torch.Tensor]:
         """Indices into `rows` (default: all rows of `batch`) of each micro-batch. With a shared prefix,
-        a group's rows stay together, so that its prompt runs once."""
+        a group's rows stay together, so that its prompt runs once; when the forward runs on a CUDA
+        `device` (the model's), the token budget counts the positions that forward runs (each prompt
+        once, `plan_micro_batches`' prompt_lengths), so a pass's fixed cost of launches is paid by
+        fewer, larger micro-batches. Elsewhere (the CPU) rows x longest row, as always."""
         rows = torch.arange(batch.input_ids.shape[0]) if rows is None else rows
         groups = batch.group_ids[rows] if self.shared_prefix and batch.group_ids is not None else None
+        on_gpu = device is not None and torch.device(device).type == "cuda"
+        prompts = batch.starts[rows] if groups is not None and on_gpu else None
         return plan_micro_batches(batch.attention_mask[rows].sum(dim=1), self.micro_batch_size, self.micro_batch_tokens,
-                                  groups=groups)
+                                  groups=groups, prompt_lengths=prompts)
 
 
 def token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: float, plan: ForwardPlan) -> TokenStats:
@@ -94,7 +100,7 @@ def token_logprobs(model: PreTrainedModel, batch: SequenceBatch, temperature: fl
     """Log-probs [N, T] of the completion tokens under `model`, without gradient, in micro-batches;
     on the batch's device (micro-batches run on the model's)."""
     out = torch.zeros_like(batch.completion_mask)
-    for rows in plan.micro_batches(batch):
+    for rows in plan.micro_batches(batch, device=model_device(model)):
         part = batch.rows(rows)
         out[rows, : part.completion_ids.shape[1]] = token_stats(model, part, temperature, plan).logprobs.to(out.device)
     return out

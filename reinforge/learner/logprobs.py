@@ -139,6 +139,9 @@ class _ChunkedTokenStats(torch.autograd.Function):
             del shifted, probs
         ctx.save_for_backward(hidden, weight, bias, targets, row_max, log_sum, entropy)
         ctx.temperature, ctx.chunk_size, ctx.fp32_head = temperature, chunk_size, fp32_head
+        # An output the loss does not use (the entropy, most often: a metric only) gets None, not zeros,
+        # in the backward, which then skips its terms: two passes fewer over each [C, V] chunk.
+        ctx.set_materialize_grads(False)
         return logprobs, entropy
 
     @staticmethod
@@ -150,7 +153,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
         m = hidden.shape[0]
         zeros = entropy.new_zeros(m)
         g = zeros if grad_logprobs is None else grad_logprobs.to(entropy.dtype)  # [M]
-        e = zeros if grad_entropy is None else grad_entropy.to(entropy.dtype)    # [M]
+        e = None if grad_entropy is None else grad_entropy.to(entropy.dtype)     # [M]; None: no entropy term
         dtype = _compute_dtype(hidden.dtype, fp32_head)
         fp32_out = _fp32_out(hidden, weight, bias, dtype)    # the forward's logits, recomputed as it did
         # bf16 head on CUDA: the fp32 logit gradient as two bf16 parts through bf16 GEMMs (`_split_grads`; not
@@ -167,13 +170,19 @@ class _ChunkedTokenStats(torch.autograd.Function):
             rows = slice(start, start + chunk_size)
             dz = _chunk_logits(hidden[rows], weight if fp32_out else w, b, temperature, fp32_out)  # [C, V], z
             dz.sub_(row_max[rows].unsqueeze(1)).sub_(log_sum[rows].unsqueeze(1))  # log p, as in forward
-            p = dz.exp()  # [C, V]
-            g_c, e_c = g[rows].unsqueeze(1), e[rows].unsqueeze(1)  # [C, 1]
-            # dz = g [k = y] - p (g + e (log p + H)), built in the log p buffer.
-            dz.add_(entropy[rows].unsqueeze(1)).mul_(e_c).add_(g_c).mul_(p).neg_()
-            del p
+            g_c = g[rows].unsqueeze(1)  # [C, 1]
+            if e is None:
+                # dz = g [k = y] - p g: the full form's e (log p + H) term is an exact zero here (the same
+                # numbers), and p is built in the log p buffer.
+                dz.exp_().mul_(g_c).neg_()
+            else:
+                p = dz.exp()  # [C, V]
+                # dz = g [k = y] - p (g + e (log p + H)), built in the log p buffer.
+                dz.add_(entropy[rows].unsqueeze(1)).mul_(e[rows].unsqueeze(1)).add_(g_c).mul_(p).neg_()
+                del p
             dz.scatter_add_(1, targets[rows].unsqueeze(1), g_c)
-            dz.div_(temperature)  # z = logits / tau
+            if temperature != 1.0:
+                dz.div_(temperature)  # z = logits / tau (x / 1 is x: no pass for it)
             if split:
                 try:
                     grad_h, grad_w = _split_grads(dz, hidden[rows], weight, need_h, need_w)

@@ -254,7 +254,7 @@ def _fill_old_logprobs(model: torch.nn.Module, batch: LearnerBatch, rows: torch.
             logprobs = token_stats(model, seq, settings.temperature, forward).logprobs
         old_all[rows[local], : logprobs.shape[1]] = logprobs.to(old_all.device, old_all.dtype)
 
-    batch.share.run_passes(forward.micro_batches(batch.sequences, rows), record,
+    batch.share.run_passes(forward.micro_batches(batch.sequences, rows, device), record,
                            lambda seq: token_stats(model, seq, settings.temperature, forward).logprobs)
 
 
@@ -305,7 +305,7 @@ def _accumulate(
         out.loss.backward()
         means.add({**out.metrics, **stats.metrics})
 
-    batch.share.run_passes(forward.micro_batches(batch.sequences, mb), run,
+    batch.share.run_passes(forward.micro_batches(batch.sequences, mb, device), run,
                            lambda seq: token_stats(model, seq, temperature, forward).logprobs)
     return finite
 
@@ -332,7 +332,7 @@ def _batch_selection(
             logprobs = token_stats(model, seq, settings.temperature, forward).logprobs
         current[local, : logprobs.shape[1]] = logprobs.float().cpu()
 
-    batch.share.run_passes(forward.micro_batches(batch.sequences, mb), record,
+    batch.share.run_passes(forward.micro_batches(batch.sequences, mb, device), record,
                            lambda seq: token_stats(model, seq, settings.temperature, forward).logprobs)
     current = current.to(mask_all.dtype)
     anchors = {"old": None if old_all is None else old_all[mb], "sampler": batch.sampler_logprobs[mb]}

@@ -270,7 +270,8 @@ def objective_loss(
         metrics["kl"] = masked_mean(kl.detach(), mask)
     if spec.entropy_coef != 0 or entropy is not None:
         entropy = _required(entropy, f"entropy (entropy_coef={spec.entropy_coef})")
-        loss = loss - spec.entropy_coef * (weights * entropy).sum()
+        if spec.entropy_coef != 0:   # else no gradient reaches the entropy: the LM head's backward skips its terms
+            loss = loss - spec.entropy_coef * (weights * entropy).sum()
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
     if spec.nll_coef > 0:
         nll = positive_nll(logprobs, mask, _required(correct, f"correct (nll_coef={spec.nll_coef})"))

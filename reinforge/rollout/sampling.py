@@ -55,10 +55,56 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1)
     else:
-        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p, params.min_p)
+        # x / 1 is x, bit for bit: no pass over the [B, V] logits for the usual temperature of 1.
+        scores = logits if params.temperature == 1.0 else logits / params.temperature
+        if scores.device.type == "cuda" and not params.truncates:
+            return sample_blocked(scores, generator, uniforms)
+        scores = filter_logits(scores, params.top_k, params.top_p, params.min_p)
         logprobs = torch.log_softmax(scores, dim=-1)
         tokens = _draw(logprobs.exp(), generator, uniforms)
     return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+# Tokens per block of `sample_blocked`'s two-level CDF (Qwen's 151,936 tokens: 148 blocks and a tail).
+SAMPLE_BLOCK = 1024
+
+
+def sample_blocked(scores: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None,
+                   block: int = SAMPLE_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_tokens` of unfiltered scores [B, V] (the tempered logits) by the same inverse CDF, in two
+    levels: each row's softmax once (one fused kernel), the mass of each block of `block` tokens, the
+    block holding the draw from the blocks' cumulative sums, then the cumulative sum inside that block
+    only. The same distribution and the same draw (u x total mass, the first token whose CDF passes
+    it), with the CDF summed in another order: a row departs from `_draw`'s token only where rounding
+    moves a CDF boundary across its uniform. On a GPU this replaces a scan, a log-softmax and an exp
+    over the whole [B, V] (0.5 ms of a 4 ms decode step at 256 rows of Qwen's vocabulary) with one
+    softmax and one reduction. The log-prob is log p of the token (p > 0 for any token drawn), the
+    log-softmax's number within float rounding. No host synchronisation (a CUDA graph's body)."""
+    probs = torch.softmax(scores, dim=-1)                                         # [B, V]
+    rows, v = probs.shape
+    full = v // block * block
+    sums = [probs[:, :full].view(rows, -1, block).sum(dim=-1)] if full else []
+    if full < v:
+        sums.append(probs[:, full:].sum(dim=-1, keepdim=True))
+    mass = torch.cat(sums, dim=1) if len(sums) > 1 else sums[0]                    # [B, blocks]
+    cdf = mass.cumsum(dim=-1)
+    if uniforms is None:
+        uniforms = torch.rand(rows, dtype=cdf.dtype, generator=generator)
+    u = uniforms.to(device=probs.device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]   # [B, 1]
+    # [B, 1] the draw's block: the first whose CDF passes u (so it has mass), or, where rounding puts u at
+    # the total, the last block with mass
+    blocks = torch.arange(mass.shape[1], device=probs.device)[None, :]
+    j = torch.minimum(torch.searchsorted(cdf, u, right=True),
+                      torch.where(mass > 0, blocks, 0).amax(dim=-1, keepdim=True))
+    u = (u - (cdf.gather(1, j) - mass.gather(1, j))).clamp_(min=0)               # the draw within its block
+    at = j * block + torch.arange(block, device=probs.device)[None, :]             # [B, block] its token ids
+    inside = at < v
+    local = probs.gather(1, at.clamp(max=v - 1)) * inside                          # [B, block] (0 past the tail)
+    # The last token with mass in the block: where rounding puts the draw past the block's own sum.
+    last = torch.where(local > 0, torch.arange(block, device=probs.device)[None, :], 0).amax(dim=-1, keepdim=True)
+    k = torch.minimum(torch.searchsorted(local.cumsum(dim=-1), u, right=True), last)
+    tokens = (j * block + k).squeeze(1)
+    return tokens, probs.gather(1, tokens.unsqueeze(1)).squeeze(1).log()
 
 
 def _draw(

@@ -32,6 +32,7 @@ from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.passes import DecodePasses
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
+from reinforge.rollout.stop_flags import StopFlags
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
 
@@ -134,9 +135,11 @@ class DecodeSession:
         self.freqs: torch.Tensor | None = None
         self.live = 0
         max_new, d = params.max_new_tokens, self.device
-        self.tokens = torch.zeros(slots, max_new, dtype=torch.long, device=d)       # each slot's tokens so far
-        self.logprobs = torch.zeros(slots, max_new, dtype=torch.float32, device=d)
-        self.versions = torch.zeros(slots, max_new, dtype=torch.long, device=d)
+        # Each slot's tokens so far; one column more than max_new_tokens, which a row's step past its end
+        # writes when its stop is seen a step late (`_step_ahead`).
+        self.tokens = torch.zeros(slots, max_new + 1, dtype=torch.long, device=d)
+        self.logprobs = torch.zeros(slots, max_new + 1, dtype=torch.float32, device=d)
+        self.versions = torch.zeros(slots, max_new + 1, dtype=torch.long, device=d)
         # With params.record_top_k = K: each position's K most likely ids and log-probs (sampling.sampler_top_k)
         k = params.record_top_k
         self.top_ids = torch.zeros(slots, max_new, k, dtype=torch.long, device=d) if k else None
@@ -153,6 +156,9 @@ class DecodeSession:
         moe = (engine.moe_layers, engine.top_k) if getattr(engine, "moe_layers", 0) else None
         self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
         self.prompt_routes: list[torch.Tensor | None] = [None] * slots
+        # With decode graphs: the stop flags of the last step, on their way to the host (`_step_ahead`)
+        self._ahead: StopFlags | None = None
+        self._pinned: list[torch.Tensor] = []
 
     @property
     def busy(self) -> bool:
@@ -185,7 +191,12 @@ class DecodeSession:
     def step(self) -> list[FinishedRow]:
         """Admit, retire the rows that ended, decode one token of each live row; the rows that ended."""
         finished: list[FinishedRow] = []
-        self._admit(torch.arange(self.live, min(self.count, self.live + len(self.waiting)), device=self.device))
+        into = torch.arange(self.live, min(self.count, self.live + len(self.waiting)), device=self.device)
+        ahead, self._ahead = self._ahead, None
+        if (ahead is not None and not len(into) and self.live == ahead.slots
+                and self.cache.capacity >= self.cache.limit):
+            return self._step_ahead(ahead)
+        self._admit(into)
         admitted = True
         while admitted and self.live:   # a newly admitted row may end on its first token
             live = self.live
@@ -196,43 +207,86 @@ class DecodeSession:
             done = (stopped | (g >= self.params.max_new_tokens)).nonzero().squeeze(1)
             if not len(done):
                 break
-            # One gather per field (a copy: the slots are about to be reused), then views of its rows.
-            tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
-            top_ids, top_lps = ((None, None) if self.top_ids is None
-                                else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
-            routes = None if self.routes is None else self.routes[done].cpu()
-            for i, (slot, n, stop) in enumerate(
-                zip(done.tolist(), g[done].tolist(), stopped[done].tolist(), strict=True)
-            ):
-                context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
-                prompt_routes = self.prompt_routes[slot]
-                row_routes = (None if routes is None or prompt_routes is None
-                              else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
-                finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
-                                            truncated=not stop, context=context, routes=row_routes,
-                                            top_ids=None if top_ids is None else top_ids[i, :n],
-                                            top_logprobs=None if top_lps is None else top_lps[i, :n]))
+            finished += self._finished_rows(done, g[done].tolist(), stopped[done].tolist())
             admitted = self._retire(done)
         if self.live:
-            live = self.live
-            g, pos = self.generated[:live], self.length[:live]
-            step_routes: list[torch.Tensor] | None = None if self.routes is None else []
-            out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
-            if out is None:
-                logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
-                token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
-            else:
-                logits, token, logprob = out
-            self.length[:live] += 1
-            rows = torch.arange(live, device=self.device)
-            if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
-                self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
-            self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
-            top = self._top(logits)
-            if top is not None:
-                self.top_ids[rows, g], self.top_logprobs[rows, g] = top
-            self.last[:live] = token
-            self.generated[:live] += 1
+            self._decode_live()
+            if self._looks_ahead():
+                self._ahead = self._flags()
+        return finished
+
+    def _decode_live(self) -> None:
+        """One token of every live row, sampled and recorded (no host synchronisation through the graphs)."""
+        live = self.live
+        g, pos = self.generated[:live], self.length[:live]
+        step_routes: list[torch.Tensor] | None = None if self.routes is None else []
+        out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
+        if out is None:
+            logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
+            token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
+        else:
+            logits, token, logprob = out
+        self.length[:live] += 1
+        rows = torch.arange(live, device=self.device)
+        if step_routes is not None:   # the experts of the token just read, the slot's token g - 1
+            self.routes[rows, g - 1] = torch.stack(step_routes, dim=2)[:, 0]
+        self.tokens[rows, g], self.logprobs[rows, g], self.versions[rows, g] = token, logprob, self.version
+        top = self._top(logits)
+        if top is not None:
+            self.top_ids[rows, g], self.top_logprobs[rows, g] = top
+        self.last[:live] = token
+        self.generated[:live] += 1
+
+    def _finished_rows(self, done: torch.Tensor, lengths: list[int], stops: list[bool]) -> list[FinishedRow]:
+        """The records of the rows in slots `done` (device), of `lengths` tokens, ended by a stop (`stops`)
+        or by max_new_tokens: copies, read before the slots are reused."""
+        # One gather per field (a copy: the slots are about to be reused), then views of its rows.
+        tokens, logprobs, versions = (state[done].cpu() for state in (self.tokens, self.logprobs, self.versions))
+        top_ids, top_lps = ((None, None) if self.top_ids is None
+                            else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
+        routes = None if self.routes is None else self.routes[done].cpu()
+        finished = []
+        for i, (slot, n, stop) in enumerate(zip(done.tolist(), lengths, stops, strict=True)):
+            context = self._context(slot, tokens[i, :n].tolist()) if self.keep_context else None
+            prompt_routes = self.prompt_routes[slot]
+            row_routes = (None if routes is None or prompt_routes is None
+                          else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
+            finished.append(FinishedRow(self.tags[slot], tokens[i, :n], logprobs[i, :n], versions[i, :n],
+                                        truncated=not stop, context=context, routes=row_routes,
+                                        top_ids=None if top_ids is None else top_ids[i, :n],
+                                        top_logprobs=None if top_lps is None else top_lps[i, :n]))
+        return finished
+
+    def _looks_ahead(self) -> bool:
+        """Whether the next step may decode before it knows which rows this step ended (`_step_ahead`):
+        with decode graphs, for rows whose end is a token (no stop strings, which need the text), whose
+        records are tokens, log-probs and versions only (no context kept, no top-K, no MoE routes)."""
+        return (getattr(self.engine, "graph_mode", None) is not None and not self.params.stop
+                and not self.keep_context and not self.params.record_top_k and self.routes is None)
+
+    def _flags(self) -> StopFlags:
+        """The live rows' stop flags after the step just queued, on their way to the host."""
+        live = self.live
+        return StopFlags.send(self.generated[:live], self.last[:live], self.eos, self._pinned, self.count)
+
+    def _step_ahead(self, ahead: StopFlags) -> list[FinishedRow]:
+        """A step that decodes first and then reads the previous step's stop flags (`ahead`, rollout/
+        stop_flags.py), which the device sent while this step's work was queued: the host never waits
+        for the step it just launched, so the device runs steps back to back. A row that had ended is
+        thereby decoded one step past its end; that token (in the spare column, `tokens[:, max_new_tokens]`
+        at most) and its key/value (at a position its slot's next row rewrites before reading it) are
+        never read: each row draws from its own stream, so no other row's tokens change. The rows that
+        ended are retired here; when waiting rows take their slots, the next step checks synchronously."""
+        self._decode_live()
+        flags = self._flags()
+        counts, stopped = ahead.read()      # the previous step's flags only: this step keeps the device busy
+        done = (stopped | (counts >= self.params.max_new_tokens)).nonzero().squeeze(1)
+        if not len(done):
+            self._ahead = flags
+            return []
+        finished = self._finished_rows(done.to(self.device), counts[done].tolist(), stopped[done].tolist())
+        if not self._retire(done.to(self.device)):
+            self._ahead = flags.packed(done)    # no row waited: the live rows were packed, and their flags
         return finished
 
     def _graph_step(self, live: int, g: torch.Tensor, pos: torch.Tensor

@@ -149,7 +149,8 @@ class TrainConfig(Section):
             "Token budget of a micro-batch (rows x longest row, rows sorted by length), as verl's "
             "ppo_max_token_len_per_gpu (also 16384 there): short rows share few large forwards (on the built-in task "
             "one forward per mini-batch, 10-20% faster RL steps than 64 rows at a time on 2 CPU cores), long rows "
-            "get few enough for memory. None: micro_batch_size rows only. Never changes the gradient."
+            "get few enough for memory. On a GPU with shared_prefix: the positions that forward runs (each prompt "
+            "once, completions unpadded). None: micro_batch_size rows only. Never changes the gradient."
         ),
     )
     lr: float = Field(
