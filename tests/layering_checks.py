@@ -95,3 +95,35 @@ def module_cycles(package_dir: Path, subpackage: str) -> list[list[str]]:
     inside = {m: p for m, p in mods.items() if m == prefix or m.startswith(prefix + ".")}
     graph = {m: {t for t in imported_modules(m, p, mods) if t in inside} for m, p in inside.items()}
     return strongly_connected(graph)
+
+
+def package_cycles(package_dir: Path) -> list[list[str]]:
+    """The import cycles among the first-level parts of `package_dir` (its subpackages and top-level modules)."""
+    mods = module_files(Path(package_dir))
+    top = Path(package_dir).name
+
+    def part(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        if m == top:
+            continue
+        graph.setdefault(part(m), set()).update(part(t) for t in imported_modules(m, p, mods)
+                                                if t != top and part(t) != part(m))
+    return strongly_connected(graph)
+
+
+def oversized(package_dir: Path, max_lines: int, max_function_lines: int) -> list[str]:
+    """Files over `max_lines` lines and functions over `max_function_lines`, as "path (n)" / "path:name (n)"."""
+    found = []
+    for path in sorted(Path(package_dir).rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > max_lines:
+            found.append(f"{path} ({text.count(chr(10))})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > max_function_lines:
+                    found.append(f"{path}:{node.name} ({length})")
+    return found

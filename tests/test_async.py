@@ -16,7 +16,7 @@ from reinforge.jobs.start import objective_spec
 from reinforge.loops.async_rl import StalenessGate, StreamSource, staleness
 from reinforge.models import load_policy
 from reinforge.rollout import SamplingParams, build_engine
-from reinforge.rollout.session import FinishedRow
+from reinforge.rollout.rows import FinishedRow
 from reinforge.rollout.stream import (
     FinishedGroup,
     GroupRequest,

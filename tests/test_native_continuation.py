@@ -11,8 +11,8 @@ from test_native_engine import PROMPTS, eos_prone
 from reinforge.models import Policy, build_tiny_qwen2
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
+from reinforge.rollout.rows import FinishedRow
 from reinforge.rollout.sampling import keyed_uniforms, row_keys, sample_tokens
-from reinforge.rollout.session import FinishedRow
 from reinforge.settings import ModelConfig
 
 OBSERVATIONS = ["obs: 12\n", "tool said: nothing useful, try 7*6=\n"]   # written by the environment

@@ -53,7 +53,8 @@ from reinforge.models.quantize import quantize_weights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
-from reinforge.rollout.session import DecodeSession, FinishedRow, rows_to_rollout
+from reinforge.rollout.rows import FinishedRow, rows_to_rollout
+from reinforge.rollout.session import DecodeSession
 from reinforge.rollout.stopping import stop_string_end
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ This module owns
   decoder running over the new tokens alone;
 - interruptible weight updates (`DecodeSession.reload`): the keys/values of waiting and live rows
   are recomputed with new weights mid-generation, every token recording the version that sampled it;
-- the records it hands back (`FinishedRow`) and their collation into a `Rollout` (`rows_to_rollout`).
+- the records it hands back (`FinishedRow`, rollout/rows.py).
 
 The prefill and decode passes themselves are the engine's (`rollout.native.NativeEngine`), which a
 session reads through the interface `rollout.passes.DecodePasses`: `policy`, `shape`, `kernels`,
@@ -20,76 +20,19 @@ session reads through the interface `rollout.passes.DecodePasses`: `policy`, `sh
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from reinforge.models.decoder import pass_geometry, rotary_factors, run_pass
 from reinforge.models.lora import base_model
-from reinforge.rollout.base import Rollout, SamplingParams
+from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.passes import DecodePasses
+from reinforge.rollout.rows import FinishedRow, PromptBlock, RowContext, WaitingRow
 from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
 from reinforge.rollout.stop_flags import StopFlags
-from reinforge.rollout.trajectory import Segment, Trajectory, collate
-
-
-@dataclass
-class RowContext:
-    """What a finished turn leaves for the row's next turn (`DecodeSession.extend`): a multi-turn
-    trajectory (prompt, model turn, observation, model turn, ...) goes on without re-prefilling."""
-
-    ids: list[int]                        # every token so far: prompt, all turns and observations, this turn's last
-    keys: list[torch.Tensor] | None       # per layer [kv_heads, cached, head_dim] of ids[:cached] (None: not kept)
-    values: list[torch.Tensor] | None     # per layer [kv_heads, cached, head_dim]
-    cached: int                           # positions stored: len(ids) - 1 (the last sampled token is not cached yet)
-    key: int                              # the row's sampling stream (`keyed_uniforms`)
-    drawn: int                            # draws taken from it so far (all turns): the next turn's first counter
-    version: int                          # the weight version that computed keys/values
-
-
-@dataclass
-class FinishedRow:
-    """One completed sample of a `DecodeSession` (of an extended row: its latest turn only)."""
-
-    tag: Any                    # the caller's label, given to `add` or `extend`
-    tokens: torch.Tensor        # [L] long, eos (or the token completing a stop string) included
-    logprobs: torch.Tensor      # [L] float, sampler log-prob of each token
-    versions: torch.Tensor      # [L] long, the weight version that sampled each token
-    truncated: bool             # no stop within max_new_tokens
-    context: RowContext | None = None   # with `keep_context`: what `extend` continues from
-    top_ids: torch.Tensor | None = None       # [L, K] long, the sampler's K most likely ids (record_top_k)
-    top_logprobs: torch.Tensor | None = None  # [L, K] float, their log-probs under the sampling distribution
-    # [P + L, layers, k] long, MoE models: the experts each prompt token and each generated token went to in
-    # every MoE layer (-1 on the last token, which no pass reads); None: dense model, or an extended row
-    routes: torch.Tensor | None = None
-
-
-@dataclass
-class PromptBlock:
-    """Prompts prefilled together: their keys/values per layer [P, kv_heads, width, D]."""
-
-    prompt_ids: list[list[int]]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    routes: torch.Tensor | None = None    # [P, width, layers, k] MoE experts of each prompt token; None: not recorded
-
-
-@dataclass
-class WaitingRow:
-    """A sample whose first token is drawn (from its prompt's prefill) and that waits for a cache slot."""
-
-    tag: Any
-    block: PromptBlock
-    prompt: int                 # its prompt's index in the block
-    token: int
-    logprob: float
-    version: int
-    key: int                    # its sampling stream (`keyed_uniforms`)
-    drawn: int = 0              # draws of that stream before this turn (earlier turns of an extended row)
-    top: tuple[torch.Tensor, torch.Tensor] | None = None   # its first position's top-K ([K] ids, [K] log-probs)
 
 
 class DecodeSession:
@@ -473,15 +416,3 @@ class DecodeSession:
         return bool(len(refill))
 
 
-def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_size: int, tokenizer,
-                    policy_version: int) -> Rollout:
-    """Finished rows, in order (row r is sample r % G of prompt r // G): single-turn trajectories,
-    collated into the right-padded batch view."""
-    trajectories = [
-        Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions,
-                                                                     row.top_ids, row.top_logprobs),),
-                   truncated=row.truncated, group=r // group_size, routes=row.routes)
-        for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
-    ]
-    return collate(trajectories, tokenizer.pad_token_id or 0, policy_version,
-                   lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))

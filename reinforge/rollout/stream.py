@@ -27,7 +27,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.native import NativeEngine
 from reinforge.rollout.probe import SamplerProbe, engine_logprobs
 from reinforge.rollout.prompts import encode_prompts
-from reinforge.rollout.session import FinishedRow, rows_to_rollout
+from reinforge.rollout.rows import FinishedRow, rows_to_rollout
 
 InFlight = Literal["interrupt", "finish"]
 
