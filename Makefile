@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: run test lint install test-lower gpu-bundle
+.PHONY: run test test-unit lint install test-lower gpu-bundle
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q $(ARGS)
+
+# The unit tier alone (tests/unit mirrors the package): no training run end to end.
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q tests/unit $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check reinforge tests benchmarks

@@ -10,7 +10,7 @@ Parts, in this order, each under its own time budget (a part over it, or failing
 - `card`: the device, torch and transformers; the memory bandwidth of a device-to-device copy (bytes read
   plus bytes written per second) and the bf16 matrix-product rate (an n x n x n product, 2 n^3 FLOPs),
   both measured here: the bounds the figures below are read against.
-- `cuda_tests`: the tests marked `cuda` (tests/test_device_paths.py: native engine vs transformers in fp32
+- `cuda_tests`: the tests marked `cuda` (tests/e2e/test_device_paths.py: native engine vs transformers in fp32
   and bf16, sampler vs learner log-probs, LoRA, chunked head vs naive, an update's gradient vs the CPU in
   fp32, the weight-sync probe over a run), in this process through pytest; on a CPU their `cpu` cases.
 - `rollout`: a random-init Qwen2.5-0.5B-shaped model in bf16 (benchmarks/train_throughput.py's shape),

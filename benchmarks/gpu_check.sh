@@ -8,6 +8,6 @@ site=$(benchmarks/gpu_install.sh "${GPU_SITE:-/tmp/reinforge-site}")
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # The CPU references of the tests run PyTorch's path: no C++ build of the CPU kernels on the GPU machine
-# (the same numbers within float rounding, tests/test_cpu_kernels.py).
+# (the same numbers within float rounding, tests/unit/kernels/test_cpu_kernels.py).
 export REINFORGE_CPU_KERNELS=${REINFORGE_CPU_KERNELS:-0}
 exec "${PYTHON:-python3}" benchmarks/gpu_check.py "$@"

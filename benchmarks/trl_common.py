@@ -2,7 +2,7 @@
 parent that runs each side in a child process of its own.
 
 TRL is imported inside the functions that need it: the reinforge side of every benchmark runs (and is
-tested, tests/test_benchmarks.py) in the project's venv, which has no TRL.
+tested, tests/e2e/test_benchmarks.py) in the project's venv, which has no TRL.
 """
 
 from __future__ import annotations

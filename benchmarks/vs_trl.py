@@ -131,7 +131,7 @@ def reinforge_config(args: argparse.Namespace) -> Config:
 
 def trl_trainer(cfg: Config, model, dataset, clock: StepClock, rewards: list[dict], output_dir: str):
     """TRL's GRPOTrainer on the same problem. TRL is imported here, not at the top: the reinforge
-    side runs (and is tested, tests/test_benchmarks.py) in the project's venv, which has no TRL."""
+    side runs (and is tested, tests/e2e/test_benchmarks.py) in the project's venv, which has no TRL."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 

@@ -1,4 +1,4 @@
-"""Environments for tests/test_agent_training.py, written as a user would: no reinforge import."""
+"""Environments for tests/e2e/test_agent_training.py, written as a user would: no reinforge import."""
 
 from __future__ import annotations
 

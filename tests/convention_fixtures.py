@@ -1,5 +1,5 @@
 """Reward functions written for TRL and verl (and some that fit no convention), loaded by import
-path in tests/test_reward_composition.py and tests/test_first_contact.py. Each records its
+path in tests/unit/rewards/test_reward_composition.py and tests/e2e/test_first_contact.py. Each records its
 arguments in CALLS so that a test can check what the composer passed."""
 
 from __future__ import annotations

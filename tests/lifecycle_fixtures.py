@@ -1,6 +1,6 @@
 """A reward function that interrupts its own run: on the Nth call with a whole step's batch it sends the
 process the signal named in INTERRUPT_AT ("SIGINT 7 16": SIGINT during step 7, whose batch has 16
-samples; "SIGINT 8 16 2": two of them, the second stopping at once). Used by tests/test_lifecycle.py,
+samples; "SIGINT 8 16 2": two of them, the second stopping at once). Used by tests/e2e/test_lifecycle.py,
 in-process and in a subprocess; `reset()` starts the count over."""
 
 from __future__ import annotations

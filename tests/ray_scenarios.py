@@ -1,4 +1,4 @@
-"""Runs of the Ray backend (distributed/ray_workers.py) for tests/test_ray.py, which starts this
+"""Runs of the Ray backend (distributed/ray_workers.py) for tests/e2e/test_ray.py, which starts this
 script inside a network namespace with only loopback, so Ray binds nothing anyone else can reach.
 
 usage: ray_scenarios.py SCENARIO (train, kill, learners or sync_break). The last line of stdout is the scenario's
@@ -136,7 +136,7 @@ def learners() -> dict:
 
 def sync_break() -> dict:
     """The pipeline on two Ray workers whose publications after the first never leave the driver: the
-    error the run stops with and its alerts (tests/test_weight_sync.py's Ray case)."""
+    error the run stops with and its alerts (tests/unit/rollout/test_weight_sync.py's Ray case)."""
     from reinforge.distributed.ray_workers import RayRolloutWorkers
     from reinforge.errors import RunStopped
 

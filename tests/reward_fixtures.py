@@ -1,4 +1,4 @@
-"""User reward functions for tests/test_reward_composition.py, loaded by import path."""
+"""User reward functions for tests/unit/rewards/test_reward_composition.py, loaded by import path."""
 
 from __future__ import annotations
 

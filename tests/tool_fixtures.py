@@ -1,4 +1,5 @@
-"""Tools for tests/test_tools.py, loaded by name ("tool_fixtures:add") and by path ("tests/tool_fixtures.py:add")."""
+"""Tools for tests/unit/agents/test_tools.py, loaded by name ("tool_fixtures:add") and by path
+("tests/tool_fixtures.py:add")."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ prompt's stream, rollout/sampling.py; the transformers engine draws every row's 
 from one generator, and up to step B the same rows are being decoded whatever M is), and the limit only
 decides when decoding stops. A sample that ended (eos, a stop string) within B tokens is unchanged; one
 still going at B is judged on its cut text, as the limited generation would be (the answer must be
-complete within B tokens). tests/test_reasoning_analytics.py checks it against generating with
+complete within B tokens). tests/unit/telemetry/test_reasoning_analytics.py checks it against generating with
 max_new_tokens=B.
 """
 

@@ -21,7 +21,7 @@ They are built against the installed torch on first use (~20 s on 2 cores) and c
 `$REINFORGE_CACHE` (default `~/.cache/reinforge`), keyed by the sources, torch, the compiler and
 the CPU (they are built with -march=native). They are optional: with no C++ compiler, a failed
 build, or `REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and every caller runs its
-PyTorch path, which computes the same numbers within float rounding (tests/test_cpu_kernels.py).
+PyTorch path, which computes the same numbers within float rounding (tests/unit/kernels/test_cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class _SwiGLU(torch.autograd.Function):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`F.rms_norm(x, (E,), weight, eps)` of rows x [R, E]; on CPU in fp32 one fused kernel each way
-    where the kernels build (same numbers within float rounding: tests/test_cpu_kernels.py)."""
+    where the kernels build (same numbers within float rounding: tests/unit/kernels/test_cpu_kernels.py)."""
     if x.dim() == 2 and _plain(x) and _plain(weight) and load_cpu_kernels() is not None:
         return _RMSNorm.apply(x.contiguous(), weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)

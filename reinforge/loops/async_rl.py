@@ -23,7 +23,7 @@ version among its tokens) never exceeds eta. The taking step checks it
 anyway and drops (and regenerates) a group that would exceed it
 (`async/too_stale`, which stays 0). With eta = 0 nothing is requested before
 the previous update, and the loop computes exactly what the synchronous loop
-computes (tests/test_async.py).
+computes (tests/e2e/test_async.py).
 
 The objective that corrects for stale samples is decoupled PPO
 (recipe areal): its proximal policy is the learner's own log-probs before

@@ -319,7 +319,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
 
     On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) when `fused`, the
     kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
-    as an additive mask: the same numbers within float rounding (tests/test_shared_prefix.py).
+    as an additive mask: the same numbers within float rounding (tests/unit/learner/test_shared_prefix.py).
     Sliding windows are applied on the second path only (the shared-prompt learner refuses them).
     MoE layers run on the second path; `routes` as in `decoder_layers`."""
     b, s = ids.shape

@@ -12,7 +12,7 @@ k of the batch", "r N random tokens of the batch") are statistics of the whole o
 not of a micro-batch. So, like the aggregation weights (`aggregation`), the learner computes the
 selection ONCE per optimizer mini-batch, from a no-grad forward over all of its rows (the model
 does not change between its micro-batches), and slices it into micro-batches: the gradient is
-then exactly independent of micro-batching (tests/test_rollout_learner.py runs every recipe at
+then exactly independent of micro-batching (tests/unit/learner/test_rollout_learner.py runs every recipe at
 several splits). The price is one extra forward per mini-batch. verl computes the selection
 inside each micro-batch's loss instead, so its top-k changes with the micro-batch size; that is
 the choice this avoids. Across data-parallel ranks the means and the selection go through the

@@ -14,7 +14,7 @@ signal is dense (every token), unlike a verifier's one bit per sample.
 
 Each token's term stands alone (discount 0, as Thinking Machines): E_{y_t ~ pi}[-k_t grad log pi(y_t)]
 = -grad KL(pi(. | prefix) || pi_teacher(. | prefix)) exactly, for the distribution at each position
-(tests/test_distillation.py checks it by enumeration); the effect of y_t on later positions' KL is
+(tests/e2e/test_distillation.py checks it by enumeration); the effect of y_t on later positions' KL is
 not credited to it.
 
 As a reward source it returns token terms only (`SourceScores.token_values` = -k_t); the composer

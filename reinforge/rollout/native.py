@@ -28,7 +28,7 @@ are long-tailed. This engine
   of the batch, slot moves, the device or how learner ranks split a batch.
 
 Greedy decoding gives the tokens `generate` gives; sampler log-probs equal
-the learner's recomputed log-probs (fp32) within 1e-4 (tests/test_native_engine.py).
+the learner's recomputed log-probs (fp32) within 1e-4 (tests/unit/rollout/test_native_engine.py).
 """
 
 from __future__ import annotations

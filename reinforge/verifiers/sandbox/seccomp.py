@@ -9,7 +9,7 @@ process could exec, so the candidate cannot undo it.
 It is written here (about 230 BPF instructions) rather than through
 libseccomp's Python binding: that binding is not on PyPI for our
 interpreters, and the filter is small enough to read and to test call by
-call (tests/test_sandbox_kernel.py, which also checks every syscall number
+call (tests/unit/verifiers/test_sandbox_kernel.py, which also checks every syscall number
 against the kernel headers when they are installed).
 """
 

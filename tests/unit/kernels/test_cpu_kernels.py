@@ -1,0 +1,185 @@
+"""The fused CPU kernels (reinforge/kernels/csrc): the numbers of the PyTorch
+path they replace, in the attention and the sampler alone and through whole rollouts, and the
+fallback when they cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import MistralConfig, MistralForCausalLM
+from unit.rollout.test_native_engine import MODELS, PROMPTS, eos_prone, qwen2
+
+from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
+from reinforge.models import Policy
+from reinforge.models.attention import additive_mask, attention
+from reinforge.models.tokenizer import build_char_tokenizer
+from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.rollout.sampling import keyed_uniforms, sample_tokens
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    ops = load_cpu_kernels()
+    # The kernels are optional: without a compiler every caller runs its PyTorch path, which the rest
+    # of the suite covers. With one, the kernels must build: a failed build fails here, not skips.
+    if ops is None and shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the engine runs its PyTorch path")
+    assert ops is not None, "a C++ compiler is here, so the kernels must build (see the logged reason)"
+    return ops
+
+
+def mistral_window(window: int = 4) -> Policy:
+    tok = build_char_tokenizer()
+    config = MistralConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True, sliding_window=window,
+    )
+    torch.manual_seed(0)
+    return eos_prone(Policy(model=MistralForCausalLM(config), tokenizer=tok))
+
+
+@pytest.mark.parametrize("head_dim,heads,kv_heads,window", [(16, 8, 8, 0), (64, 8, 2, 0), (80, 4, 1, 0), (32, 4, 2, 5)])
+def test_decode_attention_is_the_masked_softmax_of_the_cache(kernels, head_dim: int, heads: int, kv_heads: int,
+                                                             window: int) -> None:
+    rows, capacity = 13, 21
+    gen = torch.Generator().manual_seed(head_dim + window)
+    k_cache = torch.randn(rows + 2, kv_heads, head_dim, capacity, generator=gen)    # keys transposed, two spare slots
+    v_cache = torch.randn(rows + 2, kv_heads, capacity, head_dim, generator=gen)
+    q = torch.randn(rows, heads, head_dim, generator=gen)
+    k_new = torch.randn(rows, kv_heads, head_dim, generator=gen)
+    v_new = torch.randn(rows, kv_heads, head_dim, generator=gen)
+    positions = torch.randint(0, capacity, (rows,), generator=gen)
+    positions[:2] = torch.tensor([0, capacity - 1])
+
+    # The PyTorch path: write, then attend over the whole capacity with a mask.
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    slots = torch.arange(rows)
+    ref_k[slots, :, :, positions] = k_new
+    ref_v[slots, :, positions] = v_new
+    key_pos = torch.arange(capacity)
+    allowed = key_pos[None, :] <= positions[:, None]
+    if window:
+        allowed &= positions[:, None] - key_pos[None, :] < window
+    expected = attention(
+        q[:, :, None], ref_k[:rows], ref_v[:rows], additive_mask(allowed, torch.float32)[:, None, None], keys_last=True
+    )[:, :, 0]
+
+    out = torch.empty(rows, heads, head_dim)
+    kernels.decode_attention(out, q, k_new, v_new, k_cache, v_cache, positions, head_dim ** -0.5, window)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)     # the spare slots untouched too
+
+
+def test_decode_attention_refuses_a_position_outside_the_cache(kernels) -> None:
+    k_cache, v_cache = torch.zeros(2, 1, 16, 8), torch.zeros(2, 1, 8, 16)
+    q = k = torch.zeros(2, 1, 16)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.decode_attention(torch.empty(2, 1, 16), q, k, k, k_cache, v_cache, torch.tensor([0, 8]), 0.25, 0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.3])
+def test_sample_draws_the_tokens_of_keyed_inverse_cdf_sampling(kernels, temperature: float) -> None:
+    rows, vocab = 300, 1000
+    gen = torch.Generator().manual_seed(int(temperature * 10))
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    keys = torch.randint(2**62, (rows,), generator=gen)
+    counters = torch.randint(0, 50, (rows,), generator=gen)
+    params = SamplingParams(temperature=temperature or 1.0, greedy=temperature == 0.0)
+    expected_tokens, expected_logprobs = sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
+    tokens, logprobs = torch.empty(rows, dtype=torch.long), torch.empty(rows)
+    kernels.sample(tokens, logprobs, logits, temperature, keys, counters)
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(logprobs, expected_logprobs, atol=2e-6, rtol=0)
+    if temperature:
+        assert len(set(tokens.tolist())) > 100        # really sampled, not the argmax
+
+
+def test_fused_rms_norm_and_swiglu_match_pytorch_values_and_gradients(kernels) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(301, 96, generator=gen) * 3).requires_grad_()
+    weight = (torch.rand(96, generator=gen) + 0.5).requires_grad_()
+    dy = torch.randn(301, 96, generator=gen)
+    fused = rms_norm(x, weight, 1e-6)
+    fused_dx, fused_dw = torch.autograd.grad(fused, (x, weight), dy)
+    plain = F.rms_norm(x, (96,), weight, 1e-6)
+    plain_dx, plain_dw = torch.autograd.grad(plain, (x, weight), dy)
+    assert fused.grad_fn.name() == "_RMSNormBackward"          # the kernel really ran
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_dx, plain_dx, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_dw, plain_dw, atol=1e-4, rtol=1e-5)      # a sum over 301 rows
+
+    gate_up = (torch.randn(301, 2 * 80, generator=gen) * 4).requires_grad_()  # silu's tails included
+    da = torch.randn(301, 80, generator=gen)
+    fused = swiglu(gate_up, None)
+    (fused_grad,) = torch.autograd.grad(fused, gate_up, da)
+    gate, up = gate_up.chunk(2, dim=-1)
+    plain = F.silu(gate) * up
+    (plain_grad,) = torch.autograd.grad(plain, gate_up, da)
+    assert fused.grad_fn.name() == "_SwiGLUBackward"
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_grad, plain_grad, atol=1e-5, rtol=1e-5)
+
+
+CASES = {
+    **MODELS,
+    "mistral_window": mistral_window,
+    # Widths that are not multiples of the packed projections' 32-column panels (qkv 120, o and
+    # down 40, gate_up 176): the last panel of each is short.
+    "qwen2_odd_widths": lambda: qwen2(hidden_size=40, num_heads=5, num_kv_heads=5, intermediate_size=88),
+}
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_layers_give_the_pytorch_paths_rollout(kernels, name: str, greedy: bool) -> None:
+    policy = CASES[name]()
+    params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=1.0)
+    fused_engine, plain_engine = NativeEngine(policy, cpu_kernels=True), NativeEngine(policy, cpu_kernels=False)
+    assert fused_engine.kernels is not None and plain_engine.kernels is None
+    fused = fused_engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(1))
+    plain = plain_engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(fused.completion_ids, plain.completion_ids)
+    assert len(set(fused.lengths.tolist())) > 1          # rows ended at different steps
+    assert torch.isfinite(fused.sampler_logprobs).all()
+    torch.testing.assert_close(fused.sampler_logprobs, plain.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_sliding_window_model_decodes_each_prompt_as_generate_does() -> None:
+    """Prompts of different lengths, padded past the window in the prefill: every row still gets
+    the tokens and log-probs `generate` gives that prompt alone (a padded query that saw no key
+    used to turn the keys to NaN)."""
+    policy = mistral_window()
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    batch = NativeEngine(policy).generate(PROMPTS, 1, params)
+    for row, prompt in enumerate(PROMPTS):
+        alone = HFEngine(policy).generate([prompt], 1, params)
+        n = alone.completion_ids.shape[1]
+        assert torch.equal(batch.completion_ids[row, :n], alone.completion_ids[0])
+        torch.testing.assert_close(batch.sampler_logprobs[row, :n], alone.sampler_logprobs[0], atol=1e-5, rtol=0)
+
+
+def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, tmp_path) -> None:
+    policy = MODELS["qwen2"]()
+    try:
+        monkeypatch.setenv("REINFORGE_CPU_KERNELS", "0")
+        load_cpu_kernels.cache_clear()
+        assert load_cpu_kernels() is None and NativeEngine(policy).kernels is None
+
+        monkeypatch.setenv("REINFORGE_CPU_KERNELS", "1")
+        monkeypatch.setenv("CXX", "false")  # a "compiler" that fails: the build fails, the engine warns and goes on
+        monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path))
+        load_cpu_kernels.cache_clear()
+        with caplog.at_level(logging.WARNING, logger="reinforge.kernels"):
+            engine = NativeEngine(policy)
+        assert engine.kernels is None
+        assert "PyTorch path" in caplog.text
+        rollout = engine.generate(PROMPTS, 2, SamplingParams(max_new_tokens=6, greedy=True))
+        assert rollout.completion_mask.sum() > 0
+    finally:
+        monkeypatch.undo()
+        load_cpu_kernels.cache_clear()
