@@ -81,6 +81,17 @@ class TaskConfig(Section):
         ),
     )
 
+    agent: str | None = Field(
+        None,
+        description=(
+            "An agent trained through the policy's OpenAI-compatible endpoint: a function 'module:function' or "
+            "'path/to/file.py:function' called as agent(client, row) -> reward (or a dict with 'reward' and metrics), "
+            "a TRL environment_factory class 'module:Class', or a verifiers environment 'verifiers:ENV_ID' "
+            "(docs/agents.md). Its reward is the episode's reward; rollout.max_turns bounds its calls."
+        ),
+    )
+    agent_timeout_s: float = Field(120.0, gt=0, description="task.agent: an episode that runs longer fails alone.")
+    agent_concurrency: int = Field(16, ge=1, description="task.agent: episodes running at once.")
     environment_reward: Literal["trajectory", "turn"] = Field(
         "trajectory",
         description=(
@@ -94,7 +105,7 @@ class TaskConfig(Section):
     def _check_task(self) -> TaskConfig:
         from reinforge.tasks import TASKS, build_task
 
-        if self.environment is not None and self.name == "dataset" and "verifier" not in self.options:
+        if (self.environment or self.agent) is not None and self.name == "dataset" and "verifier" not in self.options:
             self.options = {**self.options, "verifier": "none"}      # the environment scores the rows
 
         if self.name not in TASKS:
@@ -232,8 +243,8 @@ class Config(Section):
         if over:
             raise ConfigError(f"eval.token_budgets has {over[0]} > rollout.max_new_tokens={self.rollout.max_new_tokens}"
                               f": lower it or raise rollout.max_new_tokens")
-        if self.eval.token_budgets and (self.task.environment is not None or self.rollout.tools):
-            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, "
+        if self.eval.token_budgets and (self.task.environment or self.task.agent or self.rollout.tools):
+            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, task.agent, "
                               "rollout.tools) has turns of its own: set eval.token_budgets=[]")
         return self
 

@@ -50,6 +50,7 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardError, check_reward_inputs
 from reinforge.rollout import RolloutEngine, SamplingParams, build_engine
 from reinforge.rollout.prompts import check_chat_prompts, check_context
+from reinforge.serve.setup import build_agent_functions, check_agent_functions
 from reinforge.systems import check_runnable
 from reinforge.tasks import Task, build_task
 from reinforge.telemetry import RunDir, default_output_dir
@@ -121,6 +122,7 @@ def prepare(cfg: Config) -> tuple[Task, ObjectiveSpec]:
             if cfg.sft.corrupt_fraction > 0:
                 task.corrupt_completion(first, rng)
     check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
+    check_agent_functions(cfg.task.agent, cfg.task.environment, cfg.rollout, cfg.train.mode, cfg.backend)
     if (task.use_tools or cfg.task.environment) and cfg.sft.enabled and cfg.sft.steps > 0 \
             and cfg.sft.source == "rejection":
         raise ConfigError("sft.source=rejection keeps single completions, and this run's samples are multi-turn "
@@ -290,8 +292,10 @@ def _run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec, group: L
             # (rejection-sampling SFT samples from the model it then trains).
             engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
             # Multi-turn (tools or an environment): every consumer of the engine gets episodes instead.
-            engine = build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
-                                 cfg.task.environment_reward) or engine
+            engine = build_agent_functions(cfg.task.agent, cfg.task.agent_timeout_s, cfg.task.agent_concurrency,
+                                           cfg.rollout, cfg.prompt.chat_template, engine, task) \
+                or build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
+                               cfg.task.environment_reward) or engine
             hooks = _start(cfg, policy, engine, task, group, store, saved, recorder)
             hooks.interrupts = interrupts
             rl = _train(cfg, hooks, engine, spec, saved, run_dir)
