@@ -244,8 +244,8 @@ class Config(Section):
             raise ConfigError(f"eval.token_budgets has {over[0]} > rollout.max_new_tokens={self.rollout.max_new_tokens}"
                               f": lower it or raise rollout.max_new_tokens")
         if self.eval.token_budgets and (self.task.environment or self.task.agent or self.rollout.tools):
-            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, task.agent, "
-                              "rollout.tools) has turns of its own: set eval.token_budgets=[]")
+            raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, "
+                              "task.agent, rollout.tools) has turns of its own: set eval.token_budgets=[]")
         return self
 
     @model_validator(mode="after")

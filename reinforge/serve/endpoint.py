@@ -132,9 +132,7 @@ class Endpoint:
 
     def close_episode(self, log: EpisodeLog) -> None:
         with log.lock:
-            log.closed = True
-        with self._lock:
-            self.episodes.pop(log.token, None)
+            log.closed = True       # kept, so that its later requests are told it ended (the endpoint lives a batch)
 
     # ---------------------------------------------------------------- routes
 
