@@ -65,3 +65,25 @@ def greedy(client, row: dict) -> float:
         pass
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
     return 1.0
+
+
+class GuessTheNumber:
+    """A TRL environment_factory class, as trl's GRPOTrainer(environment_factory=GuessTheNumber) takes it."""
+
+    def reset(self, **row) -> str:
+        self.target, self.solved = int(row["answer"]), False
+        return " Find my number with the guess tool."
+
+    def guess(self, number: int) -> str:
+        """Guess the number.
+
+        Args:
+            number: The number guessed.
+        """
+        if number == self.target:
+            self.solved = True
+            return "correct"
+        return "higher" if number < self.target else "lower"
+
+    def get_reward(self) -> float:
+        return float(self.solved)

@@ -5,18 +5,17 @@ records is exactly those tokens, the chat template's tokens between them out of 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 import torch
+from scripted_engine import Scripted
 
 from reinforge.models.factory import load_policy
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine
-from reinforge.rollout.base import Rollout, SamplingParams
-from reinforge.rollout.trajectory import Segment, Trajectory, collate
+from reinforge.rollout.base import SamplingParams
 from reinforge.serve.endpoint import Endpoint
 from reinforge.serve.records import chains, trajectory
 from reinforge.settings import ModelConfig
@@ -110,27 +109,6 @@ def test_a_request_for_other_sampling_settings_is_refused_and_recorded(policy) -
         with pytest.raises(openai.ConflictError, match="this episode has ended"):
             c.chat.completions.create(model="policy", messages=messages)
     assert len(log.refusals) == 2 and len(log.calls) == 1
-
-
-class Scripted:
-    """An engine whose model writes `script(context text)` (no `session`: requests are sampled in batches)."""
-
-    chat_template = "never"
-
-    def __init__(self, script):
-        self.script = script
-        tokenizer = build_char_tokenizer()
-        self.policy = SimpleNamespace(tokenizer=tokenizer, eos_token_ids=[tokenizer.eos_token_id],
-                                      model=SimpleNamespace(config=None))
-
-    def generate_ids(self, contexts, group_size, params, policy_version=0, generator=None) -> Rollout:
-        tok = self.policy.tokenizer
-        trajectories = []
-        for g, ids in enumerate(contexts):
-            out = tok(self.script(tok.decode(ids)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            trajectories.append(Trajectory(tuple(ids), (Segment.sampled(torch.tensor(out), torch.full(
-                (len(out),), -0.5), policy_version),), False, g))
-        return collate(trajectories, tok.pad_token_id, policy_version, lambda _: [""] * len(contexts))
 
 
 TOOLS = [{"type": "function", "function": {"name": "count", "description": "Count characters.", "parameters": {

@@ -65,7 +65,7 @@ class EndpointRow(AgentRow):
 
 def load_agent(name: str) -> Callable[[Any, dict], Any]:
     """The agent `name` names, ready to call as agent(client, row): a function ('module:function',
-    'path/to/file.py:function'), a TRL environment_factory class ('module:Class', reinforge/serve/trl.py),
+    'path/to/file.py:function'), a TRL environment_factory class ('module:Class', reinforge/serve/trl_env.py),
     or a verifiers environment ('verifiers:ENV_ID', reinforge/serve/verifiers_env.py). ConfigError naming
     task.agent otherwise; nothing runs."""
     if name.startswith("verifiers:"):
@@ -74,7 +74,7 @@ def load_agent(name: str) -> Callable[[Any, dict], Any]:
         return verifiers_agent(name.removeprefix("verifiers:"))
     found = _import(name)
     if inspect.isclass(found):
-        from reinforge.serve.trl import trl_agent
+        from reinforge.serve.trl_env import trl_agent
 
         return trl_agent(found, name)
     if not callable(found):

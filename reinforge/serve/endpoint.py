@@ -52,7 +52,13 @@ HOST = "127.0.0.1"   # never anything else: the endpoint serves the policy to th
 
 
 class Refused(ValueError):
-    """A request the endpoint will not sample (HTTP 400, the message says why)."""
+    """A request the endpoint will not sample (HTTP 400, the message says why); recorded as the episode's
+    failure."""
+
+
+class CallLimit(Refused):
+    """A request past the episode's max_calls (HTTP 400, code 'call_limit'): the episode stops there
+    (stop reason max_turns), it does not fail for it."""
 
 
 class Endpoint:
@@ -163,6 +169,8 @@ class Endpoint:
                 return 409, _error("this episode has ended (it returned or ran past its timeout)", "episode_ended")
         try:
             response, calls = routes[path](body, log)
+        except CallLimit as err:
+            return 400, _error(str(err), "call_limit")
         except Refused as err:
             if log is not None:
                 log.refuse(str(err))
@@ -231,7 +239,7 @@ class Endpoint:
             with log.lock:
                 if log.max_calls is not None and log.requests >= log.max_calls:
                     log.limit_hit = True
-                    raise Refused(f"this episode has made its {log.max_calls} calls (rollout.max_turns)")
+                    raise CallLimit(f"this episode has made its {log.max_calls} calls (rollout.max_turns)")
             return self._sampler_now().sample(prompt_ids, n, log.next_key())
         return self._free_sampler(params).sample(prompt_ids, n, secrets.randbits(62))
 
