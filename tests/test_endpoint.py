@@ -5,6 +5,12 @@ records is exactly those tokens, the chat template's tokens between them out of 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import openai
@@ -141,3 +147,38 @@ def test_tool_calls_are_read_in_the_models_format_and_their_results_join_the_con
         ("environment", "<tool_response>3</tool_response>"),
         ("model", "It has 3<eos>"),
     ]
+
+
+def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_overrides: list[str]) -> None:
+    from reinforge.cli import build_config
+    from reinforge.pipeline import run
+
+    out = tmp_path / "run"
+    run(build_config([*micro_overrides, "sft.steps=0", "train.steps=1", f"output_dir={out}"], None))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    server = subprocess.Popen([sys.executable, "-m", "reinforge.cli", "serve", str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = server.stdout.readline()
+        url = re.search(r"serving the policy at (http://127\.0\.0\.1:\d+/v1)", line)
+        assert url, line + server.stdout.read() if server.poll() is not None else line
+        c = openai.OpenAI(base_url=url.group(1), api_key="anything", max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list().data] == ["policy"]
+        greedy = [c.completions.create(model="policy", prompt="12+7=", temperature=0, max_tokens=3).choices[0]
+                  for _ in range(2)]
+        assert greedy[0].text == greedy[1].text and len(greedy[0].model_extra["token_ids"]) <= 3
+        chat = c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+        assert chat.choices[0].message.role == "assistant"
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 0
+
+
+def test_serve_options_are_checked() -> None:
+    from reinforge.errors import ConfigError
+    from reinforge.serve.run import serve_options
+
+    assert serve_options(["port=8123", "step=2"]) == {"port": 8123, "step": 2}
+    with pytest.raises(ConfigError, match=r"reinforge serve takes port=N .*; got 'host=0.0.0.0'"):
+        serve_options(["host=0.0.0.0"])

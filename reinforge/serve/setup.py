@@ -40,16 +40,20 @@ def build_agent_functions(agent: str | None, timeout_s: float, concurrency: int,
     """The agent rollout over `engine` when the run names `task.agent`, else None."""
     if agent is None:
         return None
-    template = engine.policy.tokenizer.chat_template
-    template = template if isinstance(template, str) else None
-    try:   # the family's tool-call format; without a known one, Hermes (the form of the built-in tools)
-        parser = parser_for(template, rollout.tool_parser)
-    except ValueError:
-        if rollout.tool_parser != "auto":
-            raise ConfigError(f"rollout.tool_parser={rollout.tool_parser} is not a known parser") from None
-        parser = "hermes"
     functions = AgentFunctions(engine, load_agent(agent), ExampleRows(task), timeout_s=timeout_s,
                                concurrency=concurrency, max_calls=rollout.max_turns, chat_template=chat_template,
-                               tool_parser=parser)
+                               tool_parser=tool_parser(engine.policy, rollout))
     functions.chat_template = engine.chat_template
     return functions
+
+
+def tool_parser(policy: Any, rollout: RolloutConfig) -> str:
+    """The parser of the model family's tool calls (rollout.tool_parser; auto: by its chat template), Hermes
+    (the form of the built-in tools) when auto finds none."""
+    template = policy.tokenizer.chat_template
+    try:
+        return parser_for(template if isinstance(template, str) else None, rollout.tool_parser)
+    except ValueError as err:
+        if rollout.tool_parser != "auto":
+            raise ConfigError(f"rollout.tool_parser={rollout.tool_parser}: {err}") from None
+        return "hermes"
