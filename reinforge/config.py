@@ -86,8 +86,8 @@ class TaskConfig(Section):
         description=(
             "An agent trained through the policy's OpenAI-compatible endpoint: a function 'module:function' or "
             "'path/to/file.py:function' called as agent(client, row) -> reward (or a dict with 'reward' and metrics), "
-            "a TRL environment_factory class 'module:Class', or a verifiers environment 'verifiers:ENV_ID' "
-            "(docs/agents.md). Its reward is the episode's reward; rollout.max_turns bounds its calls."
+            "or a TRL environment_factory class 'module:Class' (docs/agents.md). Its reward is the episode's reward; "
+            "rollout.max_turns bounds its calls."
         ),
     )
     agent_timeout_s: float = Field(120.0, gt=0, description="task.agent: an episode that runs longer fails alone.")

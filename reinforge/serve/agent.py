@@ -65,13 +65,15 @@ class EndpointRow(AgentRow):
 
 def load_agent(name: str) -> Callable[[Any, dict], Any]:
     """The agent `name` names, ready to call as agent(client, row): a function ('module:function',
-    'path/to/file.py:function'), a TRL environment_factory class ('module:Class', reinforge/serve/trl_env.py),
-    or a verifiers environment ('verifiers:ENV_ID', reinforge/serve/verifiers_env.py). ConfigError naming
-    task.agent otherwise; nothing runs."""
+    'path/to/file.py:function') or a TRL environment_factory class ('module:Class', reinforge/serve/trl_env.py).
+    ConfigError naming task.agent otherwise (a verifiers environment, 'verifiers:ENV_ID', says it is not
+    supported yet); nothing runs."""
     if name.startswith("verifiers:"):
-        from reinforge.serve.verifiers_env import verifiers_agent
-
-        return verifiers_agent(name.removeprefix("verifiers:"))
+        raise ConfigError(
+            f"{KEY}={name!r}: verifiers environments are not supported yet. verifiers 0.4.0 runs an environment's "
+            "agent as a harness program in a runtime of its own (a uv script) behind its interception proxy, which "
+            "reinforge does not start; write the environment's loop as an agent function (docs/agents.md), or "
+            "evaluate it against `reinforge serve RUN_DIR`")
     found = _import(name)
     if inspect.isclass(found):
         from reinforge.serve.trl_env import trl_agent

@@ -202,6 +202,10 @@ class Endpoint:
             if body.get(name) is not None and float(body[name]) != neutral:
                 raise Refused(f"{name}={body[name]} changes the sampling distribution; this endpoint samples the "
                               "policy as it is: leave it out")
+        response_format = body.get("response_format")
+        if response_format and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
+            raise Refused(f"response_format={response_format!r} would constrain decoding, which this endpoint does "
+                          "not do: leave it out")
         if body.get("logit_bias"):
             raise Refused("logit_bias changes the sampling distribution; this endpoint samples the policy as it is")
         if self.free_sampling:
