@@ -182,3 +182,18 @@ def test_serve_options_are_checked() -> None:
     assert serve_options(["port=8123", "step=2"]) == {"port": 8123, "step": 2}
     with pytest.raises(ConfigError, match=r"reinforge serve takes port=N .*; got 'host=0.0.0.0'"):
         serve_options(["host=0.0.0.0"])
+
+
+def test_a_groups_episodes_share_one_prompt_the_rest_as_context() -> None:
+    from reinforge.rollout.trajectory import Segment, Trajectory
+    from reinforge.serve.records import share_prompt
+
+    def made(prompt, tokens):
+        segments = (Segment.sampled(torch.tensor(tokens), torch.zeros(len(tokens)), 3),) if tokens else ()
+        return Trajectory(prompt_ids=tuple(prompt), segments=segments, truncated=False, group=0)
+
+    # Two openings that differ after two tokens, and an episode that failed before its first call.
+    out = share_prompt([made([1, 2, 3], [7]), made([1, 2, 4, 5], [8, 9]), made([], [])])
+    assert [t.prompt_ids for t in out] == [(1, 2)] * 3
+    assert [[(s.role, s.token_ids.tolist()) for s in t.segments] for t in out] == [
+        [("environment", [3]), ("model", [7])], [("environment", [4, 5]), ("model", [8, 9])], []]

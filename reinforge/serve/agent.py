@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.sampling import draw_group_keys, row_keys
 from reinforge.rollout.trajectory import collate
 from reinforge.serve.endpoint import Endpoint
-from reinforge.serve.records import EpisodeLog, trajectory, transcript
+from reinforge.serve.records import EpisodeLog, share_prompt, trajectory, transcript
 
 KEY = "task.agent"
 PROTOCOL = "def agent(client, row) -> float | dict (an OpenAI client bound to the policy, the dataset row)"
@@ -256,6 +256,14 @@ class AgentFunctions:
             rows.append(EndpointRow(result, None, False, math.nan if error else reward, figures))
             trajectories.append(traj)
             texts.append(_last_text(chain, tokenizer))
+        groups: dict[int, list[int]] = {}
+        for i, run in enumerate(runs):
+            groups.setdefault(run.group, []).append(i)
+        for rows_of_group in groups.values():
+            shared = share_prompt([trajectories[i] for i in rows_of_group])
+            for i, traj in zip(rows_of_group, shared, strict=True):
+                trajectories[i] = traj
+                rows[i] = replace(rows[i], result=replace(rows[i].result, trajectory=traj))
         rollout = collate(trajectories, tokenizer.pad_token_id or 0, version, lambda _: texts)
         rollout.episodes = rows
         return rollout

@@ -236,9 +236,8 @@ class Endpoint:
             raise Refused(f"n must be an integer from 1 to 64, got {n!r}")
         if not prompt_ids:
             raise Refused("the prompt is empty")
-        if self.max_positions is not None and len(prompt_ids) + params.max_new_tokens > self.max_positions:
-            raise Refused(f"the prompt has {len(prompt_ids)} tokens and {params.max_new_tokens} may follow: more than "
-                          f"the model's {self.max_positions} positions")
+        if self.max_positions is not None and len(prompt_ids) >= self.max_positions:
+            raise Refused(f"the prompt has {len(prompt_ids)} tokens, the model {self.max_positions} positions")
         if log is not None:
             with log.lock:
                 if log.max_calls is not None and log.requests >= log.max_calls:

@@ -17,7 +17,7 @@ conversation, a restarted context) are kept in the episode's record and counted,
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -107,6 +107,25 @@ def trajectory(calls: list[Call], group: int) -> tuple[Trajectory, list[Call]]:
     truncated = any(c.truncated for c in chain)
     return Trajectory(prompt_ids=chain[0].prompt_ids, segments=tuple(segments), truncated=truncated,
                       group=group), chain
+
+
+def share_prompt(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """One group's trajectories with one prompt: the longest prefix all their prompts share, each one's
+    rest of its prompt moved to the front of its completion as context (out of the loss). The learner
+    runs a group's prompt once (learner/shared_prefix.py); an agent may open its episodes differently (a
+    sampled system prompt), and an episode that failed before its first call has no prompt at all."""
+    prompts = [t.prompt_ids for t in trajectories if t.segments]
+    if not prompts:
+        return trajectories
+    common = 0
+    while common < min(map(len, prompts)) and len({p[common] for p in prompts}) == 1:
+        common += 1
+    out = []
+    for t in trajectories:
+        rest = t.prompt_ids[common:]
+        segments = ((Segment.observed(torch.tensor(rest, dtype=torch.long)),) if rest else ()) + t.segments
+        out.append(replace(t, prompt_ids=prompts[0][:common], segments=segments))
+    return out
 
 
 def transcript(chain: list[Call], tokenizer: Any) -> list[dict[str, str]]:

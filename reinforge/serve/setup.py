@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from reinforge.agents.render import Renderer
 from reinforge.agents.setup import ExampleRows
-from reinforge.agents.tools import parser_for
+from reinforge.agents.tools import parser_for, tool_function, tool_schema
 from reinforge.errors import ConfigError
 from reinforge.serve.agent import KEY, AgentFunctions, load_agent, openai_module
 from reinforge.settings import RolloutConfig
@@ -44,6 +45,10 @@ def build_agent_functions(agent: str | None, timeout_s: float, concurrency: int,
                                concurrency=concurrency, max_calls=rollout.max_turns, chat_template=chat_template,
                                tool_parser=tool_parser(engine.policy, rollout))
     functions.chat_template = engine.chat_template
+    # A task with tools (multiply_tool) cold-starts on tool conversations: rendered as the endpoint renders a
+    # chat request that offers those tools.
+    schemas = [tool_schema(tool_function(spec), spec) for spec in task.tools] if task.use_tools else None
+    functions.renderer = Renderer(engine.policy.tokenizer, chat_template, schemas, engine.policy.eos_token_ids)
     return functions
 
 
