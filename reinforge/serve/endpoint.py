@@ -95,8 +95,7 @@ class Endpoint:
         return f"http://{HOST}:{self.port}/v1"
 
     def start(self) -> Endpoint:
-        self._server = ThreadingHTTPServer((HOST, self.port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server((HOST, self.port), _handler(self))
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                          name="reinforge-endpoint", daemon=True).start()
@@ -139,6 +138,9 @@ class Endpoint:
     def close_episode(self, log: EpisodeLog) -> None:
         with log.lock:
             log.closed = True       # kept, so that its later requests are told it ended (the endpoint lives a batch)
+        sampler = self._sampler
+        if sampler is not None:
+            sampler.forget(log.token)
 
     # ---------------------------------------------------------------- routes
 
@@ -243,7 +245,7 @@ class Endpoint:
                 if log.max_calls is not None and log.requests >= log.max_calls:
                     log.limit_hit = True
                     raise CallLimit(f"this episode has made its {log.max_calls} calls (rollout.max_turns)")
-            return self._sampler_now().sample(prompt_ids, n, log.next_key())
+            return self._sampler_now().sample(prompt_ids, n, log.next_key(), log.token)
         return self._free_sampler(params).sample(prompt_ids, n, secrets.randbits(62))
 
     def _sampler_now(self) -> Sampler:
@@ -409,6 +411,11 @@ def _response(obj: str, model: str, choices: list[dict], prompt_tokens: int, cal
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                       "total_tokens": prompt_tokens + completion}, **extra}
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024     # every episode of a batch may connect at once (the default backlog is 5)
+    daemon_threads = True
 
 
 def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:

@@ -11,6 +11,12 @@ requests to the engine and hands each its samples.
 Each request's samples draw from the stream keyed by `key` (the native engine's keyed sampling), so an
 episode's draws do not depend on which other requests share its batch. Every sample carries the
 sampler's log-probs and the policy version of each token, as a single-turn rollout does.
+
+Continuation (native engine): a request of an episode (`episode` given, one sample) whose prompt starts
+with the whole context of that episode's earlier call continues that call's row (`DecodeSession.extend`):
+the decoder runs over the new tokens alone, attending to the keys/values the earlier call left, and the
+row's sampling stream goes on. The tokens are the same as a fresh prefill would compute them
+(tests/test_native_continuation.py); only the time differs. `forget(episode)` drops what it left.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class _Request:
     key: int
     future: Future
     rows: list[Any]
+    episode: str | None = None
 
 
 class Sampler:
@@ -57,6 +64,9 @@ class Sampler:
         self._closed = threading.Event()
         self.failure: BaseException | None = None
         self.busy_max = 0            # the most requests in flight at once (the endpoint's concurrency)
+        self.continued = 0           # requests that continued an earlier call's row
+        self._contexts: dict[str, Any] = {}     # episode -> the RowContext its last call left (native engine)
+        self._lock = threading.Lock()
 
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self._run, name="reinforge-endpoint-sampler", daemon=True)
@@ -75,11 +85,12 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sample(self, prompt_ids: list[int], n: int, key: int) -> list[Sample]:
-        """`n` samples of `prompt_ids` from the stream keyed by `key`; blocks until they are drawn."""
+    def sample(self, prompt_ids: list[int], n: int, key: int, episode: str | None = None) -> list[Sample]:
+        """`n` samples of `prompt_ids` from the stream keyed by `key` (or, continuing `episode`'s last call, its
+        row's stream); blocks until they are drawn."""
         if self._closed.is_set() or self.failure is not None:
             raise RuntimeError(f"the endpoint's sampler is closed{f' ({self.failure})' if self.failure else ''}")
-        request = _Request([int(t) for t in prompt_ids], n, key, Future(), [None] * n)
+        request = _Request([int(t) for t in prompt_ids], n, key, Future(), [None] * n, episode)
         self._queue.put(request)
         return request.future.result()
 
@@ -114,19 +125,34 @@ class Sampler:
         except queue.Empty:
             return out
 
+    def forget(self, episode: str) -> None:
+        """Drop the row `episode`'s last call left (the episode has ended)."""
+        with self._lock:
+            self._contexts.pop(episode, None)
+
     def _continuous(self, pending: list[_Request]) -> None:
-        session = self.engine.session(self.params, slots=self.slots, generator=self.generator, version=self.version)
+        session = self.engine.session(self.params, slots=self.slots, generator=self.generator, version=self.version,
+                                      keep_context=True)
         while not (self._closed.is_set() and not pending):
             for request in self._drain(block=not session.busy):
                 pending.append(request)
-                session.add([request.prompt_ids], request.n, tags=[(request, j) for j in range(request.n)],
-                            group_keys=torch.tensor([request.key]))
+                with self._lock:
+                    context = self._contexts.pop(request.episode, None) if request.episode else None
+                if context is not None and request.n == 1 and request.prompt_ids[: len(context.ids)] == context.ids:
+                    session.extend(context, request.prompt_ids[len(context.ids):], (request, 0))
+                    self.continued += 1
+                else:
+                    session.add([request.prompt_ids], request.n, tags=[(request, j) for j in range(request.n)],
+                                group_keys=torch.tensor([request.key]))
             self.busy_max = max(self.busy_max, len(pending))
             if not session.busy:
                 continue
             for row in session.step():
                 request, j = row.tag
                 request.rows[j] = Sample(row.tokens, row.logprobs, row.versions, row.truncated)
+                if request.episode is not None and request.n == 1 and row.context is not None:
+                    with self._lock:
+                        self._contexts[request.episode] = row.context
                 if all(r is not None for r in request.rows):
                     pending.remove(request)
                     request.future.set_result(list(request.rows))
