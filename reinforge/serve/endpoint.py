@@ -35,7 +35,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
@@ -45,6 +44,8 @@ from reinforge.agents.rollout import turn_decoder
 from reinforge.agents.tools import TOOL_CALL_MARKERS
 from reinforge.rollout.base import SamplingParams
 from reinforge.serve.chat import ChatThread, assistant_message, chat_prompt, normal
+from reinforge.serve.http import error as _error
+from reinforge.serve.http import server
 from reinforge.serve.records import Call, EpisodeLog
 from reinforge.serve.sampler import Sample, Sampler
 
@@ -84,7 +85,7 @@ class Endpoint:
         self._free: dict[SamplingParams, Sampler] = {}
         self._lock = threading.Lock()
         self._renderers: dict[str, Renderer] = {}
-        self._server: ThreadingHTTPServer | None = None
+        self._server: Any = None
         self.latencies: list[float] = []
 
     # ---------------------------------------------------------------- lifecycle
@@ -95,7 +96,7 @@ class Endpoint:
         return f"http://{HOST}:{self.port}/v1"
 
     def start(self) -> Endpoint:
-        self._server = _Server((HOST, self.port), _handler(self))
+        self._server = server((HOST, self.port), self.handle)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                          name="reinforge-endpoint", daemon=True).start()
@@ -401,60 +402,9 @@ def _stops(stop: Any) -> list[str]:
     raise Refused(f"stop must be a string or a list of strings, got {stop!r}")
 
 
-def _error(message: str, kind: str) -> dict:
-    return {"error": {"message": message, "type": kind, "code": kind}}
-
-
 def _response(obj: str, model: str, choices: list[dict], prompt_tokens: int, calls: list[Call], **extra: Any) -> dict:
     completion = sum(len(c.token_ids) for c in calls)
     return {"id": f"{'chatcmpl' if obj == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}", "object": obj,
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                       "total_tokens": prompt_tokens + completion}, **extra}
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 1024     # every episode of a batch may connect at once (the default backlog is 5)
-    daemon_threads = True
-
-
-def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:   # no line per request on the run's console
-            pass
-
-        def _answer(self, method: str) -> None:
-            body: Any = {}
-            length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                try:
-                    body = json.loads(self.rfile.read(length))
-                except ValueError as err:
-                    return self._send(400, _error(f"the body is not JSON: {err}", "invalid_request_error"))
-            if not isinstance(body, dict):
-                return self._send(400, _error("the body must be a JSON object", "invalid_request_error"))
-            auth = self.headers.get("Authorization") or ""
-            key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-            try:
-                status, answer = endpoint.handle(method, self.path.split("?")[0], key, body)
-            except Exception as err:  # a bug here must answer the client, not leave it waiting
-                status, answer = 500, _error(f"{type(err).__name__}: {err}", "internal_error")
-            self._send(status, answer)
-
-        def _send(self, status: int, answer: dict) -> None:
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self._answer("GET")
-
-        def do_POST(self) -> None:
-            self._answer("POST")
-
-    return Handler
