@@ -68,7 +68,7 @@ def main() -> None:
     modes = {
         "in_process": AgentEngine(engine, Renderer(policy.tokenizer, "never", None, policy.eos_token_ids), rows,
                                   environment=Again),
-        "endpoint": AgentFunctions(engine, agent, rows, concurrency=args.prompts * args.group, chat_template="never"),
+        "endpoint": AgentFunctions(engine, agent, rows, chat_template="never"),
     }
     figures: dict[str, list[float]] = {name: [] for name in modes}
     tokens: dict[str, list[float]] = {name: [] for name in modes}

@@ -1,6 +1,6 @@
 """The built-in multiply_tool task played by an agent function through the OpenAI-compatible endpoint:
 
-    reinforge train task.name=multiply_tool task.agent=examples/multiply_agent.py:solve task.agent_concurrency=128
+    reinforge train task.name=multiply_tool task.agent=examples/multiply_agent.py:solve
 
 The same episodes as the in-process tool rollout (`reinforge train task.name=multiply_tool`): the model
 calls the calculator, gets its result, answers; the reward is the task's verifier on the answer.

@@ -91,7 +91,8 @@ class TaskConfig(Section):
         ),
     )
     agent_timeout_s: float = Field(120.0, gt=0, description="task.agent: an episode that runs longer fails alone.")
-    agent_concurrency: int = Field(16, ge=1, description="task.agent: episodes running at once.")
+    agent_concurrency: int | None = Field(None, ge=1, description="task.agent: episodes running at once; None: "
+                                          "all of a batch's (the engine then decodes their calls together).")
     environment_reward: Literal["trajectory", "turn"] = Field(
         "trajectory",
         description=(

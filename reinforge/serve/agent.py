@@ -146,7 +146,7 @@ class AgentFunctions:
     `rows(prompt)` gives the dataset row a prompt came from; `agent(client, row)` is the loaded agent."""
 
     def __init__(self, engine: Any, agent: Callable[[Any, dict], Any], rows: Callable[[str], Mapping[str, Any]],
-                 timeout_s: float = 60.0, concurrency: int = 16, max_calls: int | None = None,
+                 timeout_s: float = 60.0, concurrency: int | None = None, max_calls: int | None = None,
                  chat_template: str = "auto", tool_parser: str = "hermes"):
         self.engine, self.agent, self.rows = engine, agent, rows
         self.timeout_s, self.concurrency, self.max_calls = timeout_s, concurrency, max_calls
@@ -164,8 +164,8 @@ class AgentFunctions:
             group_keys = draw_group_keys(len(prompts), generator)
         keys = row_keys(group_keys.to(torch.long), group_size).tolist()
         n = len(prompts) * group_size
-        endpoint = Endpoint(self.engine, MODEL_NAME, self.chat_template, self.tool_parser,
-                            slots=max(1, min(self.concurrency, n)))
+        concurrency = min(self.concurrency or n, n)
+        endpoint = Endpoint(self.engine, MODEL_NAME, self.chat_template, self.tool_parser, slots=concurrency)
         with endpoint, endpoint.serving(params, policy_version, generator) as sampler:
             runs = []
             for g, prompt in enumerate(prompts):
@@ -173,17 +173,17 @@ class AgentFunctions:
                 for j in range(group_size):
                     log = endpoint.open_episode((keys[g * group_size + j] * 1_000_003) % 2**62, self.max_calls)
                     runs.append(_Run(log, dict(row), g))
-            self._play(runs, endpoint)
+            self._play(runs, endpoint, concurrency)
             concurrency, continued = sampler.busy_max, sampler.continued
         return self._rollout(runs, policy_version, concurrency, continued)
 
-    def _play(self, runs: list[_Run], endpoint: Endpoint) -> None:
+    def _play(self, runs: list[_Run], endpoint: Endpoint, concurrency: int) -> None:
         import httpx
 
         # One connection pool for the batch's clients (each client is cheap then; the pool outlives a hung agent).
         http = httpx.Client(verify=False, timeout=self.timeout_s,
-                            limits=httpx.Limits(max_connections=self.concurrency + 8))
-        slots = threading.Semaphore(self.concurrency)
+                            limits=httpx.Limits(max_connections=concurrency + 8))
+        slots = threading.Semaphore(concurrency)
         lock = threading.Lock()
 
         def play(run: _Run) -> None:

@@ -36,7 +36,7 @@ def check_agent_functions(agent: str | None, environment: str | None, rollout: R
     load_agent(agent)
 
 
-def build_agent_functions(agent: str | None, timeout_s: float, concurrency: int, rollout: RolloutConfig,
+def build_agent_functions(agent: str | None, timeout_s: float, concurrency: int | None, rollout: RolloutConfig,
                           chat_template: str, engine: Any, task: Task) -> AgentFunctions | None:
     """The agent rollout over `engine` when the run names `task.agent`, else None."""
     if agent is None:
