@@ -400,6 +400,28 @@ def export_run(
     console.print(f"model: {escape(str(path))}", soft_wrap=True, highlight=False)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(
+    ctx: typer.Context,
+    run_dir: Annotated[str, typer.Argument(help="Run directory of `reinforge train`", show_default=False)],
+) -> None:
+    """A run's policy as an OpenAI-compatible endpoint on 127.0.0.1, no training: port=N (default a free
+    port, printed), step=N (a checkpoint; default the newest). Ctrl-C stops it."""
+    from pathlib import Path
+
+    from reinforge.jobs.export import run_policy
+    from reinforge.serve.run import serve_options, serve_policy
+
+    try:
+        with user_errors(ConfigError):
+            options = serve_options(ctx.args)
+            cfg, policy = run_policy(Path(run_dir), options["step"])
+            serve_policy(policy, cfg.rollout, cfg.prompt.chat_template, options["port"],
+                         lambda line: console.print(escape(line), soft_wrap=True, highlight=False))
+    except KeyboardInterrupt:
+        raise typer.Exit(code=0) from None
+
+
 @app.command()
 def doctor(
     namespaces: Annotated[bool, typer.Option(help="Probe with the namespace layers (--no-namespaces: without)")] = True,

@@ -227,6 +227,11 @@ def agent_metrics(rows: list[AgentRow], rewards: torch.Tensor | None = None) -> 
             scored = rewards[(turns == n) & ~rewards.isnan()]
             if len(scored):
                 out[f"env/reward_by_turns/{n}"] = float(scored.mean())
+    figures: dict[str, list[float]] = {}     # rows' own figures (an agent's metrics, its endpoint's): their means
+    for r in rows:
+        for key, value in getattr(r, "metrics", {}).items():
+            figures.setdefault(key, []).append(value)
+    out.update({key: sum(values) / len(values) for key, values in figures.items()})
     tools = [r.tools for r in rows if r.tools is not None]
     if tools:
         calls = sum(t.calls for t in tools)

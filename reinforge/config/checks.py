@@ -33,6 +33,7 @@ from reinforge.models.factory import check_model_dir
 from reinforge.objectives import RECIPES, ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import check_reward_inputs
+from reinforge.serve.setup import check_agent_functions
 from reinforge.tasks import Task
 from reinforge.telemetry import default_output_dir
 from reinforge.telemetry.run_dir import check_output_dir
@@ -92,9 +93,9 @@ def _token_budgets(cfg: Config) -> None:
     if over:
         raise ConfigError(f"eval.token_budgets has {over[0]} > rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
                           f": lower it or raise rollout.max_new_tokens")
-    if cfg.eval.token_budgets and (cfg.task.environment is not None or cfg.rollout.tools):
+    if cfg.eval.token_budgets and (cfg.task.environment or cfg.task.agent or cfg.rollout.tools):
         raise ConfigError("eval.token_budgets cuts single-turn completions; an episode (task.environment, "
-                          "rollout.tools) has turns of its own: set eval.token_budgets=[]")
+                          "task.agent, rollout.tools) has turns of its own: set eval.token_budgets=[]")
 
 
 def check_run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec) -> None:
@@ -118,6 +119,7 @@ def check_run(cfg: Config, task: Task, spec: ObjectiveSpec | PreferenceSpec) -> 
             if cfg.sft.corrupt_fraction > 0:
                 task.corrupt_completion(first, rng)
     check_agent(cfg.rollout, cfg.task.environment, task)    # tools and environment class, before any load
+    check_agent_functions(cfg.task.agent, cfg.task.environment, cfg.rollout, cfg.train.mode, cfg.backend)
     if (task.use_tools or cfg.task.environment) and cfg.sft.enabled and cfg.sft.steps > 0 \
             and cfg.sft.source == "rejection":
         raise ConfigError("sft.source=rejection keeps single completions, and this run's samples are multi-turn "

@@ -64,6 +64,18 @@ class TaskConfig(Section):
         ),
     )
 
+    agent: str | None = Field(
+        None,
+        description=(
+            "An agent trained through the policy's OpenAI-compatible endpoint: a function 'module:function' or "
+            "'path/to/file.py:function' called as agent(client, row) -> reward (or a dict with 'reward' and metrics), "
+            "or a TRL environment_factory class 'module:Class' (docs/agents.md). Its reward is the episode's reward; "
+            "rollout.max_turns bounds its calls."
+        ),
+    )
+    agent_timeout_s: float = Field(120.0, gt=0, description="task.agent: an episode that runs longer fails alone.")
+    agent_concurrency: int | None = Field(None, ge=1, description="task.agent: episodes running at once; None: "
+                                          "all of a batch's (the engine then decodes their calls together).")
     environment_reward: Literal["trajectory", "turn"] = Field(
         "trajectory",
         description=(
@@ -77,7 +89,7 @@ class TaskConfig(Section):
     def _check_task(self) -> TaskConfig:
         from reinforge.tasks import TASKS, build_task
 
-        if self.environment is not None and self.name == "dataset" and "verifier" not in self.options:
+        if (self.environment or self.agent) is not None and self.name == "dataset" and "verifier" not in self.options:
             self.options = {**self.options, "verifier": "none"}      # the environment scores the rows
 
         if self.name not in TASKS:

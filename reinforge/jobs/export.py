@@ -33,10 +33,18 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
         raise ConfigError(f"'{run_dir}' holds no run (no config.yaml): give a run directory of `reinforge train`")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"'{out}' already exists and is not an empty folder: choose another --out, or remove it")
-    cfg = resume_config(run_dir, command="export", rewards=False)
-    policy = _trained_policy(run_dir, cfg, step)
+    cfg, policy = run_policy(run_dir, step, command="export")
     save_policy(policy, out, cfg.rollout)
     return out
+
+
+def run_policy(run_dir: Path, step: int | None = None, command: str = "serve") -> tuple[Config, Policy]:
+    """The config of the run in `run_dir` and its policy with the weights of checkpoint `step` (None: the
+    newest, else RUN_DIR/model); ConfigError as export_model's."""
+    if not (Path(run_dir) / "config.yaml").is_file():
+        raise ConfigError(f"'{run_dir}' holds no run (no config.yaml): give a run directory of `reinforge train`")
+    cfg = resume_config(run_dir, command=command, rewards=False)
+    return cfg, _trained_policy(Path(run_dir), cfg, step)
 
 
 def _trained_policy(run_dir: Path, cfg: Config, step: int | None) -> Policy:

@@ -397,7 +397,7 @@ def run_sft_stage(cfg: Config, policy, engine, task: Task, recorder: Recorder) -
 
     sft = run_sft(policy, data, cfg.sft, chat_template=cfg.prompt.chat_template, seed=cfg.seed, on_step=sft_step,
                   forward=ForwardPlan.from_config(cfg.train),
-                  renderer=engine.renderer if isinstance(engine, AgentEngine) else None)
+                  renderer=getattr(engine, "renderer", None))     # an agent rollout's (multi-turn traces)
     bar.close()
     summary = {
         "source": cfg.sft.source,

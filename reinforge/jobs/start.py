@@ -36,6 +36,7 @@ from reinforge.objectives.preference import preference_loss
 from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rollout import RolloutEngine, build_engine
 from reinforge.rollout.prompts import check_chat_prompts, check_context
+from reinforge.serve.setup import build_agent_functions
 from reinforge.tasks import Task, build_task
 
 
@@ -121,12 +122,15 @@ def load_policy(cfg: Config, task: Task) -> Policy:
 
 
 def rollout_engine(cfg: Config, policy: Policy, task: Task) -> RolloutEngine:
-    """The engine of rollout.engine over `policy`; with tools or an environment, the agent engine over it,
-    so that every consumer (RL, evaluation, pair sampling, filtering) gets episodes."""
+    """The engine of rollout.engine over `policy`; with an agent function, tools or an environment, the agent
+    engine over it, so that every consumer (RL, evaluation, pair sampling, filtering) gets episodes."""
     # The engine reads the policy's weights at every call, so it can be built before SFT
     # (rejection-sampling SFT samples from the model it then trains).
     engine = build_engine(cfg.rollout, policy, chat_template=cfg.prompt.chat_template)
-    return build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
+    # An agent function (task.agent) plays its episodes through the endpoint (reinforge/serve/).
+    return build_agent_functions(cfg.task.agent, cfg.task.agent_timeout_s, cfg.task.agent_concurrency, cfg.rollout,
+                                 cfg.prompt.chat_template, engine, task) \
+        or build_agent(cfg.rollout, cfg.task.environment, cfg.prompt.chat_template, engine, task,
                        cfg.task.environment_reward) or engine
 
 
