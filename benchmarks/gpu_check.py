@@ -197,7 +197,7 @@ def part_cuda_tests(device: torch.device, size: dict, state: dict) -> dict:
     plugin = _Outcomes(time.monotonic() + state["budget"] - 5)
     select = ["-k", state["tests_k"]] if state["tests_k"] else []
     code = pytest.main(["-q", "-p", "no:cacheprovider", "-m", marker, *select, "--rootdir", str(ROOT),
-                        str(ROOT / "tests" / "test_device_paths.py")], plugins=[plugin])
+                        str(ROOT / "tests" / "e2e" / "test_device_paths.py")], plugins=[plugin])
     out = {"marker": marker, "passed": len(plugin.passed), "failed": len(plugin.failed),
            "skipped": len(plugin.skipped), "failures": plugin.failed, "pytest_exit": int(code)}
     if code != 0 or not plugin.passed or plugin.skipped:

@@ -16,7 +16,7 @@ Continuation (native engine): a request of an episode (`episode` given, one samp
 with the whole context of that episode's earlier call continues that call's row (`DecodeSession.extend`):
 the decoder runs over the new tokens alone, attending to the keys/values the earlier call left, and the
 row's sampling stream goes on. The tokens are the same as a fresh prefill would compute them
-(tests/test_native_continuation.py); only the time differs. `forget(episode)` drops what it left.
+(tests/unit/rollout/test_native_continuation.py); only the time differs. `forget(episode)` drops what it left.
 """
 
 from __future__ import annotations
