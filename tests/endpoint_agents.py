@@ -1,4 +1,5 @@
-"""Agents for tests/e2e/test_agent_functions.py, written as a user would: the `openai` client only, no reinforge import."""
+"""Agents for tests/e2e/test_agent_functions.py, written as a user would: the `openai` client only, no
+reinforge import."""
 
 from __future__ import annotations
 
