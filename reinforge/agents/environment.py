@@ -56,15 +56,21 @@ def load_environment(name: str) -> type:
     return found
 
 
-def _import(name: str) -> object:
-    """What `name` names, through the importer reward functions use (a file is loaded once per process)."""
+def split_import_name(key: str, name: str, forms: str) -> tuple[str, str]:
+    """(module or file, attribute) of a user's 'module:name' / 'path/to/file.py:name' given at config key
+    `key`; ConfigError naming the accepted `forms` for a malformed one, or a file that does not exist."""
     module_name, _, attr = name.rpartition(":")
     if not module_name or not attr:
-        raise ConfigError(f"{KEY}={name!r} is not 'module:Class' or 'path/to/file.py:Class': "
-                          "name the module or file, a colon, and the class")
+        raise ConfigError(f"{key}={name!r} is not {forms}: name the module or file, a colon, and the name")
     if module_name.endswith(".py") and not Path(module_name).expanduser().is_file():
-        raise ConfigError(f"{KEY}={name!r}: file '{module_name}' does not exist (relative paths start at the "
+        raise ConfigError(f"{key}={name!r}: file '{module_name}' does not exist (relative paths start at the "
                           f"working directory, {Path.cwd()})")
+    return module_name, attr
+
+
+def _import(name: str) -> object:
+    """What `name` names, through the importer reward functions use (a file is loaded once per process)."""
+    module_name, attr = split_import_name(KEY, name, "'module:Class' or 'path/to/file.py:Class'")
     try:
         if module_name.endswith(".py"):
             module = module_from_file(Path(module_name).expanduser().resolve(), "environment file")

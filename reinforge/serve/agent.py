@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from numbers import Real
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from reinforge.agents.environment import split_import_name
 from reinforge.agents.episode import EpisodeResult
 from reinforge.agents.rollout import AgentRow
 from reinforge.data.chat import Conversation
@@ -92,13 +92,8 @@ def load_agent(name: str) -> Callable[[Any, dict], Any]:
 
 
 def _import(name: str) -> Any:
-    module_name, _, attr = name.rpartition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{KEY}={name!r} is not 'module:function', 'path/to/file.py:function' or "
-                          "'verifiers:ENV_ID'")
-    if module_name.endswith(".py") and not Path(module_name).expanduser().is_file():
-        raise ConfigError(f"{KEY}={name!r}: file '{module_name}' does not exist (relative paths start at "
-                          f"{Path.cwd()})")
+    module_name, attr = split_import_name(KEY, name, "'module:function', 'path/to/file.py:function' or "
+                                                     "'verifiers:ENV_ID'")
     try:
         found = import_user_function(name, "agent")
         if found is None:
