@@ -29,9 +29,10 @@ from tqdm import tqdm
 from reinforge.config import Config
 from reinforge.errors import ConfigError
 from reinforge.jobs import start as bootstrap
-from reinforge.loops.dpo import PreferencePair, preference_pairs, verifier_pairs
+from reinforge.loops.dpo import preference_pairs, verifier_pairs
 from reinforge.loops.rl import verified
 from reinforge.models import Policy
+from reinforge.records import PreferencePair
 from reinforge.rewards.reward_model import (
     build_reward_model,
     pair_accuracy,

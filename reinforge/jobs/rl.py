@@ -21,7 +21,7 @@ from tqdm import tqdm
 from reinforge.agents.rollout import AgentEngine
 from reinforge.agents.workers import AgentSampler
 from reinforge.config import Config
-from reinforge.curation.batches import BatchCollector, PromptStream, SampleNow, Scores
+from reinforge.curation.batches import BatchCollector, PromptStream, SampleNow
 from reinforge.distributed import LearnerGroup
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.errors import ConfigError, RunStopped
@@ -50,6 +50,7 @@ from reinforge.loops.sft import run_sft
 from reinforge.models import Policy, load_policy
 from reinforge.objectives import ObjectiveSpec
 from reinforge.objectives.spec import PreferenceSpec
+from reinforge.records import Scores
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.source_builders import build_sources

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from reinforge.curation.batches import Scores
 from reinforge.objectives.advantages import resolve_advantage
 from reinforge.objectives.spec import ObjectiveSpec
 from reinforge.objectives.value import CRITIC_ADVANTAGES
+from reinforge.records import Scores
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams
 from reinforge.tasks import Example
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reinforge.curation.batches import BatchCollector, CuratedBatch, PromptStream, Scores, domain_metrics
+from reinforge.curation.batches import BatchCollector, CuratedBatch, PromptStream, domain_metrics
 from reinforge.distributed.data_parallel import DataParallel
 from reinforge.learner import (
     ForwardPlan,
@@ -32,6 +32,7 @@ from reinforge.loops.credit import CriticCredit, GroupCredit
 from reinforge.loops.loop import LoopState, StepRecord, Timed
 from reinforge.models import Policy
 from reinforge.objectives import ObjectiveSpec
+from reinforge.records import Scores
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rollout import Rollout, SamplingParams
 from reinforge.rollout.base import environment_returns, environment_token_rewards
