@@ -279,16 +279,18 @@ def part_rollout(device: torch.device, size: dict, state: dict) -> dict:
 
 def _fast_paths(device: torch.device, engine: NativeEngine | None = None) -> dict:
     """Which CUDA fast paths were still on after a part (each turns itself off, logged, on a failure):
-    the engine's decode graphs, the 16-bit LM-head GEMMs with fp32 output, SDPA's fused kernels for
-    grouped-query attention. None on a CPU, which runs none of them."""
-    from reinforge.learner import logprobs
+    the engine's decode graphs, the 16-bit LM-head GEMMs with fp32 output (and adding into the weight
+    gradient), SDPA's fused kernels for grouped-query attention. None on a CPU, which runs none of them."""
+    from reinforge.learner import head_gemms, logprobs
     from reinforge.models import attention, decoder
 
     if device.type != "cuda":
         return {"fast_paths": None}
     paths = {"head_fp32_output_gemm": logprobs._FP32_OUT_MM["on"] and decoder._FP32_OUT_MM["on"],
              "grouped_decode_attention": attention._GROUPED_DECODE["on"],
-             "expanded_kv_attention": attention._EXPAND_KV["on"]}
+             "expanded_kv_attention": attention._EXPAND_KV["on"],
+             # None: no LM-head backward ran yet; False: each chunk's weight gradient added after its GEMM
+             "head_grad_accumulating_gemm": head_gemms._ADDMM32["on"]}
     if engine is not None:
         paths["decode_graphs"] = engine.graph_mode == "capture"
     return {"fast_paths": paths}

@@ -25,6 +25,7 @@ import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 from transformers import PreTrainedModel
 
+from reinforge.learner.head_gemms import split_grads
 from reinforge.learner.sequences import SequenceBatch, TokenStats
 from reinforge.learner.truncation import Truncation, kept_log_mass
 from reinforge.models.lora import linear_weight
@@ -37,6 +38,16 @@ log = logging.getLogger(__name__)
 # (an fp32 GEMM runs ~15x slower on an H100/H200) and without an fp32 copy of the [V, E] head. Turned
 # off, with a logged reason, if this torch lacks the op.
 _FP32_OUT_MM = {"on": True}
+
+# On CUDA each pass over a [chunk, V] fp32 buffer costs ~0.15 ms per 1,024 tokens of Qwen's 151,936-way vocabulary,
+# and an op broadcasting a [C, 1] column over it runs below the copy rate: the chunk loops there take the fused
+# order of the same formulas (`_fused`), fewer passes and fewer broadcasts, with its own fp32 rounding. The CPU keeps
+# the plain order, bit for bit; tests turn the fused order on there ("cpu") to check its numbers.
+_FUSED = {"cpu": False}
+
+def _fused(device: torch.device) -> bool:
+    """Whether the chunk loops take the fused order (`_FUSED`): on CUDA, or on the CPU when a test asks."""
+    return device.type == "cuda" or _FUSED["cpu"]
 
 
 def _compute_dtype(dtype: torch.dtype, fp32_head: bool) -> torch.dtype:
@@ -122,6 +133,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
         entropy = hidden.new_empty(m, dtype=stats_dtype)   # [M]
         row_max = hidden.new_empty(m, dtype=stats_dtype)  # [M] max_k z_k
         log_sum = hidden.new_empty(m, dtype=stats_dtype)  # [M] log sum_k exp(z_k - max), so lse = max + log_sum
+        fused = _fused(hidden.device)
         for start in range(0, m, chunk_size):
             rows = slice(start, start + chunk_size)
             # Shifted logits z - max, kept as such: log p = (z - max) - log_sum loses no precision
@@ -131,11 +143,14 @@ class _ChunkedTokenStats(torch.autograd.Function):
             shifted.sub_(row_max[rows].unsqueeze(1))
             probs = shifted.exp()  # [C, V], unnormalised
             total = probs.sum(dim=-1)  # [C]
-            probs.div_(total.unsqueeze(1))
             log_sum[rows] = total.log()
             logprobs[rows] = shifted.gather(1, targets[rows].unsqueeze(1)).squeeze(1) - log_sum[rows]
             # H = lse - sum_k p_k z_k = log_sum - sum_k p_k (z_k - max), as sum_k p_k = 1.
-            entropy[rows] = log_sum[rows] - probs.mul_(shifted).sum(dim=-1)
+            if fused:   # sum_k exp(s_k) s_k / total: the normalisation on [C] numbers, no broadcast pass over [C, V]
+                entropy[rows] = log_sum[rows] - probs.mul_(shifted).sum(dim=-1).div_(total)
+            else:
+                probs.div_(total.unsqueeze(1))
+                entropy[rows] = log_sum[rows] - probs.mul_(shifted).sum(dim=-1)
             del shifted, probs
         ctx.save_for_backward(hidden, weight, bias, targets, row_max, log_sum, entropy)
         ctx.temperature, ctx.chunk_size, ctx.fp32_head = temperature, chunk_size, fp32_head
@@ -156,7 +171,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
         e = None if grad_entropy is None else grad_entropy.to(entropy.dtype)     # [M]; None: no entropy term
         dtype = _compute_dtype(hidden.dtype, fp32_head)
         fp32_out = _fp32_out(hidden, weight, bias, dtype)    # the forward's logits, recomputed as it did
-        # bf16 head on CUDA: the fp32 logit gradient as two bf16 parts through bf16 GEMMs (`_split_grads`; not
+        # bf16 head on CUDA: the fp32 logit gradient as two bf16 parts through bf16 GEMMs (`head_gemms.split_grads`; not
         # fp16, whose range would flush the small entries of the gradient)
         split = fp32_out and weight.dtype == torch.bfloat16
         w = None if split else weight.to(dtype)  # [V, H]
@@ -166,30 +181,36 @@ class _ChunkedTokenStats(torch.autograd.Function):
         acc_dtype = torch.promote_types(weight.dtype, torch.float32)
         grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None
         grad_bias = torch.zeros(weight.shape[0], dtype=acc_dtype, device=weight.device) if need_b else None
+        fused = _fused(hidden.device)
+        if fused:   # the 1 / tau of dz = d/dz (.) / tau on the [M] coefficients, not a pass over each [C, V] chunk
+            g = g / temperature
+            e = None if e is None else e / temperature
+            lse = row_max + log_sum     # [M]: log p = z - lse in one broadcast pass
         for start in range(0, m, chunk_size):
             rows = slice(start, start + chunk_size)
             dz = _chunk_logits(hidden[rows], weight if fp32_out else w, b, temperature, fp32_out)  # [C, V], z
-            dz.sub_(row_max[rows].unsqueeze(1)).sub_(log_sum[rows].unsqueeze(1))  # log p, as in forward
             g_c = g[rows].unsqueeze(1)  # [C, 1]
-            if e is None:
-                # dz = g [k = y] - p g: the full form's e (log p + H) term is an exact zero here (the same
-                # numbers), and p is built in the log p buffer.
-                dz.exp_().mul_(g_c).neg_()
+            if fused:
+                _fused_logit_grad(dz, lse[rows], g_c, None if e is None else e[rows], entropy[rows])
             else:
-                p = dz.exp()  # [C, V]
-                # dz = g [k = y] - p (g + e (log p + H)), built in the log p buffer.
-                dz.add_(entropy[rows].unsqueeze(1)).mul_(e[rows].unsqueeze(1)).add_(g_c).mul_(p).neg_()
-                del p
+                dz.sub_(row_max[rows].unsqueeze(1)).sub_(log_sum[rows].unsqueeze(1))  # log p, as in forward
+                if e is None:
+                    # dz = g [k = y] - p g: the full form's e (log p + H) term is an exact zero here (the same
+                    # numbers), and p is built in the log p buffer.
+                    dz.exp_().mul_(g_c).neg_()
+                else:
+                    p = dz.exp()  # [C, V]
+                    # dz = g [k = y] - p (g + e (log p + H)), built in the log p buffer.
+                    dz.add_(entropy[rows].unsqueeze(1)).mul_(e[rows].unsqueeze(1)).add_(g_c).mul_(p).neg_()
+                    del p
             dz.scatter_add_(1, targets[rows].unsqueeze(1), g_c)
-            if temperature != 1.0:
+            if temperature != 1.0 and not fused:
                 dz.div_(temperature)  # z = logits / tau (x / 1 is x: no pass for it)
             if split:
                 try:
-                    grad_h, grad_w = _split_grads(dz, hidden[rows], weight, need_h, need_w)
+                    grad_h = split_grads(dz, hidden[rows], weight, need_h, grad_weight)
                     if need_h:
                         grad_hidden[rows] = grad_h.to(hidden.dtype)
-                    if need_w:
-                        grad_weight.add_(grad_w)
                     continue
                 except (RuntimeError, TypeError) as err:
                     split, _FP32_OUT_MM["on"] = False, False
@@ -214,30 +235,20 @@ class _ChunkedTokenStats(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
-def _split_grads(dz: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, need_h: bool,
-                 need_w: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dz W and dz^T h (fp32) for a chunk's fp32 logit gradient dz [C, V] and bf16 hidden [C, H] and weight
-    [V, H], through bf16 GEMMs with fp32 accumulation and output: dz = hi + lo, two bf16 numbers per entry
-    (hi its rounding, lo the rest's), exact to ~2^-16 of each entry (2 x 8 significant bits), and the
-    products of bf16 numbers exact in fp32. The gradients come back in bf16 (rounding 2^-9), so this is
-    the fp32 head's gradient within a fraction of that rounding, at the tensor cores' rate."""
-    hi = dz.to(weight.dtype)
-    lo = (dz - hi.float()).to(weight.dtype)
-    grad_h = grad_w = None
-    if need_h:
-        grad_h = _mm32(hi, weight).add_(_mm32(lo, weight))
-    if need_w:
-        h = hidden.to(weight.dtype)
-        grad_w = _mm32(torch.cat([hi, lo]).t(), torch.cat([h, h]))
-    return grad_h, grad_w
-
-
-def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of 16-bit matrices in fp32: on CUDA the 16-bit GEMM with fp32 output, elsewhere (tests) the
-    upcast fp32 product, the same products."""
-    if a.device.type == "cuda":
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a.float(), b.float())
+def _fused_logit_grad(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, e: torch.Tensor | None,
+                      entropy: torch.Tensor) -> None:
+    """A chunk's logit gradient but its target term, in place of its logits z [C, V], in the fused order
+    (`_FUSED`): log p = z - lse in one pass, then dz = -g p (no entropy gradient, `e` None), or
+    dz = p (-e log p - (g + e H)) with the bracket in one pass (addcmul) and its product with p in another;
+    g [C, 1], e, lse and entropy [C]. The plain order's formula (`_ChunkedTokenStats`), with three broadcast
+    passes fewer (one without the entropy term)."""
+    logits.sub_(lse.unsqueeze(1))        # log p
+    if e is None:
+        logits.exp_().mul_(g.neg())
+        return
+    p = logits.exp()                     # [C, V]
+    torch.addcmul(g.neg().sub_((e * entropy).unsqueeze(1)), logits, e.neg().unsqueeze(1), out=logits)
+    logits.mul_(p)
 
 
 class _ChunkedKeptLogMass(torch.autograd.Function):

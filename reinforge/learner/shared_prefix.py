@@ -82,7 +82,7 @@ def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeight
     NotImplementedError naming the option to turn off."""
     try:
         shape = decoder_shape(model)
-        weights = DecoderWeights.of(model)
+        weights = DecoderWeights.of(model, logits=False)   # the head runs apart (head_token_stats)
     except NotImplementedError as err:
         raise NotImplementedError(f"the shared-prompt learner forward runs the native decoder, which refused "
                                   f"{type(model).__name__}: {err}; set {OPTION}") from err

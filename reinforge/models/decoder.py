@@ -155,7 +155,9 @@ class DecoderWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    head: torch.Tensor                  # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head)
+    # [V, E] fp32: the learner's head precision (learner.logprobs, fp32_head); of(..., logits=False): the head's own
+    # weight, for a caller that takes no logits from these weights (the learner's shared-prompt forward)
+    head: torch.Tensor
     eps: float
     # [V, E] the head's own 16-bit weight on CUDA (`logits`); None elsewhere
     head16: torch.Tensor | None = None
@@ -191,10 +193,12 @@ class DecoderWeights:
         return self._packed[transposed]
 
     @classmethod
-    def of(cls, model: PreTrainedModel) -> DecoderWeights:
+    def of(cls, model: PreTrainedModel, logits: bool = True) -> DecoderWeights:
         """The weights of `model`, or of the decoder under a peft PeftModel: a LoRA projection
         contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
-        disabled), differentiable in A and B, so the learner's shared-prompt forward trains them."""
+        disabled), differentiable in A and B, so the learner's shared-prompt forward trains them.
+        `logits` False: `head` is the head's own weight, not an fp32 copy (545 MB for a bf16 Qwen head, on
+        every call), for a caller that runs only the layers."""
         def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
             # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
             try:
@@ -264,7 +268,7 @@ class DecoderWeights:
             embed=embedding.weight,
             layers=layers,
             final_norm=model.model.norm.weight,
-            head=head.float(),
+            head=head.float() if logits else head,
             eps=model.config.rms_norm_eps,
             head16=head if head.device.type == "cuda" and head.dtype in (torch.bfloat16, torch.float16) else None,
         )

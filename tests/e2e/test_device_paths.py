@@ -189,23 +189,71 @@ def test_a_head_without_the_fp32_output_gemm_falls_back_to_the_upcast_head(monke
 def test_the_split_bf16_logit_gradient_gives_the_fp32_heads_gradients() -> None:
     """The bf16 head's backward on CUDA (`_split_grads`: the fp32 logit gradient as two bf16 parts), here through
     the upcast products: dz W and dz^T h within ~2^-16 of the fp32 products, far inside bf16's 2^-9."""
-    from reinforge.learner.logprobs import _split_grads
+    from reinforge.learner.head_gemms import split_grads
 
     g = torch.Generator().manual_seed(4)
     dz = torch.randn(40, 301, generator=g) * torch.rand(40, 301, generator=g).pow(8)   # entries spanning decades
     hidden, weight = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(301, 24, generator=g).bfloat16()
-    grad_h, grad_w = _split_grads(dz, hidden, weight, True, True)
     exact_h, exact_w = dz.double() @ weight.double(), dz.double().t() @ hidden.double()
-    for got, exact in ((grad_h, exact_h), (grad_w, exact_w)):
-        assert got.dtype == torch.float32
+    start = torch.randn(301, 24, generator=g)                 # the weight gradient so far: added to
+    grad_w = start.clone()
+    grad_h = split_grads(dz.clone(), hidden, weight, True, grad_w)
+    for got, exact in ((grad_h, exact_h), (grad_w.double() - start.double(), exact_w)):
+        assert grad_h.dtype == grad_w.dtype == torch.float32
         assert float((got.double() - exact).abs().max()) < 2e-5 * float(exact.abs().max())
     assert float((dz.bfloat16().double() @ weight.double() - exact_h).abs().max()) > 1e-3 * float(exact_h.abs().max())
 
 
+def test_the_split_gradients_hand_back_the_logit_gradient_when_a_gemm_fails(monkeypatch) -> None:
+    """A GEMM of `split_grads` failing (as the 16-bit one with fp32 output would) leaves the caller's logit
+    gradient as it was, bit for bit, for its upcast fallback: hi + (dz - hi) is dz exactly."""
+    from reinforge.learner import head_gemms as hg
+
+    def refuse(a, b):
+        raise RuntimeError("no GEMM")
+
+    monkeypatch.setattr(hg, "mm32", refuse)
+    g = torch.Generator().manual_seed(5)
+    dz = torch.randn(12, 77, generator=g) * torch.rand(12, 77, generator=g).pow(8)
+    hidden, weight = torch.randn(12, 8, generator=g).bfloat16(), torch.randn(77, 8, generator=g).bfloat16()
+    kept = dz.clone()
+    with pytest.raises(RuntimeError, match="no GEMM"):
+        hg.split_grads(dz, hidden, weight, True, None)
+    assert torch.equal(dz, kept)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_weight_gradient_accumulates_the_16_bit_products_in_fp32(device: str, monkeypatch, caplog) -> None:
+    """`accumulate_mm32`: acc += a @ b in fp32 for bf16 a, b; on CUDA cuBLAS adds into acc where this torch
+    takes an fp32 accumulator with 16-bit factors (checked once; else, logged, the product and the add; the
+    gpu check's `fast_paths` says which), on the CPU the upcast product and the add, bit for bit."""
+    from reinforge.learner import head_gemms as hg
+
+    monkeypatch.setitem(hg._ADDMM32, "on", None)
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(64, 300, generator=g).bfloat16(), torch.randn(300, 48, generator=g).bfloat16()
+    start = torch.randn(64, 48, generator=g)
+    acc = start.clone().to(device)
+    hg.accumulate_mm32(acc, a.to(device), b.to(device))
+    want = start + a.float() @ b.float()
+    if device == "cpu":
+        assert torch.equal(acc, want) and hg._ADDMM32["on"] is None
+        with caplog.at_level("WARNING", logger="reinforge.learner.logprobs"):   # the check itself, refused here
+            assert hg.addmm32_works(torch.device("cpu"), torch.bfloat16) is False
+        assert "adding into an fp32 gradient is unavailable (NotImplementedError: Could not run" in caplog.text
+    else:
+        assert hg._ADDMM32["on"] in (True, False)
+        assert float((acc.cpu() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("entropy_coef", [0.5, None])
 @pytest.mark.parametrize("device", CUDA_ONLY)
-def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, monkeypatch) -> None:
-    """bf16 head on CUDA through the 16-bit GEMM with fp32 output against the upcast fp32 GEMM: the same products,
-    so log-probs, entropies and gradients equal up to fp32 summation order."""
+def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, entropy_coef: float | None,
+                                                             monkeypatch) -> None:
+    """bf16 head on CUDA through the 16-bit GEMM with fp32 output (and the fused chunk order, the split bf16
+    gradient, cuBLAS adding into the weight gradient) against the upcast fp32 GEMM: the same products, so
+    log-probs, entropies and gradients equal up to fp32 summation order, with and without the entropy in the
+    loss."""
     from reinforge.learner import logprobs as lp
 
     g = torch.Generator().manual_seed(3)
@@ -218,7 +266,7 @@ def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, monkey
         monkeypatch.setitem(lp._FP32_OUT_MM, "on", on)
         hidden.grad = weight.grad = None
         logp, ent = chunked_token_logprobs_and_entropy(hidden, weight, None, targets, temperature=0.7, chunk_size=64)
-        (logp.sum() + 0.5 * ent.sum()).backward()
+        (logp.sum() + (0.0 if entropy_coef is None else entropy_coef * ent.sum())).backward()
         out = (logp.detach(), ent.detach(), hidden.grad.float(), weight.grad.float())
         assert lp._FP32_OUT_MM["on"] is on, "the fp32-output GEMM failed on this device (see the log)"
         return out

@@ -195,6 +195,39 @@ def test_no_valid_tokens_gives_zeros_and_zero_grad(tiny_policy):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_chunk_order_matches_naive(monkeypatch, temperature, dtype):
+    """The chunk loops' fused order (CUDA's: entropy normalised on [C] numbers, log p = z - lse in one pass,
+    the entropy term in one addcmul, 1 / tau on the per-token coefficients), turned on here on the CPU:
+    the naive numbers, with and without the entropy in the loss, and finite differences in fp64."""
+    from reinforge.learner import logprobs as lp
+
+    monkeypatch.setitem(lp._FUSED, "cpu", True)
+    m, v = 37, 501
+    hidden, weight, bias, targets = make_inputs(m, 16, v, dtype, seed=5)
+    a = torch.randn(m, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    b = torch.randn(m, generator=torch.Generator().manual_seed(7), dtype=dtype)
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+
+    def run(fn, with_entropy: bool):
+        logprobs, entropy = fn(hidden, weight, bias, targets, temperature=temperature,
+                               **({"chunk_size": 7} if fn is chunked_token_logprobs_and_entropy else {}))
+        loss = (logprobs * a).sum() + ((entropy * b).sum() if with_entropy else 0.0)
+        return (logprobs.detach(), entropy.detach(), *torch.autograd.grad(loss, (hidden, weight, bias)))
+
+    names = ["logprobs", "entropy", "d hidden", "d weight", "d bias"]
+    for with_entropy in (True, False):
+        expected, got = run(naive_stats, with_entropy), run(chunked_token_logprobs_and_entropy, with_entropy)
+        for name, e, g in zip(names, expected, got, strict=True):
+            assert_close(g, e, f"{name} (entropy in the loss: {with_entropy})", tol)
+    if dtype == torch.float64:
+        h, w, bb, t = make_inputs(5, 3, 7, torch.float64, seed=0)
+        assert torch.autograd.gradcheck(
+            lambda h, w, bb: chunked_token_logprobs_and_entropy(h, w, bb, t, temperature=temperature, chunk_size=2),
+            (h, w, bb), eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_a_loss_without_the_entropy_gets_the_same_gradient_bits(temperature):
     """Without the entropy in the loss its gradient is None and the backward skips its terms; the
     gradients are the bits the full form gives with a zero entropy gradient (e (log p + H) = 0 exactly)."""

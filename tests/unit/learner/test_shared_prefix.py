@@ -236,6 +236,19 @@ def test_single_token_completions_need_no_completion_pass(micro_overrides) -> No
     assert_close(got.entropy, ref.entropy, "entropy")
 
 
+def test_the_shared_forward_takes_the_heads_own_weight_not_an_fp32_copy(micro_overrides) -> None:
+    """The learner's layers take no logits from the decoder weights (the head runs apart, chunked): a bf16
+    head is not copied to fp32 for them (545 MB for Qwen's), while the engine's weights keep the fp32 copy."""
+    from reinforge.models.decoder import DecoderWeights
+
+    model = qwen2(micro_overrides).to(torch.bfloat16)
+    head = model.get_output_embeddings().weight
+    _, weights = shared_prefix._native_decoder(model)
+    assert weights.head is head
+    engine = DecoderWeights.of(model)
+    assert engine.head.dtype == torch.float32 and torch.equal(engine.head, head.float())
+
+
 def test_the_longest_prompt_with_the_shortest_completion_shares_a_pass(micro_overrides, layers) -> None:
     # One pass runs every row to the longest need from its own start, so the latest start plus the
     # longest need (here 10 + 5, past any one row's start + need) must have a rotary position.
