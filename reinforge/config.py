@@ -216,6 +216,13 @@ class Config(Section):
         if self.rollout.record_top_k and self.rollout.engine != "native":
             raise ConfigError("rollout.record_top_k needs rollout.engine=native (the HF engine does not record the "
                               "sampler's top-K log-probs): set rollout.engine=native or rollout.record_top_k=0")
+        if self.rollout.engine == "vllm" and self.train.mode == "async":
+            raise ConfigError("train.mode=async samples with the native engine in its own thread, and rollout.engine="
+                              "vllm samples in the loop: use train.mode=sync (a recipe that is not asynchronous) "
+                              "with rollout.engine=vllm, or rollout.engine=native")
+        if self.rollout.engine == "vllm" and self.model.lora is not None:
+            raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet (vLLM's LoRA requests): remove "
+                              "model.lora, or set rollout.engine=native")
         from reinforge.objectives import RECIPE_OBJECTIVES
 
         recipe = RECIPE_OBJECTIVES.get(self.recipe)

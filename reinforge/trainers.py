@@ -54,7 +54,7 @@ from reinforge.objectives.spec import PreferenceSpec
 from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.sources import SourceContext, build_sources
-from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine, engine_publisher
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
@@ -100,7 +100,9 @@ def run_rl(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, spec:
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
     # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
     check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
-    after_update, on_step = wire(check, no_publish, on_step, lambda: state.step, lambda: state.version)
+    # An engine with its own copy of the weights (vLLM) is handed them after every update.
+    after_update, on_step = wire(check, engine_publisher(engine, no_publish), on_step, lambda: state.step,
+                                 lambda: state.version)
     return train_rl(tc.steps, state, SyncBatches(collector, dp), learner, on_step, after_update=after_update)
 
 
