@@ -159,6 +159,54 @@ def test_a_skipped_publication_stops_the_run(tmp_path, monkeypatch):
 
 
 @needs_vllm
+def test_the_tool_task_trains_through_vllm(tmp_path):
+    """Multi-turn episodes (the agent rollout over vLLM's generate_ids, each turn from its whole context): a
+    short cold start makes the micro model call the calculator, so every step has tool results in context."""
+    _run(tmp_path, "task.name=multiply_tool", "sft.steps=100", "sft.batch_size=32", "sft.num_examples=3200",
+         "sft.lr=1e-2", "rollout.max_new_tokens=24", "model.max_positions=160", "eval.num_prompts=2", "train.steps=2")
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2]
+    assert all(x["env/turns_mean"] > 1.0 and x["env/environment_tokens_mean"] > 0 for x in rl)
+    assert all(0 <= x["sync/probe_tv"] < 1e-4 and x["mismatch_kl"] < 1e-4 for x in rl)
+
+
+@pytest.fixture(scope="module")
+def llama_bpe_dir(tmp_path_factory) -> Path:
+    """A local Llama (head size 32) with a byte-level BPE tokenizer trained here and a chat template."""
+    from conftest import CHAT_TEMPLATE, SPECIALS, byte_bpe
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = [f"What is {a} + {b}? The answer is {a + b}. Be brief, think." for a in range(20) for b in range(5)]
+    tok = PreTrainedTokenizerFast(tokenizer_object=byte_bpe(corpus, SPECIALS), pad_token="<pad>", eos_token="<|end|>",
+                                  additional_special_tokens=SPECIALS[2:])
+    tok.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id))
+    path = tmp_path_factory.mktemp("llama_bpe_vllm")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@needs_vllm
+def test_a_local_llama_folder_with_a_chat_template_trains_through_vllm(llama_bpe_dir, tmp_path):
+    from reinforge.pipeline import run
+
+    cfg = build_config([f"model={llama_bpe_dir}", "rollout.engine=vllm", "rollout.vllm_gpu_memory_utilization=0.05",
+                        "sft.enabled=false", "train.steps=2", "train.prompts_per_step=4", "train.group_size=4",
+                        "train.lr=1e-2", "rollout.max_new_tokens=8", "rollout.top_p=0.9", "eval.num_prompts=4",
+                        "eval.num_samples=2", *VARIED[:2], f"output_dir={tmp_path}"])
+    run(cfg)
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2]
+    assert all(0 <= x["sync/probe_tv"] < 1e-4 and x["mismatch_kl"] < 1e-4 for x in rl)
+    assert all(x["grad_norm"] > 0 for x in rl)
+
+
+@needs_vllm
 @pytest.mark.parametrize(("extra", "match"), [
     (["recipe=areal"], "train.mode=async samples with the native engine"),
     (["model.lora.r=4"], "rollout.engine=vllm does not sync LoRA adapters yet"),
