@@ -112,8 +112,11 @@ def test_weights_after_an_update_reach_vllm(engine):
     assert engine.publications == before + 1
     assert total_variation(engine.probe_logprobs(ids), learner_logprobs(model, ids)) < 1e-4
     # generate publishes by itself when the tensors changed since (e.g. SFT before RL): once, then not again.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(1.1)
+    # A fused AdamW step, as the learner's: it leaves the tensors' in-place version counters as they were.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    model(input_ids=ids).logits.logsumexp(-1).mean().backward()
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=0.9)
     rollout = engine.generate(["1+1="], 2, params)
     assert engine.publications == before + 2
@@ -223,7 +226,7 @@ def test_refusals_at_engine_start(engine):
     from reinforge.rollout.vllm_engine import VLLMEngine
 
     with pytest.raises(ConfigError, match="rollout.engine=vllm applies min-p before top-p"):
-        engine.generate(["1+1="], 1, SamplingParams(top_p=0.9, min_p=0.1))
+        engine.sampling_params(SamplingParams(top_p=0.9, min_p=0.1), seed=0)
     cfg = build_config(["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=1"])  # head size 16
     with pytest.raises(ConfigError, match=r"needs an attention head size in \[32, 64"):
         VLLMEngine(load_policy(cfg.model, seed=0))

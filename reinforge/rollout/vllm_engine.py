@@ -14,7 +14,7 @@ Weights. The engine holds a copy, so every change of the trained tensors must re
   layers fails). Then vLLM's prefix cache is cleared (its cached keys/values are of the old weights).
   The weight-sync probe then scores its sequence through vLLM.
 - `generate` first publishes when the tensors changed since the last publication (SFT before RL,
-  evaluation after a checkpoint load, DPO), detected by the tensors' in-place version counters.
+  evaluation after a checkpoint load, DPO), detected by each parameter's sum and norm (`_fingerprint`).
 
 Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, the log-probs of the distribution it drew
 from (after temperature, top-k, top-p, min-p), as the native engine records them. Each row is a request
@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 
 import torch
 
@@ -43,6 +44,10 @@ from reinforge.rollout.stopping import apply_stop_strings, completion_mask
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
 from reinforge.settings.training import VLLM_INSTALL_HINT
 
+# The engine open in this process: vLLM in-process keeps its distributed state in globals, so one engine at a
+# time; a new one closes the one before (whose collection would otherwise tear that state down under it).
+_OPEN: list[weakref.ref] = []
+
 
 def vllm_available() -> bool:
     """Whether vLLM can be imported here (without importing it)."""
@@ -51,10 +56,13 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _fingerprint(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
-    """Each parameter's storage and in-place version counter: it changes with every optimizer step and
-    every load into the tensors, so an equal fingerprint means the weights vLLM holds are still current."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+@torch.no_grad()
+def _fingerprint(model: torch.nn.Module) -> torch.Tensor:
+    """[P, 2] float64: each parameter's sum and norm. Any optimizer step or load changes them; the
+    tensors' in-place version counters do not tell (fused AdamW leaves them as they were). One read
+    of the weights, far cheaper than a publication."""
+    return torch.stack([torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
+                        for p in model.parameters()]).cpu()
 
 
 def hf_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -101,6 +109,11 @@ class VLLMEngine:
         save_policy(policy, self._dir)
         from vllm import LLM
 
+        for ref in _OPEN:
+            if (previous := ref()) is not None:
+                previous.close()
+        _OPEN[:] = [weakref.ref(self)]
+
         self.llm = LLM(model=self._dir, dtype=str(model.dtype).removeprefix("torch."),
                        enforce_eager=device.type == "cpu", logprobs_mode="processed_logprobs",
                        gpu_memory_utilization=gpu_memory_utilization, skip_tokenizer_init=True,
@@ -135,7 +148,7 @@ class VLLMEngine:
         self.publications += 1
 
     def _sync(self) -> None:
-        if _fingerprint(base_model(self.policy.model)) != self._synced:
+        if not torch.equal(_fingerprint(base_model(self.policy.model)), self._synced):
             self.publish()
 
     @torch.no_grad()
@@ -211,9 +224,19 @@ class VLLMEngine:
         return collate(trajectories, pad_id, policy_version,
                        lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
 
+    @property
+    def llm(self):
+        if self._llm is None:
+            raise RuntimeError("this vLLM engine is closed (vLLM runs one engine per process, and a newer one started)")
+        return self._llm
+
+    @llm.setter
+    def llm(self, value) -> None:
+        self._llm = value
+
     def close(self) -> None:
-        """Stops vLLM's engine and removes the folder it loaded."""
-        llm, self.llm = getattr(self, "llm", None), None
+        """Stops vLLM's engine (its distributed state, its memory) and removes the folder it loaded."""
+        llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
         shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)
