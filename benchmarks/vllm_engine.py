@@ -57,7 +57,7 @@ def main() -> None:
     policy = build(args.shape)
     prompts = [e.prompt for e in build_task("arithmetic").train_split(args.prompts)]
     start = time.perf_counter()
-    vllm = VLLMEngine(policy, gpu_memory_utilization=args.memory)
+    vllm = VLLMEngine(policy, gpu_memory_utilization=args.memory, max_model_len=256)
     vllm_start_s = time.perf_counter() - start
     engines = {"native": NativeEngine(policy), "vllm": vllm, "hf": HFEngine(policy)}
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=args.max_new_tokens)

@@ -89,10 +89,12 @@ class VLLMEngine:
     """Batched sampling through an in-process `vllm.LLM` (see the module docstring).
 
     `gpu_memory_utilization`: the share of the device's memory vLLM reserves for weights and KV cache; on
-    the CPU backend, of the machine's memory (0.1 of 24 GiB is 2.4 GiB).
+    the CPU backend, of the machine's memory (0.1 of 24 GiB is 2.4 GiB). `max_model_len`: the longest
+    sequence vLLM makes room for (None: the model's max_position_embeddings).
     """
 
-    def __init__(self, policy: Policy, chat_template: str = "auto", gpu_memory_utilization: float = 0.1):
+    def __init__(self, policy: Policy, chat_template: str = "auto", gpu_memory_utilization: float = 0.1,
+                 max_model_len: int | None = None):
         if not vllm_available():
             raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed here: {VLLM_INSTALL_HINT}")
         model = base_model(policy.model)
@@ -120,7 +122,7 @@ class VLLMEngine:
         self.llm = LLM(model=self._dir, dtype=str(model.dtype).removeprefix("torch."),
                        enforce_eager=device.type == "cpu", logprobs_mode="processed_logprobs",
                        gpu_memory_utilization=gpu_memory_utilization, skip_tokenizer_init=True,
-                       max_logprobs=-1, seed=0, enable_prefix_caching=True)
+                       max_logprobs=-1, seed=0, enable_prefix_caching=True, max_model_len=max_model_len)
         self.vocab_size = int(model.config.vocab_size)
         self._synced = _fingerprint(model)
         self.publications = 0
