@@ -101,7 +101,7 @@ class VLLMEngine:
         if model is not policy.model:
             raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet: remove model.lora, "
                               "or set rollout.engine=native")
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:     # torchrun's; vLLM initialises torch.distributed itself
             raise ConfigError("rollout.engine=vllm runs vLLM in a single training process, and this one is a learner "
                               "rank (torchrun): run it without torchrun, or use rollout.engine=native")
         self.policy, self.chat_template = policy, chat_template
