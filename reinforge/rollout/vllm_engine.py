@@ -74,15 +74,12 @@ def hf_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, tensor.detach()) for name, tensor in base_model(model).state_dict().items()]
 
 
-def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
+def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs in vLLM's worker (collective_rpc): `weights` (checkpoint names and layout) into its model through
     the worker's in-place reload, which undoes the layout vLLM processed the weights into after loading (on
     the CPU, packed GEMM weights without a loader of their own), loads through the model's `load_weights`,
-    and processes them again. Returns the parameters that the model holds and did not get."""
-    model = worker.model_runner.get_model()
-    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    and processes them again. Whether they arrived is the weight-sync probe's to say (`probe_logprobs`)."""
     worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-    return sorted(set(before) - {name for name, _ in model.named_parameters()})
 
 
 class VLLMEngine:
