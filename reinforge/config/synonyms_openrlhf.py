@@ -6,7 +6,7 @@ bf16, lora_alpha, lora_dropout, eval_dataset) are in TRL's table.
 
 from __future__ import annotations
 
-from reinforge.config.synonyms import KL_EST, NO_VLLM, PROMPT_LENGTH, REWARD_FILE, Synonym
+from reinforge.config.synonyms import KL_EST, NO_VLLM_OPTION, PROMPT_LENGTH, REWARD_FILE, Synonym
 
 OPENRLHF = "OpenRLHF's name"
 _NO_DEEPSPEED = "reinforge does not use DeepSpeed; to train on several GPUs run under torchrun --nproc-per-node N"
@@ -122,7 +122,7 @@ OPENRLHF_NAMES: dict[str, Synonym] = {
 def openrlhf_family(name: str) -> Synonym | None:
     """OpenRLHF's placement and engine flags, matched by their shape (vllm_*, actor_num_gpus_per_node, ...)."""
     if name.startswith("vllm_") or name in ("enable_prefix_caching", "enforce_eager"):
-        return Synonym(None, OPENRLHF, NO_VLLM)
+        return Synonym(None, OPENRLHF, NO_VLLM_OPTION)
     if name.endswith(("_num_nodes", "_num_gpus_per_node")) or name.startswith("colocate_"):
         return Synonym(None, OPENRLHF, _PLACEMENT)
     if name.startswith(("deepspeed_", "ds_")) or name in ("zpg", "overlap_comm", "grad_accum_dtype"):

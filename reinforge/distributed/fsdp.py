@@ -78,8 +78,8 @@ def leave_learner_group(finished: bool) -> None:
     without an active exception", SIGABRT) in about one 2-rank CPU run in four. After an error the
     barrier is skipped: a rank that failed may never reach it.
     """
-    if not dist.is_initialized():
-        return
+    if not dist.is_initialized() or torchrun_world_size() <= 1:
+        return       # not learner ranks' group: one that a library in this process made (vLLM's own) stays
     if finished:
         dist.barrier()
     dist.destroy_process_group()

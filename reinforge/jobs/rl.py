@@ -55,7 +55,7 @@ from reinforge.rewards.compose import RewardComposer
 from reinforge.rewards.judge import build_judge, judge_examples
 from reinforge.rewards.source_builders import build_sources
 from reinforge.rewards.sources import SourceContext
-from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine
+from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine, engine_publisher
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
 from reinforge.rollout.weight_sync import build_check, sampler_probe, wire
 from reinforge.settings.judge import JudgeConfig
@@ -173,7 +173,9 @@ def _sync_step(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, s
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
     # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
     check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
-    after_update, on_step = wire(check, no_publish, on_step, lambda: state.step, lambda: state.version)
+    # An engine with its own copy of the weights (vLLM) is handed them after every update.
+    after_update, on_step = wire(check, engine_publisher(engine, no_publish), on_step, lambda: state.step,
+                                 lambda: state.version)
     return RLStep("sync", SyncBatches(collector, dp), names, learner, after_update, on_step, check is not None)
 
 

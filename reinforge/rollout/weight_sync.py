@@ -84,6 +84,8 @@ def sampler_probe(engine, ids: torch.Tensor) -> SamplerProbe:
 
     while not isinstance(engine, NativeEngine | HFEngine) and hasattr(engine, "engine"):
         engine = engine.engine
+    if hasattr(engine, "probe_logprobs"):       # vLLM: its own copy of the weights, scored by vLLM itself
+        return SamplerProbe("vllm engine", engine.probe_logprobs(ids))
     if isinstance(engine, NativeEngine):
         model = engine.policy.model
         # The weights before rollout.quantization rounds them: int8 sampling is a gap by design, measured

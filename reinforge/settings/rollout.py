@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,13 +10,20 @@ from pydantic import Field, model_validator
 from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
 
+VLLM_INSTALL_HINT = "run `make vllm-env` and use .venv-vllm/bin/reinforge (docs/engine.md)"
+
 
 class RolloutConfig(Section):
-    engine: Literal["native", "hf"] = Field(
+    engine: Literal["native", "hf", "vllm"] = Field(
         "native",
         description="Generation engine: 'native' is reinforge's KV-cache engine with continuous batching (Llama-family "
-                    "decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate.",
+                    "decoders: Llama, Qwen2, Qwen3, Mistral), 'hf' is transformers generate, 'vllm' is vLLM in this "
+                    "process over its own copy of the weights, synced after every update (its own environment: "
+                    "`make vllm-env`, docs/engine.md).",
     )
+    vllm_gpu_memory_utilization: float = Field(
+        0.1, gt=0, le=1, description="rollout.engine=vllm: the share of the device's memory vLLM reserves for its "
+        "weights and KV cache (on a CPU, of the machine's memory).")
     max_batch_rows: int | None = Field(
         None,
         gt=0,
@@ -94,6 +102,8 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _check_quantization(self) -> RolloutConfig:
+        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed here: {VLLM_INSTALL_HINT}")
         if self.quantization != "none" and self.engine != "native":
             raise ConfigError(f"rollout.quantization={self.quantization} is built for the native engine only: "
                               "set rollout.engine=native, or rollout.quantization=none")

@@ -56,6 +56,7 @@ runner = CliRunner()
     ("max_grad_norm=1.0", "train.grad_clip"),
     ("report_to=wandb", "log.wandb"),
     ("use_vllm=true", "rollout.engine"),
+    ("vllm_gpu_memory_utilization=0.5", "rollout.vllm_gpu_memory_utilization"),
     ("mask_truncated_completions=true", "curation.overlong_filter"),
     ("importance_sampling_level=something", "objective.policy_loss"),
     ("delta=4.0", "objective.policy_loss"),
@@ -118,7 +119,6 @@ def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str
             "unknown config key 'logging_steps' (TRL's GRPOConfig name; every RL step is written to "
             "RUN_DIR/metrics.jsonl); remove it",
         ),
-        ("vllm_gpu_memory_utilization=0.5", "there is no vLLM); remove it"),
         ("per_device_train_batch_size=4", "the rollout batch is train.prompts_per_step x train.group_size completions"),
         (
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
@@ -271,7 +271,7 @@ def test_openrlhf_values_that_pick_a_part_name_the_setting(override: str, settin
     ("gradient_checkpointing=true", "(OpenRLHF's name; reinforge has no activation checkpointing"),
     ("packing_samples=true", "(OpenRLHF's name; micro-batches are already packed by tokens"),
     ("load_checkpoint=true", "`reinforge train --resume RUN_DIR`"),
-    ("vllm_num_engines=2", "there is no vLLM); remove it"),
+    ("vllm_num_engines=2", "it has no other vLLM option); remove it"),
     ("actor_num_gpus_per_node=8", "reinforge places its models itself"),
     ("trainer.val_before_train=false", "(verl's name; reinforge always evaluates the model RL starts from"),
 ])
