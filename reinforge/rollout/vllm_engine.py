@@ -42,7 +42,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import apply_stop_strings, completion_mask
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
-from reinforge.settings.training import VLLM_INSTALL_HINT
+from reinforge.settings.rollout import VLLM_INSTALL_HINT
 
 # The engine open in this process: vLLM in-process keeps its distributed state in globals, so one engine at a
 # time; a new one closes the one before (whose collection would otherwise tear that state down under it).
