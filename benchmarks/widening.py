@@ -36,31 +36,34 @@ TASKS: dict[str, dict] = {
     "spell_backward": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                        "task.options.datasets": [{"name": "spell_backward",
                                                   "config": {"min_word_len": 3, "max_word_len": 6}}]},
-    "chain_sum": {"task.name": "reasoning_gym", "sft.steps": 400,
+    "chain_sum": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                   "task.options.datasets": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 3,
                                                                              "min_digits": 1, "max_digits": 2}}]},
-    "count_bits": {"task.name": "reasoning_gym", "sft.steps": 400,
+    "count_bits": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                    "task.options.datasets": [{"name": "count_bits", "config": {"min_n": 1, "max_n": 4095}}]},
-    "gcd": {"task.name": "reasoning_gym", "sft.steps": 400,
+    "gcd": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
             "task.options.datasets": [{"name": "gcd", "config": {"min_value": 1, "max_value": 60}}]},
-    "letter_counting": {"task.name": "reasoning_gym", "sft.steps": 400,
+    "letter_counting": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                         "task.options.datasets": [{"name": "letter_counting", "config": {"min_words": 3,
                                                                                          "max_words": 5}}]},
-    "lcm": {"task.name": "reasoning_gym", "sft.steps": 400,
+    "lcm": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
             "task.options.datasets": [{"name": "lcm", "config": {"min_value": 1, "max_value": 20}}]},
 }
 TOLERANCE = 0.005      # pass@8 and greedy accuracy may fall by at most this much
 GAIN = 0.15            # pass@1 must rise by at least this much
 
 
-def _split(overrides: dict) -> tuple[dict, int]:
+def _split(overrides: dict, steps: int) -> tuple[dict, int, int]:
+    """A task's settings without its SFT steps and RL steps (its own, else `steps`), and those two."""
     rest = dict(overrides)
-    return rest, int(rest.pop("sft.steps"))
+    return rest, int(rest.pop("sft.steps")), int(rest.pop("train.steps", steps))
 
 
-def run_once(out: Path, **settings) -> dict:
-    """summary.json of the run in `out`, running it first when it has none."""
+def run_once(out: Path, read_only: bool = False, **settings) -> dict | None:
+    """summary.json of the run in `out`, running it first when it has none (None instead with `read_only`)."""
     if not (out / "summary.json").exists():
+        if read_only:
+            return None
         start = time.time()
         reinforge.train(output_dir=str(out), overwrite=True, **settings)
         print(f"  {out}: {time.time() - start:.0f} s", flush=True)
@@ -105,8 +108,9 @@ def table(task: str, start: dict, rows: dict[str, dict]) -> str:
     for recipe, r in rows.items():
         cells = [f"{r['pass@k'][k]:.3f} ± {r['pass@k_std'][k]:.3f}" for k in ks]
         cross = "none" if r["crossover_k"] is None else str(r["crossover_k"])
-        lines.append(f"| {recipe} | " + " | ".join(cells) + f" | {r['greedy']:.3f} ± {r['greedy_std']:.3f} | {cross} | "
-                     f"{r['pass@1_gain']:+.3f} | {r['pass@8_drop']:+.3f} | {r['greedy_drop']:+.3f} | "
+        lines.append(f"| {recipe} (n={r['seeds']}) | " + " | ".join(cells)
+                     + f" | {r['greedy']:.3f} ± {r['greedy_std']:.3f} | {cross} | {r['pass@1_gain']:+.3f} | "
+                     f"{r['pass@8_drop']:+.3f} | {r['greedy_drop']:+.3f} | "
                      f"{'yes' if r['widens'] else 'no'} |")
     return "\n".join(lines)
 
@@ -121,6 +125,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--out", default="runs/widening")
     parser.add_argument("--cold-only", action="store_true", help="only the cold starts (to pick tasks)")
+    parser.add_argument("--read-only", action="store_true", help="report the finished runs under --out, run nothing")
     parser.add_argument("overrides", nargs="*", help="key=value settings of every run")
     args = parser.parse_args()
     extra = dict(item.split("=", 1) for item in args.overrides)
@@ -128,9 +133,12 @@ def main() -> None:
               "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples, **extra}
     report: dict[str, dict] = {}
     for task in args.tasks.split(","):
-        settings, sft_steps = _split(TASKS[task])
+        settings, sft_steps, rl_steps = _split(TASKS[task], args.steps)
         base = Path(args.out) / task
-        cold = run_once(base / "cold_start", **common, **settings, **{"sft.steps": sft_steps, "train.steps": 0})
+        cold = run_once(base / "cold_start", args.read_only, **common, **settings,
+                        **{"sft.steps": sft_steps, "train.steps": 0})
+        if cold is None:
+            continue
         start = cold["eval"]["final"]
         print(f"{task}: cold start pass@1 {start['pass@1']:.3f} pass@8 {start['pass@k'].get('8', float('nan')):.3f} "
               f"greedy {start['greedy_accuracy']:.3f}", flush=True)
@@ -141,11 +149,15 @@ def main() -> None:
         for recipe in args.recipes.split(","):
             finals, seconds = [], []
             for seed in args.seeds.split(","):
-                summary = run_once(base / f"{recipe}-s{seed}", model=str(base / "cold_start" / "model"), recipe=recipe,
-                                   **common, **settings,
-                                   **{"sft.steps": 0, "train.steps": args.steps, "train.seed": int(seed)})
+                summary = run_once(base / f"{recipe}-s{seed}", args.read_only,
+                                   model=str(base / "cold_start" / "model"), recipe=recipe, **common, **settings,
+                                   **{"sft.steps": 0, "train.steps": rl_steps, "train.seed": int(seed)})
+                if summary is None:
+                    continue
                 finals.append(summary["eval"]["final"])
                 seconds.append(summary["wall_seconds"])
+            if not finals:
+                continue
             report[task]["recipes"][recipe] = summarise(report[task]["start"], finals)
             report[task]["seconds"][recipe] = max(seconds)
             r = report[task]["recipes"][recipe]
