@@ -32,7 +32,7 @@ import reinforge
 # SFT steps). The reasoning-gym datasets are configured small enough for the built-in tiny model.
 TASKS: dict[str, dict] = {
     "arithmetic": {"task.name": "arithmetic", "sft.steps": 600},
-    "countdown": {"task.name": "countdown", "sft.steps": 600},
+    "countdown": {"task.name": "countdown", "sft.steps": 600, "rollout.max_new_tokens": 12},
     "spell_backward": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                        "task.options.datasets": [{"name": "spell_backward",
                                                   "config": {"min_word_len": 3, "max_word_len": 6}}]},
