@@ -4,11 +4,11 @@ on hand-made curves (no training)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = REPO / "benchmarks"
 
 
 @pytest.fixture(scope="module")
