@@ -33,6 +33,7 @@ class ForwardPlan:
     # renormalised over the kept tokens, learner/truncation.py), so that ratios to the sampler's are 1 on-policy.
     truncation: Truncation | None = None
     routing_replay: bool = False              # MoE: route as the sampler did (learner/routing.py)
+    compile: bool = False                     # CUDA, shared prefix: torch.compile the layers (compiled_layers.py)
 
     @classmethod
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig | None = None) -> ForwardPlan:
@@ -42,7 +43,7 @@ class ForwardPlan:
                       if rollout is not None and train.truncated_logprobs else None)
         return cls(micro_batch_size=train.micro_batch_size, micro_batch_tokens=train.micro_batch_tokens,
                    chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix, truncation=truncation,
-                   routing_replay=train.routing_replay)
+                   routing_replay=train.routing_replay, compile=train.compile)
 
     def for_reference(self) -> ForwardPlan:
         """This plan for the reference model's log-probs: the full distribution (learner/truncation.py)
@@ -86,7 +87,7 @@ def _token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: floa
             )
         return completion_token_stats_shared(model, batch, batch.group_ids, temperature,
                                              chunk_size=plan.chunk_size or 1024, fp32_head=plan.fp32_head,
-                                             truncation=plan.truncation)
+                                             truncation=plan.truncation, compile=plan.compile)
     if plan.chunk_size > 0:
         return completion_token_stats_chunked(
             model, batch, temperature, chunk_size=plan.chunk_size, fp32_head=plan.fp32_head,

@@ -132,6 +132,7 @@ def completion_token_stats_shared(
     chunk_size: int = 1024,
     fp32_head: bool = True,
     truncation: Truncation | None = None,
+    compile: bool = False,
 ) -> TokenStats:
     """`logprobs.completion_token_stats_chunked` with each group's prompt run once.
 
@@ -140,17 +141,19 @@ def completion_token_stats_shared(
     Same contract and numbers as the plain path: [N, T] log-probs and
     entropies of the completion tokens at `temperature`, 0 on padding, with
     gradients. The model sees exactly the plain path's inputs: tokens from
-    `input_ids`, keys masked by `attention_mask`.
+    `input_ids`, keys masked by `attention_mask`. `compile`: on a CUDA device, the layers' work around
+    the attention through `torch.compile` (`models.compiled_layers`); no effect elsewhere.
     """
     shape, w = _native_decoder(model)
+    compiled = compile and batch.input_ids.is_cuda
     _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
     if len(group_ids.unique()) == len(group_ids):
-        predictors = _whole_row_predictors(model, shape, w, batch, rows, cols, pad)
+        predictors = _whole_row_predictors(model, shape, w, batch, rows, cols, pad, compiled)
     else:
         predictors = _shared_prompt_predictors(model, shape, w, batch, group_ids.to(batch.input_ids.device), rows,
-                                               cols, pad)
+                                               cols, pad, compiled)
     # the LM head on the valid tokens only
     return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
 
@@ -165,19 +168,19 @@ def _check_right_padded(batch: SequenceBatch) -> None:
 
 
 def _whole_row_predictors(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch,
-                          rows: torch.Tensor, cols: torch.Tensor, pad: int | None) -> torch.Tensor:
+                          rows: torch.Tensor, cols: torch.Tensor, pad: int | None, compiled: bool) -> torch.Tensor:
     """Nothing to share (SFT: one trace per prompt): whole rows in one pass; the hidden state [M, E]
     predicting each valid token (rows[m], cols[m])."""
     starts, width_all = batch.starts, batch.input_ids.shape[1]
     freqs = rotary_factors(model, shape, width_all)
     geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
-    hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad)
+    hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad, compiled=compiled)
     return hidden[rows, starts[rows] + cols - 1]
 
 
 def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch,
                               group_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                              pad: int | None) -> torch.Tensor:
+                              pad: int | None, compiled: bool) -> torch.Tensor:
     """The hidden state [M, E] predicting each valid token (rows[m], cols[m]): a prompt pass running each
     group's prompt once, then completion passes by length bucket attending to their prompt's keys/values."""
     device = batch.input_ids.device
@@ -197,7 +200,7 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
     # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
     geometry = pass_geometry(freqs, span, torch.zeros_like(prompt_len))
     prompt_hidden, keys, values = run_pass(shape, w, batch.input_ids[representative, :span], geometry, freqs,
-                                           padding_idx=pad)
+                                           padding_idx=pad, compiled=compiled)
 
     # 2. completion passes, one per length bucket: completion positions only, each row attending to
     #    its group's prompt, then causally to its own tokens
@@ -207,7 +210,7 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
         at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(max=width_all - 1)
         geometry = pass_geometry(freqs, width, starts[sub], slot[sub], starts[sub])
         hidden, _, _ = run_pass(shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values),
-                                padding_idx=pad)
+                                padding_idx=pad, compiled=compiled)
         return hidden
 
     # The hidden state predicting each valid token (r, c), in pieces: c = 0 from the prompt pass,

@@ -31,6 +31,7 @@ from reinforge import kernels
 from reinforge.errors import ConfigError
 from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
 from reinforge.models.attention import additive_mask, attention
+from reinforge.models.compiled_layers import layer_steps
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
@@ -276,7 +277,7 @@ class DecoderWeights:
 
 def decoder_layers(
     shape: DecoderShape, w: DecoderWeights, hidden: torch.Tensor, freqs: torch.Tensor, attend,
-    routes: list[torch.Tensor] | None = None,
+    routes: list[torch.Tensor] | None = None, compiled: bool = False,
 ) -> torch.Tensor:
     """Run every decoder layer on hidden [B, S, E] and the final norm; differentiable when `w` is.
 
@@ -284,13 +285,22 @@ def decoder_layers(
     k [B, S, kv, D], v [B, S, kv, D]) -> [B, S, H * D]` is the attention, which owns the keys and
     values (a cache, a shared prompt); q and k are already rotated, in the interleaved layout.
     `routes`: each MoE layer appends the experts [B, S, k] its tokens went to (routing replay's record).
+    `compiled`: each SiLU layer's work around the attention through `torch.compile`
+    (`models.compiled_layers`, train.compile): the same numbers within the dtype's rounding.
     """
     (b, s, e), heads, kv = hidden.shape, shape.num_heads, shape.num_kv_heads
+    steps = layer_steps(heads, kv, shape.head_dim, w.eps) if compiled else None
+    rot = torch.view_as_real(freqs.expand(b, s, 1, -1)) if compiled else None   # [B, S, 1, D/2, 2] (cos, sin)
     # Tokens as rows [B S, E]: each residual add rides on its projection's GEMM (addmm), one pass
     # over the activations fewer per projection.
     # RMSNorm and SwiGLU go through `reinforge.kernels`: one fused kernel each way on CPU in fp32.
     x = hidden.reshape(b * s, e)
     for index, lw in enumerate(w.layers):
+        if steps is not None and lw.moe is None and lw.act is None:
+            q, k, v = steps.attention_inputs(x, lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, rot)
+            x = steps.layer_rest(x, attend(index, q, k, v).reshape(b * s, -1), lw.o, lw.o_bias, lw.post_norm,
+                                 lw.gate_up, lw.down)
+            continue
         h = rms_norm(x, lw.input_norm, w.eps)
         qkv = F.linear(h, lw.qkv, lw.qkv_bias).view(b, s, heads + 2 * kv, shape.head_dim)
         if lw.q_norm is None:
@@ -314,7 +324,7 @@ def decoder_layers(
 
 def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
              prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
-             fused: bool = True, routes: list[torch.Tensor] | None = None,
+             fused: bool = True, routes: list[torch.Tensor] | None = None, compiled: bool = False,
              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
     completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
@@ -325,13 +335,15 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
     as an additive mask: the same numbers within float rounding (tests/unit/learner/test_shared_prefix.py).
     Sliding windows are applied on the second path only (the shared-prompt learner refuses them).
-    MoE layers run on the second path; `routes` as in `decoder_layers`."""
+    MoE layers run on the second path; `routes` and `compiled` as in `decoder_layers` (`compiled`
+    takes the second path)."""
     b, s = ids.shape
     hidden = F.embedding(ids, w.embed, padding_idx)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     if (
         fused
+        and not compiled
         and shape.sliding_window is None
         and all(lw.moe is None for lw in w.layers)
         and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers)
@@ -365,7 +377,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         return out.transpose(1, 2).flatten(2)
 
     at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
-    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend, routes), keys, values
+    return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend, routes, compiled), keys, values
 
 
 def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:

@@ -133,6 +133,17 @@ class TrainConfig(Section):
             "false: the plain forward."
         ),
     )
+    compile: bool = Field(
+        False,
+        description=(
+            "On a CUDA device, the shared-prompt learner forward (shared_prefix) runs each decoder layer's work "
+            "around the attention (norms, rotary, SwiGLU, residual adds) through torch.compile: a few fused kernels "
+            "instead of one launch per small op, forward and backward. Compiled once per process, with dynamic "
+            "shapes (the first update pays seconds of compiling); the same numbers within the dtype's rounding. "
+            "If compiling fails, the layers run eagerly with a logged warning. No effect on a CPU or with "
+            "shared_prefix=false."
+        ),
+    )
     routing_replay: bool = Field(
         False,
         description=(

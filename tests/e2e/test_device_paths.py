@@ -28,6 +28,7 @@ from reinforge.learner import (
     completion_token_stats,
     policy_update,
     token_logprobs,
+    token_stats,
     warmup_constant,
 )
 from reinforge.learner.logprobs import chunked_token_logprobs_and_entropy
@@ -276,6 +277,42 @@ def test_the_fp32_output_head_gives_the_upcast_heads_numbers(device: str, entrop
         rounding = 1e-4 if name in ("logprobs", "entropy") else 1e-2     # gradients come back in bf16
         err = float((f - u).abs().max()) / max(1.0, float(u.abs().max()))
         assert err < rounding, f"{name}: {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_compiled_learner_layers_give_the_eager_logprobs_and_gradient(device: str, dtype: torch.dtype) -> None:
+    """train.compile (models/compiled_layers.py): the shared-prompt forward with its layers through
+    torch.compile against the same forward run eagerly, on the same device and dtype: log-probs within
+    rounding (fused kernels keep intermediates in fp32 where eager rounds them to bf16), and the gradient
+    of a fixed function of log-probs and entropies within the same bounds as a bf16 update's."""
+    from reinforge.models.compiled_layers import compiled_layers_on
+
+    policy = tiny(device, dtype)
+    torch.manual_seed(0)
+    rollout = NativeEngine(policy).generate(PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=8))
+    seq = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                          policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+    mask = rollout.completion_mask.bool().to(device)
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)).to(device)
+
+    def run(compile: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        policy.model.zero_grad(set_to_none=True)
+        stats = token_stats(policy.model, seq, 1.0, ForwardPlan(shared_prefix=True, chunk_size=16, compile=compile))
+        ((stats.logprobs * weights)[mask].sum() + 0.1 * stats.entropy[mask].sum()).backward()
+        return stats.logprobs.detach()[mask], torch.cat([p.grad.float().flatten() for p in policy.model.parameters()])
+
+    eager_logprobs, eager_grad = run(False)
+    logprobs, grad = run(True)
+    assert compiled_layers_on()                  # the layers were compiled, not run eagerly after a failure
+    diff = (logprobs - eager_logprobs).abs()
+    if dtype == torch.float32:
+        assert float(diff.max()) < FP32_TOL
+    else:
+        assert float(diff.mean()) < 0.02 and float(diff.max()) < 0.15
+    relative = float((grad - eager_grad).norm() / eager_grad.norm())
+    assert float(eager_grad.norm()) > 1e-3
+    assert relative < (1e-4 if dtype == torch.float32 else 0.1), relative
 
 
 def _update_gradient(policy: Policy, batch: LearnerBatch) -> torch.Tensor:

@@ -288,3 +288,27 @@ def test_an_unsupported_model_names_the_option() -> None:
     batch = build_sequences([[5, 6]], torch.full((1, 2), 9), torch.ones(1, 2), PAD)
     with pytest.raises(NotImplementedError, match="train.shared_prefix=false"):
         completion_token_stats_shared(GPT2LMHeadModel(config), batch, torch.tensor([0]))
+
+
+def test_train_compile_does_nothing_on_a_cpu(micro_overrides, monkeypatch) -> None:
+    """train.compile reaches the forward plan, and on a CPU the shared forward runs its usual layers: the
+    same numbers, bit for bit, and nothing compiled (building the compiled layers would raise here)."""
+    from dataclasses import replace
+
+    from reinforge.learner import ForwardPlan, token_stats
+    from reinforge.models import decoder
+
+    plan = ForwardPlan.from_config(build_config([*micro_overrides, "train.compile=true"]).train)
+    assert plan.compile and plan.shared_prefix
+
+    def refuse(*args):
+        raise AssertionError("compiled layers built on a CPU")
+
+    monkeypatch.setattr(decoder, "layer_steps", refuse)
+    model = MODELS["qwen2_gqa"](micro_overrides)
+    batch, group_ids = grouped_batch(model.config.vocab_size)
+    batch = replace(batch, group_ids=group_ids)
+    got = token_stats(model, batch, 1.0, plan)
+    ref = token_stats(model, batch, 1.0, ForwardPlan(shared_prefix=True, chunk_size=plan.chunk_size))
+    assert torch.equal(got.logprobs, ref.logprobs) and torch.equal(got.entropy, ref.entropy)
+    assert float(got.logprobs.abs().sum()) > 1.0
