@@ -141,7 +141,7 @@ class TrainConfig(Section):
             "instead of one launch per small op, forward and backward. Compiled once per process, with dynamic "
             "shapes (the first update pays seconds of compiling); the same numbers within the dtype's rounding. "
             "If compiling fails, the layers run eagerly with a logged warning. No effect on a CPU or with "
-            "shared_prefix=false."
+            "shared_prefix=false. Measured slower than eager on an H200 for a 0.5B model (docs/gpu.md)."
         ),
     )
     routing_replay: bool = Field(
