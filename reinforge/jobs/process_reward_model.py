@@ -71,7 +71,7 @@ def run_process_reward_model_job(cfg: Config, out: str | Path) -> PRMJobResult:
     """Policy -> Math-Shepherd labels -> PRM -> OUT (see the module docstring)."""
     t0 = time.perf_counter()
     settings = cfg.prm
-    task, _, policy, engine = job_start(cfg, out)
+    task, _, policy, engine = job_start(cfg, out, settings.num_prompts, settings.heldout_prompts)
     cold_start(cfg, policy, task, engine)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
 

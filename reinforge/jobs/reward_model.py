@@ -100,22 +100,25 @@ def cold_start(cfg: Config, policy: Policy, task: Task, engine: RolloutEngine) -
                 forward=ForwardPlan.from_config(cfg.train))
 
 
-def job_start(cfg: Config, out: str | Path) -> bootstrap.Started:
+def job_start(cfg: Config, out: str | Path, prompts: int, heldout: int) -> bootstrap.Started:
     """The bootstrap of a job that writes a model to `out` from a run's config (this one and
     `reinforge process-reward-model`'s): every check, seeded, `cfg.threads` threads, the policy of
     model.path before any cold start, its engine (episodes with tools or an environment); jobs/start.py.
-    FileExistsError for an `out` that holds something."""
+    `prompts` and `heldout`: the train and held-out prompts the job draws (rm.num_prompts and rm.unseen_prompts,
+    prm.num_prompts and prm.heldout_prompts), which the checks judge the task's splits by in place of RL's
+    train.num_prompts and eval.num_prompts. FileExistsError for an `out` that holds something."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty: choose another output folder")
-    return bootstrap.start(cfg)
+    return bootstrap.start(cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_prompts": prompts}),
+                                                  "eval": cfg.eval.model_copy(update={"num_prompts": heldout})}))
 
 
 def run_reward_model_job(cfg: Config, out: str | Path) -> RewardModelJobResult:
     """Pairs -> reward model -> OUT (see the module docstring)."""
     t0 = time.perf_counter()
     rm_cfg = cfg.rm
-    task, _, policy, engine = job_start(cfg, out)
+    task, _, policy, engine = job_start(cfg, out, rm_cfg.num_prompts, rm_cfg.unseen_prompts)
     out = Path(out)
     sampling = SamplingParams.from_config(cfg.rollout)
     unseen: list[PreferencePair] = []

@@ -113,6 +113,13 @@ def child_stacks(wait_s: float = 0.5) -> dict[int, str]:
     return out
 
 
+def stop_signal() -> int:
+    """The signal that stops this process's run at once: SIGINT, unless the shell started it ignored (a job in
+    the background of a non-interactive shell, nohup ... &), then SIGTERM, whose handler the run installs too
+    (jobs/lifecycle.py); either one, sent by the watchdog, ends the run with its reason."""
+    return signal.SIGINT if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else signal.SIGTERM
+
+
 class Watchdog:
     """The watching thread (see the module docstring). `beat(step)` after each step's end; `close()` at the end.
     `alert(alerts)` records alerts (Recorder.alert). `stopped` holds the stop message once it stopped the run."""
@@ -152,8 +159,8 @@ class Watchdog:
                 self.stopped = (f"hang watchdog: step {self.step + 1} made no progress for {idle:.0f} s after "
                                 f"{self.dumps} dumps (train.watchdog.stop_after={self.cfg.stop_after}); stacks in "
                                 f"{self.run_dir / f'hang-{self.step + 1}.txt'}")
-                # A real SIGINT wakes a main thread asleep in a system call (interrupt_main only sets a flag).
-                os.kill(os.getpid(), signal.SIGINT)
+                # A real signal wakes a main thread asleep in a system call (interrupt_main only sets a flag).
+                os.kill(os.getpid(), stop_signal())
                 return
 
     def dump(self, idle: float) -> Alert:

@@ -68,7 +68,8 @@ def test_config_of_one_section() -> None:
     result = runner.invoke(app, ["config", "rollout"], env={"COLUMNS": "120"})
     assert result.exit_code == 0
     assert re.findall(r"^(\S+) = (.*?)  \(", result.output, flags=re.MULTILINE) == [
-        ("rollout.engine", "native"), ("rollout.max_batch_rows", "null"), ("rollout.cpu_kernels", "true"),
+        ("rollout.engine", "native"), ("rollout.vllm_gpu_memory_utilization", "0.1"),
+        ("rollout.max_batch_rows", "null"), ("rollout.cpu_kernels", "true"),
         ("rollout.temperature", "1.0"), ("rollout.top_p", "1.0"), ("rollout.top_k", "0"),
         ("rollout.record_top_k", "0"), ("rollout.min_p", "0.0"), ("rollout.quantization", "none"),
         ("rollout.quantize_lm_head", "false"), ("rollout.max_new_tokens", "8"), ("rollout.stop", "[]"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from reinforge.config import build_config
 from reinforge.errors import RunStopped
 from reinforge.jobs.train import run
 from reinforge.rewards.user import register
-from reinforge.telemetry.watchdog import _descendants, child_stacks, hang_limit
+from reinforge.telemetry.watchdog import _descendants, child_stacks, hang_limit, stop_signal
 from reinforge.verifiers.bounded import BoundedPool
 
 CALLS = {"n": 0}
@@ -71,6 +72,20 @@ def test_stop_after_stops_a_hung_run(micro_overrides, tmp_path):
         _run(micro_overrides, tmp_path, 600.0, "train.watchdog.stop_after=2")
     assert time.monotonic() - t0 < 60
     assert len(_alerts(tmp_path)) == 2 and (tmp_path / "hang-3.txt").exists()
+
+
+def test_stop_after_stops_a_run_started_with_sigint_ignored(micro_overrides, tmp_path):
+    # `nohup reinforge train ... &` from a script: the shell starts the job with SIGINT ignored, so the
+    # watchdog's stop goes through SIGTERM, whose handler the run installs.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert stop_signal() == signal.SIGTERM
+        with pytest.raises(RunStopped, match="hang watchdog: step 3 made no progress"):
+            _run(micro_overrides, tmp_path, 600.0, "train.watchdog.stop_after=2")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN      # left as the shell set it
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stop_signal() == (signal.SIGINT if previous is not signal.SIG_IGN else signal.SIGTERM)
 
 
 def test_child_worker_stacks_come_back():
