@@ -21,6 +21,8 @@ from reinforge.rollout import SamplingParams
 from reinforge.rollout.sampling import filter_logits
 from reinforge.rollout.weight_sync import learner_logprobs, probe_ids, total_variation
 
+# vLLM needs transformers<5.20, so it lives in its own venv: in the main suite these skip, and CI runs them
+# there right after it (.ci/run: make test-vllm).
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here: `make test-vllm` runs these "
                                                      "in .venv-vllm (make vllm-env)")
