@@ -76,13 +76,9 @@ def _self_play(cfg: Config) -> None:
 
 def _vllm_engine(cfg: Config) -> None:
     # What the vLLM engine does not do yet (rollout/vllm_engine.py).
-    if cfg.rollout.engine == "vllm" and cfg.train.mode == "async":
-        raise ConfigError("train.mode=async samples with the native engine in its own thread, and rollout.engine="
-                          "vllm samples in the loop: use train.mode=sync (a recipe that is not asynchronous) "
-                          "with rollout.engine=vllm, or rollout.engine=native")
-    if cfg.rollout.engine == "vllm" and cfg.model.lora is not None:
-        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet (vLLM's LoRA requests): remove "
-                          "model.lora, or set rollout.engine=native")
+    if cfg.rollout.engine == "vllm" and cfg.train.mode == "async" and cfg.backend == "ray":
+        raise ConfigError("train.mode=async with rollout.engine=vllm samples in a thread of this process over its "
+                          "one vLLM engine, not in Ray actors: set backend=local, or rollout.engine=native")
 
 
 def _top_k_recording(cfg: Config) -> None:
@@ -199,10 +195,9 @@ def check_mode(cfg: Config, spec: ObjectiveSpec | PreferenceSpec) -> None:
         return
     if isinstance(spec, PreferenceSpec):
         raise ConfigError("train.mode=async is for RL recipes; DPO trains synchronously (train.mode=sync)")
-    if cfg.rollout.engine != "native":
-        raise ConfigError(
-            "train.mode=async samples with the native engine (interruptible decoding): set rollout.engine=native"
-        )
+    if cfg.rollout.engine not in ("native", "vllm"):
+        raise ConfigError(f"train.mode=async samples with the native engine (interruptible decoding) or vLLM, not "
+                          f"rollout.engine={cfg.rollout.engine}: set rollout.engine=native")
 
 
 def check_data_parallel(cfg: Config, spec: ObjectiveSpec | PreferenceSpec, world_size: int) -> None:

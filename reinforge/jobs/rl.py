@@ -57,6 +57,8 @@ from reinforge.rewards.source_builders import build_sources
 from reinforge.rewards.sources import SourceContext
 from reinforge.rollout import Rollout, RolloutEngine, SamplingParams, build_engine, engine_publisher
 from reinforge.rollout.stream import RolloutWorkers, WorkerSettings
+from reinforge.rollout.vllm_engine import VLLMEngine
+from reinforge.rollout.vllm_stream import VLLMSampler
 from reinforge.rollout.weight_sync import build_check, sampler_probe, wire
 from reinforge.settings.judge import JudgeConfig
 from reinforge.tasks import Task
@@ -279,6 +281,12 @@ def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers
                               slots=cfg.rollout.max_batch_rows or tc.prompts_per_step * tc.group_size,
                               in_flight=tc.in_flight, chat_template=cfg.prompt.chat_template,
                               cpu_kernels=cfg.rollout.cpu_kernels)
+    vllm = _vllm_engine(engine)
+    if vllm is not None:
+        if vllm is not engine:
+            raise ConfigError("train.mode=async with rollout.engine=vllm samples single-turn groups: episodes (tools, "
+                              "an environment or an agent) train with train.mode=sync, or rollout.engine=native")
+        return lambda policy: VLLMSampler(vllm, settings.sampling, settings.group_size, settings.chat_template)
     if isinstance(engine, AgentEngine):
         if cfg.backend == "ray":
             raise ConfigError("backend=ray with tools or an environment: Ray rollout workers do not play episodes "
@@ -292,6 +300,13 @@ def default_workers(cfg: Config, engine: RolloutEngine | None = None) -> Workers
     )
     ray_settings = RayWorkerSettings(settings, cfg.model, cfg.seed, cfg.ray)
     return lambda policy: ray_workers(ray_settings, policy)
+
+
+def _vllm_engine(engine: RolloutEngine | None) -> VLLMEngine | None:
+    """The vLLM engine `engine` is or drives (agent rollouts wrap the engine they play with), if any."""
+    while engine is not None and not isinstance(engine, VLLMEngine) and hasattr(engine, "engine"):
+        engine = engine.engine
+    return engine if isinstance(engine, VLLMEngine) else None
 
 
 def _on_policy_pairs(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task) -> OnPolicyPairs:

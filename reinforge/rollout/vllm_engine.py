@@ -7,14 +7,21 @@ it needs transformers < 5.20, and the project pins 5.23.
 
 Weights. The engine holds a copy, so every change of the trained tensors must reach it:
 
-- `publish(model)`, the RL loop's `after_update` (trainers.run_rl), hands the model's state dict to vLLM's
+- `publish(model)`, the RL loop's `after_update` (jobs/rl.py), hands the model's state dict to vLLM's
   worker through `LLM.collective_rpc`, where the model's own `load_weights` maps Hugging Face names onto
   its fused layout (q/k/v into qkv_proj, gate/up into gate_up_proj), through the worker's in-place reload
   (on the CPU vLLM repacks the GEMM weights after loading, and a plain `load_weights` into the packed
   layers fails). Then vLLM's prefix cache is cleared (its cached keys/values are of the old weights).
   The weight-sync probe then scores its sequence through vLLM.
+- Under LoRA (a peft model) vLLM holds the base weights and each publication hands it the adapter alone,
+  as a LoRA request loaded in place (`LoraAdapter`).
 - `generate` first publishes when the tensors changed since the last publication (SFT before RL,
   evaluation after a checkpoint load, DPO), detected by each parameter's sum and norm (`_fingerprint`).
+- The asynchronous loop's sampler thread (rollout/vllm_stream.py) publishes cloned snapshots instead
+  (`snapshot`, `load`); the engine's lock makes it and the driver's evaluation take turns.
+
+Heads narrower than vLLM's CPU attention runs (the built-in model's 16) are served zero-padded to a size
+it runs, which computes the same function (rollout/vllm_layout.py).
 
 Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, the log-probs of the distribution it drew
 from (after temperature, top-k, top-p, min-p), as the native engine records them. Each row is a request
@@ -22,26 +29,30 @@ of its own, seeded from `generator`, so a seed gives the same samples.
 
 What differs from the native engine: vLLM applies min-p before top-p (the native engine after), so the
 two together are refused; stop strings are matched after generation (vLLM runs without a tokenizer
-here, so it decodes to eos or max_new_tokens); no top-K record, routing replay or int8 sampling;
-LoRA adapters and the asynchronous trainer are refused at configuration (reinforge/config/root.py).
+here, so it decodes to eos or max_new_tokens); no top-K record, routing replay or int8 sampling.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import threading
 import weakref
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from reinforge.errors import ConfigError
 from reinforge.models import Policy, save_policy
-from reinforge.models.lora import base_model
+from reinforge.models.lora import base_model, is_peft
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stopping import apply_stop_strings, completion_mask
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
+from reinforge.rollout.vllm_layout import ServedLayout, served_layout
 from reinforge.settings.rollout import VLLM_INSTALL_HINT
 
 # The engine open in this process: vLLM in-process keeps its distributed state in globals, so one engine at a
@@ -65,13 +76,78 @@ def _fingerprint(model: torch.nn.Module) -> torch.Tensor:
                         for p in model.parameters()]).cpu()
 
 
+@dataclass(frozen=True)
+class Weights:
+    """Tensors for vLLM, as served (`VLLMEngine.served_weights`), and the fingerprint of the model they are of."""
+
+    tensors: list[tuple[str, torch.Tensor]]
+    fingerprint: torch.Tensor
+
+
 def hf_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of `model` as its Hugging Face state dict names them, which vLLM's `load_weights`
     reads (non-persistent buffers such as rotary tables are not in it). A tied LM head is sent too, under
     its own name: vLLM's in-place reload of Qwen2 restores the tied embedding only through it (without it
     the embedding kept its old values, and the weight-sync probe differed by a total variation of 0.18
-    after one perturbation); a model whose loader skips the tied head (Llama) drops it itself."""
-    return [(name, tensor.detach()) for name, tensor in base_model(model).state_dict().items()]
+    after one perturbation); a model whose loader skips the tied head (Llama) drops it itself.
+    Under LoRA (peft's layers inside `model`): the base weights, under the names they have without peft."""
+    return [(name.replace(".base_layer.", "."), tensor.detach())
+            for name, tensor in base_model(model).state_dict().items() if ".lora_" not in name]
+
+
+class LoraAdapter:
+    """A peft model's adapter as vLLM's LoRA request: written to `directory` (peft's file layout) at each
+    publication and loaded in place under one id, so vLLM's outputs are the base plus the current adapter."""
+
+    RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)      # vLLM's max_lora_rank choices
+
+    def __init__(self, model: torch.nn.Module, directory: Path):
+        self.config = model.peft_config[model.active_adapter]
+        self.directory = directory
+        if self.config.r > self.RANKS[-1]:
+            raise ConfigError(f"rollout.engine=vllm serves LoRA adapters of rank up to {self.RANKS[-1]}, and "
+                              f"model.lora.r={self.config.r}")
+
+    def engine_args(self) -> dict:
+        return dict(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in self.RANKS if r >= self.config.r))
+
+    @staticmethod
+    def tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """The adapter's tensors as peft saves them."""
+        from peft import get_peft_model_state_dict
+
+        return [(name, t.detach()) for name, t in get_peft_model_state_dict(model).items()]
+
+    def load(self, llm, tensors: list[tuple[str, torch.Tensor]]):
+        """`tensors` into vLLM as the adapter every request uses: the LoRA request to pass."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        self.directory.mkdir(exist_ok=True)
+        save_file({name: t.contiguous() for name, t in tensors}, str(self.directory / "adapter_model.safetensors"))
+        self.config.save_pretrained(str(self.directory))
+        llm.llm_engine.add_lora(LoRARequest("policy", 1, str(self.directory), load_inplace=True))
+        return LoRARequest("policy", 1, str(self.directory))
+
+
+def _cpu_head_sizes() -> list[int]:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def _write_served(directory: Path, layout: ServedLayout, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """The saved policy folder `directory` rewritten as served: its config and one safetensors file of
+    `weights` (a tied LM head left out: the served model ties it itself)."""
+    from safetensors.torch import save_file
+
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(layout.config(config), indent=2))
+    for old in [*directory.glob("*.safetensors"), *directory.glob("*.safetensors.index.json")]:
+        old.unlink()
+    tied = config.get("tie_word_embeddings", False)
+    tensors = {name: t.contiguous() for name, t in weights if not (tied and name == "lm_head.weight")}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -95,20 +171,20 @@ class VLLMEngine:
         if not vllm_available():
             raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed here: {VLLM_INSTALL_HINT}")
         model = base_model(policy.model)
-        if model is not policy.model:
-            raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet: remove model.lora, "
-                              "or set rollout.engine=native")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:     # torchrun's; vLLM initialises torch.distributed itself
             raise ConfigError("rollout.engine=vllm runs vLLM in a single training process, and this one is a learner "
                               "rank (torchrun): run it without torchrun, or use rollout.engine=native")
         self.policy, self.chat_template = policy, chat_template
         self.max_batch_rows = None
         device = next(model.parameters()).device
-        if device.type == "cpu":
-            self._check_cpu_head_dim(model)
+        self.layout = served_layout(model.config, _cpu_head_sizes() if device.type == "cpu" else None)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # in this process: weights by reference
         self._dir = tempfile.mkdtemp(prefix="reinforge-vllm-")
         save_policy(policy, self._dir)
+        # LoRA: vLLM holds the base weights, and each publication hands it the adapter alone (a LoRA request).
+        self.adapter = LoraAdapter(policy.model, Path(self._dir) / "adapter") if is_peft(policy.model) else None
+        if self.layout.padded or self.adapter is not None:
+            _write_served(Path(self._dir), self.layout, self.served_weights(model))
         from vllm import LLM
 
         for ref in _OPEN:
@@ -119,35 +195,54 @@ class VLLMEngine:
         self.llm = LLM(model=self._dir, dtype=str(model.dtype).removeprefix("torch."),
                        enforce_eager=device.type == "cpu", logprobs_mode="processed_logprobs",
                        gpu_memory_utilization=gpu_memory_utilization, skip_tokenizer_init=True,
-                       max_logprobs=-1, seed=0, enable_prefix_caching=True, max_model_len=max_model_len)
+                       max_logprobs=-1, seed=0, enable_prefix_caching=True, max_model_len=max_model_len,
+                       **(self.adapter.engine_args() if self.adapter is not None else {}))
         self.vocab_size = int(model.config.vocab_size)
-        self._synced = _fingerprint(model)
+        # vLLM's engine is not thread-safe: the asynchronous loop's sampler thread (rollout/vllm_stream.py) and
+        # the driver's evaluation take turns.
+        self.lock = threading.RLock()
         self.publications = 0
+        self.lora_request = None           # the adapter vLLM holds (LoRA), passed with every request
+        if self.adapter is not None:
+            self.publish()
+        self._synced = _fingerprint(model)
 
-    @staticmethod
-    def _check_cpu_head_dim(model: torch.nn.Module) -> None:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head_dim not in sizes:
-            raise ConfigError(
-                f"rollout.engine=vllm on the CPU needs an attention head size in {sizes}, and this model's is "
-                f"{head_dim} ({config.hidden_size} wide, {config.num_attention_heads} heads): for the built-in "
-                f"model set model.num_heads so that model.hidden_size / model.num_heads is one of them "
-                f"(model.hidden_size=128 model.num_heads=4), or use rollout.engine=native")
+    def served_weights(self, model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """`model`'s tensors as vLLM holds them (hf_weights, in the served layout: rollout/vllm_layout.py);
+        under LoRA, the base weights."""
+        return [(name, self.layout.tensor(name, tensor)) for name, tensor in hf_weights(model)]
 
     # ---- weights -------------------------------------------------------------------------------------
     @torch.no_grad()
+    def snapshot(self, model: torch.nn.Module | None = None, copy: bool = False) -> Weights:
+        """The weights of `model` (default: the policy's) to hand vLLM; `copy`: cloned, for a later `load`
+        while the learner goes on changing them (the asynchronous loop)."""
+        model = self.policy.model if model is None else model
+        module = base_model(model)
+        if self.adapter is None:
+            tensors = self.served_weights(module)
+        else:       # the base is frozen: the adapter alone changes
+            wrapper = model if is_peft(model) else self.policy.model
+            tensors = [(name, self.layout.tensor(name, t)) for name, t in self.adapter.tensors(wrapper)]
+        if copy:
+            tensors = [(name, tensor.clone()) for name, tensor in tensors]
+        return Weights(tensors, _fingerprint(module))
+
+    @torch.no_grad()
+    def load(self, weights: Weights) -> None:
+        """`weights` into vLLM's copy."""
+        with self.lock:
+            if self.adapter is None:
+                self.llm.collective_rpc(_reload_weights, args=(weights.tensors,))
+            else:
+                self.lora_request = self.adapter.load(self.llm, weights.tensors)
+            self.llm.reset_prefix_cache()      # cached keys/values were computed with the old weights
+            self._synced = weights.fingerprint
+            self.publications += 1
+
     def publish(self, model: torch.nn.Module | None = None) -> None:
         """The policy's current weights into vLLM (`model`: the policy's module, which the loop passes)."""
-        module = base_model(self.policy.model if model is None else model)
-        weights = hf_weights(module)
-        self.llm.collective_rpc(_reload_weights, args=(weights,))
-        self.llm.reset_prefix_cache()      # cached keys/values were computed with the old weights
-        self._synced = _fingerprint(base_model(self.policy.model))
-        self.publications += 1
+        self.load(self.snapshot(model))
 
     def _sync(self) -> None:
         if not torch.equal(_fingerprint(base_model(self.policy.model)), self._synced):
@@ -162,7 +257,9 @@ class VLLMEngine:
 
         prompt = [int(i) for i in ids[0]]
         params = VLLMParams(max_tokens=1, temperature=1.0, prompt_logprobs=self.vocab_size, detokenize=False)
-        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sampling_params=params, use_tqdm=False)
+        with self.lock:
+            (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sampling_params=params,
+                                       use_tqdm=False, lora_request=self.lora_request)
         table = torch.full((len(prompt) - 1, self.vocab_size), float("-inf"))
         for t, entries in enumerate(out.prompt_logprobs[1:]):
             for token, lp in entries.items():
@@ -194,15 +291,22 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
-                     policy_version: int = 0, generator: torch.Generator | None = None) -> Rollout:
-        """`generate` of prompts given as token ids (a multi-turn rollout's contexts)."""
+                     policy_version: int = 0, generator: torch.Generator | None = None,
+                     seeds: list[int] | None = None, sync: bool = True) -> Rollout:
+        """`generate` of prompts given as token ids (a multi-turn rollout's contexts). `seeds`: each row's
+        seed (default: drawn from `generator`); `sync`: first publish the policy's tensors if they changed
+        (the asynchronous sampler thread publishes its own snapshots instead)."""
         from vllm.inputs import TokensPrompt
 
-        self._sync()
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
-        seeds = torch.randint(2**62, (len(rows),), generator=generator).tolist()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in rows],
-                                    sampling_params=[self.sampling_params(params, s) for s in seeds], use_tqdm=False)
+        if seeds is None:
+            seeds = torch.randint(2**62, (len(rows),), generator=generator).tolist()
+        with self.lock:
+            if sync:
+                self._sync()
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in rows],
+                                        sampling_params=[self.sampling_params(params, s) for s in seeds],
+                                        use_tqdm=False, lora_request=self.lora_request)
         width = max([len(o.outputs[0].token_ids) for o in outputs] + [1])
         pad_id = self.policy.tokenizer.pad_token_id
         pad_id = 0 if pad_id is None else pad_id

@@ -27,7 +27,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here: `make test-vllm` runs these "
                                                      "in .venv-vllm (make vllm-env)")
 
-# vLLM's CPU attention needs a head size of 32 or more: 64 wide, 2 heads.
+# Heads of 32 (64 wide, 2 heads), the size vLLM's CPU attention runs as it is; narrower ones are served padded.
 VLLM_MODEL = ["model.hidden_size=64", "model.num_heads=2", "model.num_kv_heads=1", "model.intermediate_size=128",
               "rollout.engine=vllm", "rollout.vllm_gpu_memory_utilization=0.05"]
 VARIED = ["reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
@@ -130,6 +130,65 @@ def test_weights_after_an_update_reach_vllm(engine):
     assert (rollout.sampler_logprobs - learner)[mask].abs().max() < 1e-4
 
 
+@needs_vllm
+def test_the_vllm_sampler_keys_each_group(engine):
+    """A request's samples depend on its group key, not on which other requests share its vLLM call."""
+    from reinforge.rollout.stream import GroupRequest
+    from reinforge.rollout.vllm_stream import VLLMSampler
+
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9)
+    sampler = VLLMSampler(engine, params, group_size=3)
+    try:
+        sampler.publish(engine.policy.model, 1)
+        sampler.submit([GroupRequest(0, "1+2=", key=11)])
+        alone = sampler.get(timeout=120)
+        sampler.submit([GroupRequest(1, "3+4=", key=5), GroupRequest(2, "1+2=", key=11),
+                        GroupRequest(3, "1+2=", key=12)])
+        together = {}
+        while len(together) < 3:
+            group = sampler.get(timeout=120)
+            together[group.seq] = group
+        assert sampler.probe(1, probe_ids(engine.vocab_size), timeout=10)[0].version == 1
+    finally:
+        sampler.close()
+    assert alone.seq == 0 and torch.equal(alone.rollout.completion_ids, together[2].rollout.completion_ids)
+    assert torch.equal(alone.rollout.sampler_logprobs, together[2].rollout.sampler_logprobs)
+    assert not torch.equal(together[2].rollout.completion_ids, together[3].rollout.completion_ids)
+    assert (together[2].versions[together[2].rollout.completion_mask.bool()] == 1).all()
+
+
+@needs_vllm
+def test_lora_hands_vllm_the_adapter_alone(tmp_path):
+    """model.lora: vLLM holds the base weights and, after each update, the adapter as a LoRA request. Its
+    outputs change with the adapter and match the learner's; the base weights are never sent again."""
+    from reinforge.rollout.vllm_engine import VLLMEngine
+
+    cfg = build_config([*VLLM_MODEL, "model.num_layers=2", "model.num_heads=4", "model.lora.r=4"])   # heads of 16
+    policy = load_policy(cfg.model, seed=0)
+    engine = VLLMEngine(policy, gpu_memory_utilization=0.05)
+    try:
+        model, ids = policy.model, probe_ids(policy.model.config.vocab_size)
+        sent = []
+        real = engine.llm.collective_rpc
+        engine.llm.collective_rpc = lambda *a, **k: sent.append(a) or real(*a, **k)
+        with torch.no_grad():                    # an "update" of the adapters alone (B starts at zero)
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+        assert total_variation(engine.probe_logprobs(ids), learner_logprobs(model, ids)) > 1e-2   # not yet sent
+        engine.publish(model)
+        assert total_variation(engine.probe_logprobs(ids), learner_logprobs(model, ids)) < 1e-4
+        assert engine.lora_request is not None and not sent                                      # the adapter alone
+        files = sorted(p.name for p in engine.adapter.directory.iterdir())
+        assert files == ["adapter_config.json", "adapter_model.safetensors"]
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9)
+        rollout = engine.generate(["1+2=", "3+4="], 2, params)
+        learner = _learner_sampler_logprobs(policy, rollout, params)
+        assert (rollout.sampler_logprobs - learner)[rollout.completion_mask.bool()].abs().max() < 1e-4
+    finally:
+        engine.close()
+
+
 def _run(tmp_path, *extra):
     from reinforge.jobs.train import run
 
@@ -175,6 +234,39 @@ def test_the_tool_task_trains_through_vllm(tmp_path):
     assert all(0 <= x["sync/probe_tv"] < 1e-4 and x["mismatch_kl"] < 1e-4 for x in rl)
 
 
+@needs_vllm
+@pytest.mark.parametrize("lora", [[], ["model.lora.r=4", "train.lr=5e-2"]], ids=["full", "lora"])
+def test_heads_below_vllms_cpu_size_are_served_padded(tmp_path, lora):
+    """The built-in model's default heads (16 wide, below the 32 vLLM's CPU attention runs) are served padded
+    to 32 (rollout/vllm_layout.py): the probe and the sampler's log-probs still match the learner's, with
+    the full weights or a LoRA adapter handed over after every update."""
+    _run(tmp_path, "model.num_heads=4", "model.num_kv_heads=2", "train.steps=2", "train.lr=1e-2", "rollout.top_p=0.9",
+         *lora)
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2]
+    assert all(0 <= x["sync/probe_tv"] < 1e-4 and x["mismatch_kl"] < 1e-4 and x["grad_norm"] > 0 for x in rl)
+
+
+@needs_vllm
+def test_async_trains_through_vllm(tmp_path):
+    """recipe=areal: groups streamed from the vLLM sampler thread while the learner trains; vLLM holds each
+    published version (the probe waits for it), and staleness stays within train.max_staleness."""
+    _run(tmp_path, "recipe=areal", "train.steps=4", "train.lr=1e-2", "rollout.top_p=0.9", "train.max_staleness=2")
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2, 3, 4]
+    assert all(0 <= x["sync/probe_tv"] < 1e-4 for x in rl)
+    assert rl[0]["async/staleness_max"] == 0 and rl[0]["mismatch_kl"] < 1e-4     # the first batch: version 0
+    assert max(x["async/staleness_max"] for x in rl) <= 2
+    assert max(x["async/staleness_max"] for x in rl) >= 1                        # it did run ahead of the learner
+    assert all(x["async/too_stale_total"] == 0 for x in rl)
+
+
+@needs_vllm
+def test_async_episodes_through_vllm_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="samples single-turn groups: episodes"):
+        _run(tmp_path, "recipe=areal", "task.name=multiply_tool", "train.steps=1")
+
+
 @pytest.fixture(scope="module")
 def llama_bpe_dir(tmp_path_factory) -> Path:
     """A local Llama (head size 32) with a byte-level BPE tokenizer trained here and a chat template."""
@@ -213,8 +305,7 @@ def test_a_local_llama_folder_with_a_chat_template_trains_through_vllm(llama_bpe
 
 @needs_vllm
 @pytest.mark.parametrize(("extra", "match"), [
-    (["recipe=areal"], "train.mode=async samples with the native engine"),
-    (["model.lora.r=4"], "rollout.engine=vllm does not sync LoRA adapters yet"),
+    (["recipe=areal", "backend=ray"], "samples in a thread of this process over its one vLLM engine"),
     (["rollout.quantization=int8"], "rollout.quantization=int8 is built for the native engine only"),
     (["rollout.record_top_k=2"], "rollout.record_top_k needs rollout.engine=native"),
 ])
@@ -229,8 +320,9 @@ def test_refusals_at_engine_start(engine):
 
     with pytest.raises(ConfigError, match="rollout.engine=vllm applies min-p before top-p"):
         engine.sampling_params(SamplingParams(top_p=0.9, min_p=0.1), seed=0)
-    cfg = build_config(["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=1"])  # head size 16
-    with pytest.raises(ConfigError, match=r"needs an attention head size in \[32, 64"):
+    cfg = build_config(["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=1",   # head size 16
+                        "model.moe.experts=2"])                                        # not paddable
+    with pytest.raises(ConfigError, match=r"needs an attention head size in \[32, 64.*cannot be served padded"):
         VLLMEngine(load_policy(cfg.model, seed=0))
 
 
