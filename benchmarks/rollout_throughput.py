@@ -26,12 +26,17 @@ the `fixed_length` scenario's; the last line is one JSON object.
 Qwen2.5-0.5B-shaped model (train_throughput.py's `build_policy`; the char tokenizer encodes the
 prompts, and the ids past its vocabulary decode to nothing). At that vocabulary a random model
 almost never samples <eos>, so both scenarios run every row to its limit.
+
+`--vllm` adds vLLM (rollout.engine=vllm) as a third engine in the same alternation; run it with the
+vLLM environment's python (`make vllm-env`, then `.venv-vllm/bin/python benchmarks/rollout_throughput.py
+--vllm`). benchmarks/vllm_engine.py compares the three with top-p sampling and a model folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -39,15 +44,14 @@ import torch
 import transformers
 from train_throughput import DTYPES, build_policy
 
-from reinforge.models import Policy, resolve_device
+from reinforge.models import resolve_device
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.tasks import build_task
 
 PROMPTS, GROUP_SIZE = 32, 8
 
 
-def scenario(policy: Policy, prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
-    engines = {"hf": HFEngine(policy), "native": NativeEngine(policy)}
+def scenario(engines: dict, prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     lengths: dict[str, list[float]] = {name: [] for name in engines}
@@ -61,10 +65,16 @@ def scenario(policy: Policy, prompts: list[str], max_new_tokens: int, rounds: in
                 rates[name].append(float(rollout.completion_mask.sum()) / seconds)
                 lengths[name].extend(rollout.lengths.tolist())
     native, hf = statistics.median(rates["native"]), statistics.median(rates["hf"])
+    vllm = {}
+    if "vllm" in rates:
+        vllm_rate = statistics.median(rates["vllm"])
+        vllm = {"vllm_tokens_per_s": round(vllm_rate, 1), "native_over_vllm": round(native / vllm_rate, 3),
+                "vllm_runs": [round(r, 1) for r in rates["vllm"]]}
     return {
         "native_tokens_per_s": round(native, 1),
         "hf_tokens_per_s": round(hf, 1),
         "ratio": round(native / hf, 3),
+        **vllm,
         "max_new_tokens": max_new_tokens,
         "mean_length": {k: round(statistics.mean(v), 2) for k, v in lengths.items()},
         "max_length": {k: int(max(v)) for k, v in lengths.items()},
@@ -82,20 +92,30 @@ def main() -> None:
     parser.add_argument("--shape", choices=["builtin", "qwen2.5-0.5b"], default="builtin")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--vllm", action="store_true", help="add vLLM (rollout.engine=vllm; .venv-vllm's python)")
+    parser.add_argument("--vllm-memory", type=float, default=0.1, help="vLLM's gpu_memory_utilization")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     policy = build_policy(args.shape, DTYPES[args.dtype], resolve_device(args.device), seed=0)
     config = policy.model.config
     prompts = [e.prompt for e in build_task("arithmetic").train_split(PROMPTS)]
-    fixed = scenario(policy, prompts, 32, args.rounds)
-    with torch.no_grad():
+    engines = {"hf": HFEngine(policy), "native": NativeEngine(policy)}
+    if args.vllm:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from reinforge.rollout.vllm_engine import VLLMEngine
+
+        engines["vllm"] = VLLMEngine(policy, gpu_memory_utilization=args.vllm_memory)
+    fixed = scenario(engines, prompts, 32, args.rounds)
+    with torch.no_grad():       # every engine reads it (vLLM's copy: published by its next generate)
         policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= args.eos_scale
-    long_tail = scenario(policy, prompts, 64, args.rounds)
+    long_tail = scenario(engines, prompts, 64, args.rounds)
     print(json.dumps({
         "native_tokens_per_s": fixed["native_tokens_per_s"],
         "hf_tokens_per_s": fixed["hf_tokens_per_s"],
         "ratio": fixed["ratio"],
+        **({"vllm_tokens_per_s": fixed["vllm_tokens_per_s"], "native_over_vllm": fixed["native_over_vllm"]}
+           if args.vllm else {}),
         "fixed_length": fixed,
         "long_tail": long_tail,
         "prompts": PROMPTS, "group_size": GROUP_SIZE, "threads": args.threads, "rounds": args.rounds,
