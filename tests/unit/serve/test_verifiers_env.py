@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
 from pathlib import Path
 
 import pytest
-from repo_paths import TESTS
+from repo_paths import REPO, TESTS
 from scripted_engine import Scripted
 from typer.testing import CliRunner
 
@@ -20,10 +22,9 @@ from reinforge.errors import ConfigError
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout.base import SamplingParams, environment_returns
 from reinforge.serve.agent import AgentFunctions, load_agent
+from reinforge.tasks.verifiers_taskset import VerifiersTasksetTask
 
 pytest.importorskip("verifiers.v1", reason="verifiers is an optional dependency: pip install 'reinforge[extras]'")
-
-from reinforge.tasks.verifiers_taskset import VerifiersTasksetTask  # noqa: E402
 
 runner = CliRunner()
 
@@ -85,6 +86,18 @@ def test_an_episode_whose_rubric_raises_fails_alone_with_verifiers_reason() -> N
     assert result.stop_reason == "error" and not result.trainable and math.isnan(environment_returns(rollout)[0])
     assert result.error == ("the agent raised RuntimeError: verifiers recorded the episode as failed: TaskError: task "
                             "BrokenTask scoring: KeyError: 'answer'")
+
+
+def test_the_documented_environment_loads_and_gives_its_tasks_as_rows(monkeypatch) -> None:
+    docs = (REPO / "docs" / "agents.md").read_text()
+    block = next(b for b in docs.split("```python\n")[1:] if "class RepeatTaskset" in b).split("```")[0]
+    module = types.ModuleType("vf_docs_example")
+    exec(compile(block, "docs/agents.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "vf_docs_example", module)
+    task = VerifiersTasksetTask("vf-docs-example", eval_fraction=0.01)
+    assert [(e.prompt, e.meta["vf_task"]["word"]) for e in task.train_split(3)] == [
+        ("Repeat: cat", "cat"), ("Repeat: dog", "dog"), ("Repeat: sun", "sun")]
+    assert callable(load_agent("verifiers:vf-docs-example"))
 
 
 def test_what_cannot_run_here_is_refused_by_name() -> None:
