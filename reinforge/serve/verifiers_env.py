@@ -41,6 +41,7 @@ import importlib.metadata
 import math
 import re
 import sys
+import uuid
 from collections.abc import Callable
 from numbers import Real
 from pathlib import Path
@@ -114,7 +115,7 @@ def use_this_interpreter(script: str, where: str) -> Path:
     path = Path(SubprocessRuntime.scripts_dir) / f"{hashlib.sha256(data).hexdigest()}.py"
     if not path.is_file() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{id(data)}.tmp")
+        temporary = path.with_suffix(f".{uuid.uuid4().hex}.tmp")     # processes may write it at once
         temporary.write_bytes(data)
         temporary.replace(path)
     SubprocessRuntime._interpreters[str(path)] = sys.executable
