@@ -48,7 +48,8 @@ class TaskConfig(Section):
             "rewards), countdown, multiply_tool (multiplication with a calculator tool: multi-turn), or "
             "dataset (problems from a JSONL/Parquet/datasets file, options path and verifier; see "
             "reinforge.tasks.dataset), or mix (several of them as domains of one run, option domains; see "
-            "reinforge.tasks.mix)."
+            "reinforge.tasks.mix), or verifiers_taskset (the tasks of a verifiers taskset, option env: the default "
+            "with task.agent=verifiers:ENV_ID)."
         ),
     )
     options: dict[str, Any] = Field(
@@ -69,8 +70,9 @@ class TaskConfig(Section):
         description=(
             "An agent trained through the policy's OpenAI-compatible endpoint: a function 'module:function' or "
             "'path/to/file.py:function' called as agent(client, row) -> reward (or a dict with 'reward' and metrics), "
-            "or a TRL environment_factory class 'module:Class' (docs/agents.md). Its reward is the episode's reward; "
-            "rollout.max_turns bounds its calls."
+            "a TRL environment_factory class 'module:Class', or a verifiers environment 'verifiers:ENV_ID' (its "
+            "taskset gives the rows when task.name is not set; its rubric the reward) (docs/agents.md). Its reward is "
+            "the episode's reward; rollout.max_turns bounds its calls."
         ),
     )
     agent_timeout_s: float = Field(120.0, gt=0, description="task.agent: an episode that runs longer fails alone.")
@@ -84,6 +86,16 @@ class TaskConfig(Section):
             "with a critic: ppo, vapo)."
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verifiers_rows(cls, data: Any) -> Any:
+        """A verifiers environment brings its rows: its taskset's tasks, unless the run names a task of its own."""
+        agent = data.get("agent") if isinstance(data, dict) else None
+        if isinstance(agent, str) and agent.startswith("verifiers:") and "name" not in data:
+            data = {**data, "name": "verifiers_taskset",
+                    "options": {"env": agent.split(":", 1)[1], **(data.get("options") or {})}}
+        return data
 
     @model_validator(mode="after")
     def _check_task(self) -> TaskConfig:

@@ -65,15 +65,17 @@ class EndpointRow(AgentRow):
 
 def load_agent(name: str) -> Callable[[Any, dict], Any]:
     """The agent `name` names, ready to call as agent(client, row): a function ('module:function',
-    'path/to/file.py:function') or a TRL environment_factory class ('module:Class', reinforge/serve/trl_env.py).
-    ConfigError naming task.agent otherwise (a verifiers environment, 'verifiers:ENV_ID', says it is not
-    supported yet); nothing runs."""
+    'path/to/file.py:function'), a TRL environment_factory class ('module:Class', reinforge/serve/trl_env.py) or a
+    verifiers environment ('verifiers:ENV_ID', reinforge/serve/verifiers_env.py). ConfigError naming task.agent
+    otherwise; no episode runs."""
     if name.startswith("verifiers:"):
-        raise ConfigError(
-            f"{KEY}={name!r}: verifiers environments are not supported yet. verifiers 0.4.0 runs an environment's "
-            "agent as a harness program in a runtime of its own (a uv script) behind its interception proxy, which "
-            "reinforge does not start; write the environment's loop as an agent function (docs/agents.md), or "
-            "evaluate it against `reinforge serve RUN_DIR`")
+        from reinforge.serve.verifiers_env import verifiers_agent
+
+        env_id = name.split(":", 1)[1]
+        if not env_id:
+            raise ConfigError(f"{KEY}={name!r} names no environment: 'verifiers:ENV_ID', the id of an installed "
+                              "verifiers taskset package")
+        return verifiers_agent(env_id)
     found = _import(name)
     if inspect.isclass(found):
         from reinforge.serve.trl_env import trl_agent

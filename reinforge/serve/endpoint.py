@@ -9,7 +9,9 @@ Routes (JSON over HTTP, on 127.0.0.1 only):
 - `POST /v1/generate`: tokens in, tokens out: `{"input_ids": [...], "max_tokens", "n", "stop"}` ->
   `{"choices": [{"output_ids", "logprobs", "finish_reason"}], "policy_version"}`.
 
-Every choice also carries `token_ids` (and, with `logprobs: true`, the sampler's log-probs).
+Every choice also carries `token_ids` (and, with `logprobs: true`, the sampler's log-probs). With
+`"stream": true` a chat or text completion is sent as server-sent events, the whole turn in one chunk
+(reinforge/serve/http.py).
 
 Episodes. During training each episode gets its own API key (`open_episode`); every choice returned to it
 is recorded against it as a `Call` (reinforge/serve/records.py): the exact prompt tokens, the sampled
@@ -197,8 +199,8 @@ class Endpoint:
         asked_max = body.get("max_completion_tokens", body.get("max_tokens"))
         if asked_max is not None and (not isinstance(asked_max, int) or asked_max < 1):
             raise Refused(f"max_tokens must be a positive integer, got {asked_max!r}")
-        if body.get("stream"):
-            raise Refused("stream=true is not supported by this endpoint: request whole responses")
+        if body.get("stream") not in (None, False, True):
+            raise Refused(f"stream must be true or false, got {body['stream']!r}")
         if body.get("echo"):
             raise Refused("echo=true is not supported by this endpoint")
         for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):

@@ -12,6 +12,7 @@ from reinforge.tasks.dataset import DatasetTask
 from reinforge.tasks.mix import MixTask
 from reinforge.tasks.multiply_tool import MultiplyToolTask
 from reinforge.tasks.reasoning_gym import ReasoningGymTask
+from reinforge.tasks.verifiers_taskset import VerifiersTasksetTask
 
 TASKS.update({
     ArithmeticTask.name: ArithmeticTask,
@@ -21,6 +22,7 @@ TASKS.update({
     MultiplyToolTask.name: MultiplyToolTask,
     MixTask.name: MixTask,
     ReasoningGymTask.name: ReasoningGymTask,
+    VerifiersTasksetTask.name: VerifiersTasksetTask,
 })
 
 

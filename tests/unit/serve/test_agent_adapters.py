@@ -1,5 +1,5 @@
 """What users already have, trained through the endpoint unchanged: TRL environment_factory classes
-(reinforge/serve/trl_env.py); verifiers environments are refused with the reason."""
+(reinforge/serve/trl_env.py). verifiers environments: tests/unit/serve/test_verifiers_env.py."""
 
 from __future__ import annotations
 
@@ -70,8 +70,3 @@ def test_a_trl_environment_class_trains_unchanged(llama_dir: Path, tmp_path: Pat
     rl = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r.get("stage") == "rl"]
     assert [r["step"] for r in rl] == [1, 2] and all(r["env/error_rate"] == 0 for r in rl)
 
-
-def test_a_verifiers_environment_is_refused_with_the_reason() -> None:
-    with pytest.raises(ConfigError, match=r"task.agent='verifiers:gsm8k': verifiers environments are not supported "
-                                          r"yet. verifiers 0.4.0 runs an environment's agent as a harness program"):
-        load_agent("verifiers:gsm8k")

@@ -150,6 +150,40 @@ def test_tool_calls_are_read_in_the_models_format_and_their_results_join_the_con
     ]
 
 
+
+def test_a_streamed_request_gets_the_whole_turn_as_server_sent_events() -> None:
+    def script(context: str) -> str:
+        if "<tool_response>" not in context:
+            return 'Let me count.<tool_call>{"name": "count", "arguments": {"text": "abc"}}</tool_call>'
+        return "It has 3"
+
+    endpoint = Endpoint(Scripted(script), chat_template="never")
+    with endpoint, endpoint.serving(SamplingParams(max_new_tokens=120)):
+        log = endpoint.open_episode(key=3)
+        c = client(endpoint, log.token)
+        messages = [{"role": "user", "content": "count abc"}]
+        chunks = list(c.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True,
+                                                stream_options={"include_usage": True}))
+        # the turn in one chunk (its token ids with it), the finish reason, the usage
+        assert [len(ch.choices) for ch in chunks] == [1, 1, 0]
+        delta = chunks[0].choices[0].delta
+        assert delta.content == "Let me count." and chunks[1].choices[0].finish_reason == "tool_calls"
+        (call,) = delta.tool_calls
+        assert call.index == 0 and call.function.name == "count" and json.loads(call.function.arguments) == {
+            "text": "abc"}
+        assert chunks[0].choices[0].model_extra["token_ids"] == log.calls[0].token_ids.tolist()
+        assert chunks[2].usage.completion_tokens == len(log.calls[0].token_ids)
+        # The streamed answer continues its conversation like a whole one: the next call extends its tokens.
+        messages += [{"role": "assistant", "content": delta.content, "tool_calls": [
+            {"id": call.id, "type": "function", "function": call.function.model_dump()}]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+        text = [ch.choices[0].text for ch in c.completions.create(model="policy", prompt="<tool_response>",
+                                                                    stream=True)]
+        second = c.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0]
+    assert text == ["It has 3", ""] and second.message.content == "It has 3"
+    traj, chain = trajectory(log.calls, group=0)
+    assert len(chain) == 2 and traj.segments[1].role == "environment" and len(log.calls) == 3
+
 def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_overrides: list[str]) -> None:
     from reinforge.cli import build_config
     from reinforge.jobs.train import run

@@ -254,10 +254,11 @@ def test_registry() -> None:
     from reinforge.tasks.mix import MixTask
     from reinforge.tasks.multiply_tool import MultiplyToolTask
     from reinforge.tasks.reasoning_gym import ReasoningGymTask
+    from reinforge.tasks.verifiers_taskset import VerifiersTasksetTask
 
     assert TASKS == {"arithmetic": ArithmeticTask, "chain_sum": ChainSumTask, "countdown": CountdownTask,
                      "dataset": DatasetTask, "multiply_tool": MultiplyToolTask, "mix": MixTask,
-                     "reasoning_gym": ReasoningGymTask}
+                     "reasoning_gym": ReasoningGymTask, "verifiers_taskset": VerifiersTasksetTask}
     task = build_task("arithmetic", digits=3, operators="-")
     assert isinstance(task, ArithmeticTask)
     assert task.train_split(1)[0].meta["op"] == "-"
@@ -266,7 +267,7 @@ def test_registry() -> None:
 def test_unknown_task_message() -> None:
     with pytest.raises(ValueError) as info:
         build_task("arithmetc")
-    valid = "valid: arithmetic, chain_sum, countdown, dataset, mix, multiply_tool, reasoning_gym"
+    valid = "valid: arithmetic, chain_sum, countdown, dataset, mix, multiply_tool, reasoning_gym, verifiers_taskset"
     assert str(info.value) == f"unknown task 'arithmetc'; did you mean 'arithmetic'? {valid}"
     with pytest.raises(ValueError, match=f"unknown task 'zzz'; {valid}"):
         build_task("zzz")
