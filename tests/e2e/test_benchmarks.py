@@ -295,3 +295,36 @@ def test_step_profile_clock_counts_each_part_exclusively(monkeypatch):
     clock.tick()                                   # 30
     step = clock.steps(1, ("forward", "backward", "reference", "rest"))
     assert step == [{"forward": 2.0 + 2.0, "backward": 2.0, "reference": 1.0, "rest": 30.0 - 7.0, "wall": 30.0}]
+
+
+def test_time_to_accuracy_alternates_the_sides_and_pairs_each_round(monkeypatch):
+    import importlib.util
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import trl_common
+
+    order = []
+
+    def child(cmd, **kwargs):
+        side = cmd[-1]
+        order.append(side)
+        seconds = {"reinforge": 2.0, "trl": 8.0}[side] * len(order)    # load rising over the run
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"seconds": seconds}) + "\n")
+
+    monkeypatch.setattr(trl_common.subprocess, "run", child)
+    runs = trl_common.alternate("script.py", [], ("reinforge", "trl"), 3)
+    # The order flips every other round: neither side always runs second.
+    assert order == ["reinforge", "trl", "trl", "reinforge", "reinforge", "trl"]
+    assert [r["seconds"] for r in runs["reinforge"]] == [2.0, 8.0, 10.0]
+    assert [r["seconds"] for r in runs["trl"]] == [16.0, 24.0, 48.0]
+
+    spec = importlib.util.spec_from_file_location("time_to_accuracy", BENCHMARKS / "time_to_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    curves = {"reinforge": [[0.0, 0, 0.6], [2.0, 4, 0.8]], "trl": [[0.0, 0, 0.6], [4.0, 4, 0.7], [8.0, 8, 0.8]]}
+    runs = {side: [{"seconds": curve[-1][0], "curve": curve}, {"seconds": None, "curve": curve[:2]}]
+            for side, curve in curves.items()}
+    # Round 0: 2 / 8 s; interpolated at 0.75, 1.5 s (halfway from 0.6 to 0.8) over 6 s. Round 1 missed it.
+    assert module.round_ratios(runs, 0.75) == {"ratio_each": [0.25, None], "ratio_interpolated_each": [0.25, None]}
+    assert module.parse([]).rounds == 3 and module.parse(["--only", "reinforge"]).rounds == 1
+    assert module.parse(["--rounds", "2"]).rounds == 2
