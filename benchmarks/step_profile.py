@@ -49,7 +49,9 @@ steps (nearly the random init); pass model.path=DIR for a trained start model (e
 benchmarks/time_to_accuracy.py trains, DIR/model). `completion_tokens` says how many tokens a step sampled.
 
 The last line of stdout is one JSON object: rl and sft (each: step_seconds, parts {part: {seconds,
-share}}, part_medians, steps_s and the step's settings), cpu (lscpu's model name), cpus, torch_threads,
+share}}, part_medians, steps_s and the step's settings), cpu (lscpu's model name), cpu_features (its
+vector instruction sets), cpus, torch_threads, cpu_kernels (whether the native engine decodes with
+reinforge's fused CPU kernels), env (OMP_NUM_THREADS, OMP_WAIT_POLICY, MKL_NUM_THREADS, REINFORGE_CPU_KERNELS as set),
 load_avg_start / load_avg_end (1, 5, 15 minutes), torch, transformers, python.
 """
 
@@ -90,6 +92,8 @@ from reinforge.rollout.weight_sync import WeightSyncCheck
 RL_PARTS = ("generation", "prefill", "rewards", "curation", "batch_building", "old_logprobs", "reference",
             "advantages", "forward", "loss", "backward", "optimizer", "critic", "weight_sync", "update_other", "rest")
 SFT_PARTS = ("batch_building", "forward", "backward", "optimizer", "rest")
+# Settings of the environment that change the figures (None: not set).
+ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "REINFORGE_CPU_KERNELS")
 # Parts that own everything inside them: a forward of the reference model is the reference's time.
 OPAQUE = frozenset({"old_logprobs", "reference", "critic", "weight_sync", "rewards"})
 
@@ -277,6 +281,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_features() -> list[str]:
+    """The vector instruction sets the kernels and BLAS may use, of /proc/cpuinfo's flags (Linux; else [])."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile") if flag in flags]
+
+
+def uses_kernels(engine) -> bool:
+    """Whether the native engine decodes with reinforge's fused CPU kernels: they built on this machine
+    (REINFORGE_CPU_KERNELS unset, a C++ compiler) and fit the model; else its PyTorch path."""
+    while not hasattr(engine, "kernels") and hasattr(engine, "engine"):      # an agent engine's native engine
+        engine = engine.engine
+    return getattr(engine, "kernels", None) is not None
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -316,7 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         result["rl"] = profile_rl(cfg, policy, engine, task, spec, args.warmup, args.steps)
     result.update({
         "steps": args.steps, "warmup": args.warmup, "overrides": args.overrides,
-        "cpu": cpu_model(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cpu": cpu_model(), "cpu_features": cpu_features(), "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_kernels": uses_kernels(engine),
+        "env": {key: os.environ.get(key) for key in ENV},
         "load_avg_start": load_start, "load_avg_end": load_average(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
     })

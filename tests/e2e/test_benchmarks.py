@@ -10,6 +10,7 @@ runs its reinforge side alone.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -271,6 +272,11 @@ def test_step_profile_splits_each_step_into_parts_that_add_up():
     assert (out["rl"]["recipe"], out["rl"]["task"], out["rl"]["mini_batches"]) == ("grpo", "arithmetic", 2)
     assert 4 * 8 <= out["rl"]["completion_tokens"] <= 4 * 8 * out["rl"]["max_new_tokens"]
     assert out["torch_threads"] == 1 and out["cpu"] and out["sft"]["examples"] == 256
+    from reinforge.kernels import load_cpu_kernels
+
+    # The built-in model's shape fits the fused decode kernels: the engine uses them wherever they build.
+    assert out["cpu_kernels"] == (load_cpu_kernels() is not None)
+    assert out["env"]["REINFORGE_CPU_KERNELS"] == os.environ.get("REINFORGE_CPU_KERNELS")
     assert len(out["load_avg_start"]) == len(out["load_avg_end"]) == 3
 
 
