@@ -44,17 +44,22 @@ temperature, under eval.seed (its own RNG: the training's draws are untouched); 
 one. The clock is paused while it runs: a side's seconds are the wall time of its training loop
 (`run_rl`; `GRPOTrainer.train`) from its call to the end of the first step whose evaluation reaches
 the threshold, evaluation time excluded. Building the trainer (model and reference loading) is outside
-both clocks. Each side runs in a child process of its own, one at a time (`--rounds` alternates
-them), with `--threads` torch threads.
+both clocks. Each side runs in a child process of its own, one at a time, with `--threads` torch
+threads; the parent alternates them in `--rounds` rounds (default 3; 1 with --only), the order flipped
+every other round (reinforge, TRL, TRL, reinforge, ...: trl_common.alternate), so that load which comes
+and goes on the machine falls on both sides alike instead of on whichever ran second. Each round's
+ratio pairs the two runs next to each other in time (`ratio_each`).
 
     .venv-bench/bin/python benchmarks/time_to_accuracy.py [--start-model DIR] [--seed 0] [--threads 2] \
-        [--eval-every 1] [--gain 0.15] [--max-seconds 900] [--max-steps 400] [--rounds 1] [key=value ...]
+        [--eval-every 1] [--gain 0.15] [--max-seconds 900] [--max-steps 400] [--rounds 3] [key=value ...]
 
 key=value: reinforge config overrides for both sides (e.g. train.prompts_per_step=16), applied before
 the mirroring. The last line of stdout is one JSON object: reinforge_seconds, trl_seconds, ratio
 (reinforge / trl), threshold, start_pass1 and both curves ([seconds, step, pass@1] per evaluation);
 *_seconds_interpolated and ratio_interpolated place each crossing on the straight line between the
-evaluations around it.
+evaluations around it. The headline figures are medians over rounds; per round: *_seconds_each,
+ratio_each and ratio_interpolated_each (reinforge / TRL of round r, in the order the rounds ran) and
+both sides' curves (*_curves).
 A side that does not reach the threshold within --max-seconds of training (or --max-steps) has
 seconds null, and the ratio is null.
 """
@@ -244,6 +249,19 @@ def start_model(args: argparse.Namespace) -> float:
     return evaluator(evaluator.policy.model.state_dict())["pass@1"]
 
 
+def round_ratios(runs: dict[str, list[dict]], threshold: float) -> dict[str, list[float | None]]:
+    """reinforge / TRL seconds of each round (a run that missed the threshold: None), reached and
+    interpolated (`crossing`); empty lists with one side."""
+    pairs = list(zip(runs.get("reinforge", []), runs.get("trl", []), strict=False))
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 4) if a and b else None
+
+    return {"ratio_each": [ratio(r["seconds"], t["seconds"]) for r, t in pairs],
+            "ratio_interpolated_each": [ratio(crossing(r["curve"], threshold), crossing(t["curve"], threshold))
+                                        for r, t in pairs]}
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start-model", default=None,
@@ -256,7 +274,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gain", type=float, default=0.15, help="threshold = start pass@1 + gain")
     parser.add_argument("--max-seconds", type=float, default=900.0, help="training seconds per side before giving up")
     parser.add_argument("--max-steps", type=int, default=400, help="RL steps per side before giving up")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of one reinforge and one TRL child")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of one reinforge and one TRL child, alternating (default 3; 1 with --only)")
     parser.add_argument("--only", choices=SIDES, help="run one side (the other's figures are null)")
     parser.add_argument("--reinforge", action="append", default=[], metavar="KEY=VALUE",
                         help="a reinforge setting TRL has no knob for, on the reinforge side only (not the default "
@@ -270,6 +289,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         # path would be loaded as the start model (and written through, as this user).
         cache = Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge"))
         args.start_model = str(cache / f"tta-start-seed{args.seed}")
+    if args.rounds is None:      # one side alone has nothing to alternate with
+        args.rounds = 1 if args.only else 3
     return args
 
 
@@ -300,6 +321,7 @@ def main() -> None:
         return round(statistics.median(times), 3) if times and None not in times else None
 
     reinforge_i, trl_i = interpolated("reinforge"), interpolated("trl")
+    each = round_ratios(runs, threshold)
     cfg = side_config(args)
     result = {
         "reinforge_seconds": reinforge_s, "trl_seconds": trl_s,
@@ -315,6 +337,7 @@ def main() -> None:
         "trl_curves": [r["curve"] for r in runs.get("trl", [])],
         "reinforge_seconds_each": [r["seconds"] for r in runs.get("reinforge", [])],
         "trl_seconds_each": [r["seconds"] for r in runs.get("trl", [])],
+        **each,
         "seed": args.seed, "rounds": args.rounds, "eval_every": args.eval_every, "threads": args.threads,
         "recipe": cfg.recipe, "engine": cfg.rollout.engine,
         "overrides": args.overrides, "reinforge_only": args.reinforge,

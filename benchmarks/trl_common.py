@@ -86,11 +86,14 @@ def quiet(trainer):
 def alternate(script: str, argv: list[str], sides: tuple[str, ...], rounds: int) -> dict[str, list[dict]]:
     """`rounds` rounds of one child process per side, in turn: `script argv --side SIDE`, each child's
     last stdout line its JSON; their stderr (progress, warnings, a traceback) goes to this process's.
+    Every other round runs the sides in reverse order (A B, B A, A B, ...), so that load rising or
+    falling steadily over the run does not always fall on the side that runs second. Each side's list
+    is in the order its runs happened (runs[side][r]: round r).
     Child processes, not threads of one process: torch ops issued from a second Python thread ran
     ~1.8x slower here, for either framework."""
     runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for _ in range(rounds):
-        for side in sides:
+    for round_ in range(rounds):
+        for side in sides if round_ % 2 == 0 else sides[::-1]:
             child = subprocess.run([sys.executable, script, *argv, "--side", side], stdout=subprocess.PIPE, text=True)
             if child.returncode != 0:
                 raise RuntimeError(f"the {side} child failed (exit {child.returncode}; its stderr is above)")

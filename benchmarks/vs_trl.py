@@ -28,8 +28,9 @@ reinforge additionally runs each prompt once for its 8 completions in that forwa
 
 Method. Each framework runs its own real training loop (`reinforge.jobs.rl.run_rl`;
 `GRPOTrainer.train`) in the main thread of a child process of its own, and the parent
-alternates them: `--rounds` rounds of one reinforge child and one TRL child, each running a
-warm-up step and then `--steps` timed steps from the same initial weights. (Child processes,
+alternates them: `--rounds` rounds of one reinforge child and one TRL child (the order flipped
+every other round, `trl_common.alternate`), each running a warm-up step and then `--steps` timed
+steps from the same initial weights. (Child processes,
 not threads of one process: torch ops issued from a second Python thread ran ~1.8x slower here,
 for either framework.) A step's time is the wall time between consecutive step ends
 (reinforge's `on_step`, TRL's `on_step_end`): generation, reward, advantage, pi_old where the

@@ -10,6 +10,7 @@ runs its reinforge side alone.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -246,3 +247,90 @@ def test_gpu_check_a_part_over_its_budget_fails_alone(monkeypatch, capsys):
     assert not lines["rollout"]["ok"] and lines["rollout"]["error"] == "OutOfTime: over its budget of 0 s"
     assert lines["learner"]["ok"] and lines["card"]["ok"]             # the card is measured for the others
     assert (lines["summary"]["ok"], lines["summary"]["failed"]) == (False, ["rollout"])
+
+
+def test_step_profile_splits_each_step_into_parts_that_add_up():
+    out = run_script("step_profile.py", "--steps", "2", "--warmup", "1", "--threads", "1", "sft.num_examples=256",
+                     "sft.batch_size=16", "train.prompts_per_step=4")
+    parts = {"rl": ["generation", "prefill", "rewards", "curation", "batch_building", "old_logprobs", "reference",
+                    "advantages", "forward", "loss", "backward", "optimizer", "critic", "weight_sync", "update_other",
+                    "rest"],
+             "sft": ["batch_building", "forward", "backward", "optimizer", "rest"]}
+    for kind, names in parts.items():
+        step = out[kind]
+        assert list(step["parts"]) == names and list(step["part_medians"]) == names
+        seconds = [part["seconds"] for part in step["parts"].values()]
+        assert all(s >= 0 for s in seconds)
+        assert abs(sum(seconds) - step["step_seconds"]) <= 0.01 * step["step_seconds"]
+        # The split is of the median step (2 timed steps: the faster one).
+        assert len(step["steps_s"]) == 2 and step["step_seconds"] == min(step["steps_s"])
+    rl = {name: part["seconds"] for name, part in out["rl"]["parts"].items()}
+    # The default recipe (grpo) computes each of these every step: a k3 KL against a fixed reference, pi_old
+    # of the second of 2 mini-batches before the update, the weight-sync probe. It has no critic.
+    assert all(rl[name] > 0 for name in parts["rl"] if name not in ("critic", "rest"))
+    assert rl["critic"] == 0.0
+    assert (out["rl"]["recipe"], out["rl"]["task"], out["rl"]["mini_batches"]) == ("grpo", "arithmetic", 2)
+    assert 4 * 8 <= out["rl"]["completion_tokens"] <= 4 * 8 * out["rl"]["max_new_tokens"]
+    assert out["torch_threads"] == 1 and out["cpu"] and out["sft"]["examples"] == 256
+    from reinforge.kernels import load_cpu_kernels
+
+    # The built-in model's shape fits the fused decode kernels: the engine uses them wherever they build.
+    assert out["cpu_kernels"] == (load_cpu_kernels() is not None)
+    assert out["env"]["REINFORGE_CPU_KERNELS"] == os.environ.get("REINFORGE_CPU_KERNELS")
+    assert len(out["load_avg_start"]) == len(out["load_avg_end"]) == 3
+
+
+def test_step_profile_clock_counts_each_part_exclusively(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("step_profile", BENCHMARKS / "step_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    now = iter([0.0, 10.0, 11.0, 13.0, 14.0, 20.0, 21.0, 22.0, 24.0, 30.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(now))
+    clock = module.PartClock()
+    clock.tick()                                   # 0: the warm-up step ends
+    backward = clock.timed(lambda: None, "backward")
+
+    def forward():
+        backward()                                 # 11 to 13 inside the forward (10 to 14)
+
+    clock.timed(forward, "forward")()
+    clock.timed(lambda: clock.timed(lambda: None, "forward")(), "reference")()   # opaque: 20 to 21 is all its own
+    clock.timed(lambda: None, "forward")()         # 22 to 24
+    clock.tick()                                   # 30
+    step = clock.steps(1, ("forward", "backward", "reference", "rest"))
+    assert step == [{"forward": 2.0 + 2.0, "backward": 2.0, "reference": 1.0, "rest": 30.0 - 7.0, "wall": 30.0}]
+
+
+def test_time_to_accuracy_alternates_the_sides_and_pairs_each_round(monkeypatch):
+    import importlib.util
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import trl_common
+
+    order = []
+
+    def child(cmd, **kwargs):
+        side = cmd[-1]
+        order.append(side)
+        seconds = {"reinforge": 2.0, "trl": 8.0}[side] * len(order)    # load rising over the run
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"seconds": seconds}) + "\n")
+
+    monkeypatch.setattr(trl_common.subprocess, "run", child)
+    runs = trl_common.alternate("script.py", [], ("reinforge", "trl"), 3)
+    # The order flips every other round: neither side always runs second.
+    assert order == ["reinforge", "trl", "trl", "reinforge", "reinforge", "trl"]
+    assert [r["seconds"] for r in runs["reinforge"]] == [2.0, 8.0, 10.0]
+    assert [r["seconds"] for r in runs["trl"]] == [16.0, 24.0, 48.0]
+
+    spec = importlib.util.spec_from_file_location("time_to_accuracy", BENCHMARKS / "time_to_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    curves = {"reinforge": [[0.0, 0, 0.6], [2.0, 4, 0.8]], "trl": [[0.0, 0, 0.6], [4.0, 4, 0.7], [8.0, 8, 0.8]]}
+    runs = {side: [{"seconds": curve[-1][0], "curve": curve}, {"seconds": None, "curve": curve[:2]}]
+            for side, curve in curves.items()}
+    # Round 0: 2 / 8 s; interpolated at 0.75, 1.5 s (halfway from 0.6 to 0.8) over 6 s. Round 1 missed it.
+    assert module.round_ratios(runs, 0.75) == {"ratio_each": [0.25, None], "ratio_interpolated_each": [0.25, None]}
+    assert module.parse([]).rounds == 3 and module.parse(["--only", "reinforge"]).rounds == 1
+    assert module.parse(["--rounds", "2"]).rounds == 2
