@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Set before torch loads libgomp: the CLI's setting (reinforge/cli.py), for the tests' in-process runs too.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Two xdist workers on two cores: one torch thread each avoids oversubscription.
 if os.environ.get("PYTEST_XDIST_WORKER"):
