@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 from transformers.utils import get_json_schema
 
 from reinforge.tasks.multiply_tool import calculator
@@ -21,7 +22,14 @@ TOOLS = [get_json_schema(calculator)]
 def solve(client, row: dict) -> float:
     messages = [{"role": "user", "content": row["prompt"]}]
     for _ in range(2):                                  # the task's two turns: the call, the answer
-        message = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+        try:
+            message = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+        except openai.BadRequestError as err:
+            # No room left for the answer (a long turn and a long tool error fill the model's positions) or the
+            # run's turns are spent: the episode ends unanswered, its calls trained on with reward 0.
+            if err.code in ("context_length_exceeded", "call_limit"):
+                return 0.0
+            raise
         messages.append(message)
         if not message.tool_calls:
             break

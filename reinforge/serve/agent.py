@@ -248,7 +248,7 @@ class AgentFunctions:
                 error = f"the endpoint refused a request of the agent: {log.refusals[0]}"
             if error is None and not chain:
                 error = "the agent made no call to the endpoint: the episode has no tokens to train on"
-            stop = "error" if error else ("max_turns" if log.limit_hit else "done")
+            stop = "error" if error else (log.limit or "done")
             result = EpisodeResult(trajectory=traj, messages=tuple(transcript(chain, tokenizer)),
                                    turn_rewards=() if error else (reward,), reward_mode="trajectory",
                                    turns=len(chain), stop_reason=stop, error=error)

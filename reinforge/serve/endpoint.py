@@ -63,6 +63,19 @@ class CallLimit(Refused):
     """A request past the episode's max_calls (HTTP 400, code 'call_limit'): the episode stops there
     (stop reason max_turns), it does not fail for it."""
 
+    code, stop_reason = "call_limit", "max_turns"
+
+
+class ContextLimit(CallLimit):
+    """An episode's request whose prompt fills the model's positions (HTTP 400, code 'context_length_exceeded',
+    OpenAI's): the episode stops there (stop reason max_model_tokens: no room is left for the model's tokens),
+    it does not fail for it. Its calls so far are trained on, with the reward its agent gives; the in-process
+    rollout would have gone on past the positions instead, and such an episode (a long tool error after a
+    long turn) is one the reward scores 0 either way, so dropping it would lose exactly the signal against
+    what led there."""
+
+    code, stop_reason = "context_length_exceeded", "max_model_tokens"
+
 
 class Endpoint:
     """The HTTP endpoint over a rollout engine (see the module docstring). `start` binds 127.0.0.1:`port`
@@ -175,7 +188,7 @@ class Endpoint:
         try:
             response, calls = routes[path](body, log)
         except CallLimit as err:
-            return 400, _error(str(err), "call_limit")
+            return 400, _error(str(err), err.code)
         except Refused as err:
             if log is not None:
                 log.refuse(str(err))
@@ -242,11 +255,15 @@ class Endpoint:
         if not prompt_ids:
             raise Refused("the prompt is empty")
         if self.max_positions is not None and len(prompt_ids) >= self.max_positions:
-            raise Refused(f"the prompt has {len(prompt_ids)} tokens, the model {self.max_positions} positions")
+            message = f"the prompt has {len(prompt_ids)} tokens, the model {self.max_positions} positions"
+            if log is None:
+                raise Refused(message)
+            log.end(ContextLimit.stop_reason)
+            raise ContextLimit(f"{message}: this episode's context is full")
         if log is not None:
             with log.lock:
                 if log.max_calls is not None and log.requests >= log.max_calls:
-                    log.limit_hit = True
+                    log.limit = log.limit or CallLimit.stop_reason
                     raise CallLimit(f"this episode has made its {log.max_calls} calls (rollout.max_turns)")
             return self._sampler_now().sample(prompt_ids, n, log.next_key(), log.token)
         return self._free_sampler(params).sample(prompt_ids, n, secrets.randbits(62))

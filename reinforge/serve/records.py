@@ -55,7 +55,8 @@ class EpisodeLog:
     refusals: list[str] = field(default_factory=list)   # requests refused, and why (a changed sampling setting)
     requests: int = 0                 # requests accepted for sampling
     closed: bool = False              # the episode ended: later requests are refused
-    limit_hit: bool = False           # a request past max_calls was refused
+    limit: str | None = None          # the stop reason of the limit a refused request hit: 'max_turns' (max_calls),
+                                      # 'max_model_tokens' (the model's positions); the episode ends there
     threads: list[Any] = field(default_factory=list)    # its chat conversations (reinforge/serve/chat.py)
     texts: list[tuple[str, list[int]]] = field(default_factory=list)   # completions: (text, tokens) so far
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -68,6 +69,10 @@ class EpisodeLog:
     def record(self, calls: list[Call]) -> None:
         with self.lock:
             self.calls.extend(calls)
+
+    def end(self, limit: str) -> None:
+        with self.lock:
+            self.limit = self.limit or limit
 
     def refuse(self, reason: str) -> None:
         with self.lock:

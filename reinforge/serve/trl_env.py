@@ -53,8 +53,8 @@ def trl_agent(cls: type, name: str) -> Callable[[Any, dict], float]:
             try:
                 reply = client.chat.completions.create(model="policy", messages=messages, tools=schemas or None)
             except openai.BadRequestError as err:
-                if getattr(err, "code", None) == "call_limit":
-                    break            # the episode's calls are spent: scored as it stands
+                if getattr(err, "code", None) in ("call_limit", "context_length_exceeded"):
+                    break            # the episode's calls or the model's positions are spent: scored as it stands
                 raise
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
