@@ -16,11 +16,11 @@ from rich.table import Table
 
 from reinforge.errors import ConfigError, UserError
 
-# libgomp's threads (torch's intra-op pool, the fused CPU kernels) spin while waiting for work by default; where
-# other processes run, a spinning thread loses its core and every parallel op waits for it. Sleeping threads:
-# RL step 3-4x faster on a loaded 2-core machine, ~15% slower on a quiet one (BENCHMARKS.md, "OpenMP's wait
-# policy"). libgomp reads it when torch loads (not yet, here); a value the user set is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp's waiting threads (torch's pool, the CPU kernels) spin ~300k iterations; where other processes run, one
+# loses its core and every parallel op waits for it. A 1k spin: RL step ~2.4x faster on a loaded 2-core machine,
+# as fast quiet (BENCHMARKS.md, "OpenMP's wait policy"). Read when torch loads (not yet); a user's setting is kept.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 # `reinforge --help` and `--version` must answer at once: torch and transformers (seconds to import) are
 # imported inside the commands that need them, never at module level here.

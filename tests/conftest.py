@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 # Set before torch loads libgomp: the CLI's setting (reinforge/cli.py), for the tests' in-process runs too.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
