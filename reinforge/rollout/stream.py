@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -102,7 +102,7 @@ class _Inbox:
     """What the driver hands the sampler thread, guarded by one condition."""
 
     requests: list[GroupRequest] = field(default_factory=list)
-    weights: dict[str, torch.Tensor] | None = None
+    weights: Any = None          # the published weights not yet applied, in the sampler's own form
     version: int = 0
     closed: bool = False
 
@@ -124,44 +124,19 @@ class WorkerSettings:
                             chat_template=self.chat_template, cpu_kernels=self.cpu_kernels)
 
 
-class LocalSampler:
-    """The in-process rollout worker: a thread decoding one `DecodeSession` over its own copy of
-    the policy (the learner changes its weights in place while the sampler decodes).
+class SamplerThread:
+    """The driver's side of a rollout worker that is a thread of this process: requests go into an inbox,
+    finished groups come out of an outbox, both under one condition; an error in the thread is raised to
+    the driver by `get` (and by the subclass's `probe`). Subclasses start `self.thread` on their `_run`."""
 
-    Torch releases the GIL inside its kernels, so decoding and the learner's
-    forward/backward overlap on separate cores. Each request brings its group's
-    sampling key, so the draws do not depend on thread timing.
-    """
+    FAILED = "the rollout sampler thread failed"
 
-    def __init__(self, policy: Policy, params: SamplingParams, group_size: int, slots: int,
-                 in_flight: InFlight = "interrupt", chat_template: str = "auto", cpu_kernels: bool = True):
-        self.model = copy.deepcopy(policy.model).eval()
-        self.tokenizer, self.group_size, self.in_flight, self.chat_template = (
-            policy.tokenizer,
-            group_size,
-            in_flight,
-            chat_template,
-        )
-        engine = NativeEngine(
-            Policy(self.model, policy.tokenizer), chat_template=chat_template, cpu_kernels=cpu_kernels
-        )
-        self.params, self.slots, self.version = params, slots, 0
-        self.session = engine.session(params, slots=slots, version=0)
-        self._decoder(engine)
+    def __init__(self) -> None:
         self.cond = threading.Condition()
         self.inbox = _Inbox()
         self.outbox: deque[FinishedGroup] = deque()
-        self.partial: dict[int, dict[int, FinishedRow]] = {}
-        self.prompts: dict[int, list[int]] = {}
         self.error: BaseException | None = None
-        self._times = WorkerTimes()
-        self._sync_seconds = 0.0
-        # The version the decoder holds and the tensors it decodes with: what `probe` scores.
-        self.applied: tuple[int, DecoderWeights] = (0, self.session.weights)
-        self.thread = threading.Thread(target=self._run, name="reinforge-sampler", daemon=True)
-        self.thread.start()
 
-    # ---- the driver's side
     def submit(self, requests: list[GroupRequest]) -> None:
         with self.cond:
             self.inbox.requests.extend(requests)
@@ -175,10 +150,55 @@ class LocalSampler:
                 if left <= 0:
                     return None
                 self.cond.wait(left)
-            if self.error is not None:
-                raise RuntimeError("the rollout sampler thread failed") from self.error
+            self._raise()
             return self.outbox.popleft()
 
+    def close(self) -> None:
+        with self.cond:
+            self.inbox.closed = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(self.FAILED) from self.error
+
+
+class LocalSampler(SamplerThread):
+    """The in-process rollout worker: a thread decoding one `DecodeSession` over its own copy of
+    the policy (the learner changes its weights in place while the sampler decodes).
+
+    Torch releases the GIL inside its kernels, so decoding and the learner's
+    forward/backward overlap on separate cores. Each request brings its group's
+    sampling key, so the draws do not depend on thread timing.
+    """
+
+    def __init__(self, policy: Policy, params: SamplingParams, group_size: int, slots: int,
+                 in_flight: InFlight = "interrupt", chat_template: str = "auto", cpu_kernels: bool = True):
+        super().__init__()
+        self.model = copy.deepcopy(policy.model).eval()
+        self.tokenizer, self.group_size, self.in_flight, self.chat_template = (
+            policy.tokenizer,
+            group_size,
+            in_flight,
+            chat_template,
+        )
+        engine = NativeEngine(
+            Policy(self.model, policy.tokenizer), chat_template=chat_template, cpu_kernels=cpu_kernels
+        )
+        self.params, self.slots, self.version = params, slots, 0
+        self.session = engine.session(params, slots=slots, version=0)
+        self._decoder(engine)
+        self.partial: dict[int, dict[int, FinishedRow]] = {}
+        self.prompts: dict[int, list[int]] = {}
+        self._times = WorkerTimes()
+        self._sync_seconds = 0.0
+        # The version the decoder holds and the tensors it decodes with: what `probe` scores.
+        self.applied: tuple[int, DecoderWeights] = (0, self.session.weights)
+        self.thread = threading.Thread(target=self._run, name="reinforge-sampler", daemon=True)
+        self.thread.start()
+
+    # ---- the driver's side (submit, get, close: SamplerThread)
     def publish(self, model: torch.nn.Module, version: int) -> None:
         # A snapshot: the learner's next update must not change weights under a running decode step.
         snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -198,16 +218,9 @@ class LocalSampler:
         with self.cond:
             while self.applied[0] < version and self.error is None and (left := deadline - time.monotonic()) > 0:
                 self.cond.wait(left)
-            if self.error is not None:
-                raise RuntimeError("the rollout sampler thread failed") from self.error
+            self._raise()
             held, weights = self.applied
         return [SamplerProbe(name, engine_logprobs(weights, self.model, ids), held)]
-
-    def close(self) -> None:
-        with self.cond:
-            self.inbox.closed = True
-            self.cond.notify_all()
-        self.thread.join()
 
     # ---- the sampler thread
     def _run(self) -> None:

@@ -22,24 +22,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from reinforge.rollout.base import SamplingParams, select_rows
 from reinforge.rollout.probe import SamplerProbe
 from reinforge.rollout.prompts import encode_prompts
-from reinforge.rollout.stream import FinishedGroup, GroupRequest, WorkerTimes
-from reinforge.rollout.vllm_engine import VLLMEngine, Weights
-
-
-@dataclass
-class _Inbox:
-    requests: list[GroupRequest] = field(default_factory=list)
-    weights: Weights | None = None
-    version: int = 0
-    closed: bool = False
+from reinforge.rollout.stream import FinishedGroup, GroupRequest, SamplerThread, WorkerTimes
+from reinforge.rollout.vllm_engine import VLLMEngine
 
 
 def group_seeds(key: int, group_size: int) -> list[int]:
@@ -47,37 +37,21 @@ def group_seeds(key: int, group_size: int) -> list[int]:
     return torch.randint(2**62, (group_size,), generator=torch.Generator().manual_seed(key)).tolist()
 
 
-class VLLMSampler:
-    """`RolloutWorkers` (rollout/stream.py) as one thread driving `engine` (see the module docstring)."""
+class VLLMSampler(SamplerThread):
+    """`RolloutWorkers` (rollout/stream.py) as one thread driving `engine` (see the module docstring); its
+    inbox's weights are `Weights` snapshots."""
+
+    FAILED = "the vLLM sampler thread failed"
 
     def __init__(self, engine: VLLMEngine, params: SamplingParams, group_size: int, chat_template: str = "auto"):
+        super().__init__()
         self.engine, self.params, self.group_size, self.chat_template = engine, params, group_size, chat_template
-        self.cond = threading.Condition()
-        self.inbox = _Inbox()
-        self.outbox: deque[FinishedGroup] = deque()
         self.applied = 0                       # the version vLLM holds
-        self.error: BaseException | None = None
         self._times = WorkerTimes()
         self.thread = threading.Thread(target=self._run, name="reinforge-vllm-sampler", daemon=True)
         self.thread.start()
 
-    # ---- the driver's side
-    def submit(self, requests: list[GroupRequest]) -> None:
-        with self.cond:
-            self.inbox.requests.extend(requests)
-            self.cond.notify_all()
-
-    def get(self, timeout: float) -> FinishedGroup | None:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.outbox and self.error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
-            self._raise()
-            return self.outbox.popleft()
-
+    # ---- the driver's side (submit, get, close: SamplerThread)
     def publish(self, model: torch.nn.Module, version: int) -> None:
         weights = self.engine.snapshot(model, copy=True)    # the learner's next update must not reach it
         with self.cond:
@@ -97,16 +71,6 @@ class VLLMSampler:
             self._raise()
             held = self.applied
         return [SamplerProbe("vllm engine", self.engine.probe_logprobs(ids), held)]
-
-    def close(self) -> None:
-        with self.cond:
-            self.inbox.closed = True
-            self.cond.notify_all()
-        self.thread.join()
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise RuntimeError("the vLLM sampler thread failed") from self.error
 
     # ---- the sampler thread
     def _run(self) -> None:

@@ -24,6 +24,8 @@ from reinforge.rollout.base import SamplingParams, environment_returns
 from reinforge.serve.agent import AgentFunctions, load_agent
 from reinforge.tasks.verifiers_taskset import VerifiersTasksetTask
 
+# `make test` installs the extras, verifiers among them, so these run in CI; they skip only where the extras are
+# absent (`make test-lower`'s environment, a user's bare install), which cannot play a verifiers environment.
 pytest.importorskip("verifiers.v1", reason="verifiers is an optional dependency: pip install 'reinforge[extras]'")
 
 runner = CliRunner()
