@@ -51,8 +51,10 @@ benchmarks/time_to_accuracy.py trains, DIR/model). `completion_tokens` says how 
 The last line of stdout is one JSON object: rl and sft (each: step_seconds, parts {part: {seconds,
 share}}, part_medians, steps_s and the step's settings), cpu (lscpu's model name), cpu_features (its
 vector instruction sets), cpus, torch_threads, cpu_kernels (whether the native engine decodes with
-reinforge's fused CPU kernels), env (OMP_NUM_THREADS, OMP_WAIT_POLICY, MKL_NUM_THREADS, REINFORGE_CPU_KERNELS as set),
-load_avg_start / load_avg_end (1, 5, 15 minutes), torch, transformers, python.
+reinforge's fused CPU kernels), kernel_tuning (the row block of their products chosen on this machine
+and the ms each candidate took, reinforge/kernels/tuning.py), env (OMP_NUM_THREADS, OMP_WAIT_POLICY,
+MKL_NUM_THREADS, REINFORGE_CPU_KERNELS as set), load_avg_start / load_avg_end (1, 5, 15 minutes),
+torch, transformers, python.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from reinforge.config import build_config
 from reinforge.curation.batches import BatchCollector
 from reinforge.jobs.rl import run_rl, sft_examples
 from reinforge.jobs.start import load_policy, prepare, rollout_engine
+from reinforge.kernels import TUNING
 from reinforge.learner import ForwardPlan, Reference, SequenceBatch
 from reinforge.loops.credit import CriticCredit, GroupCredit
 from reinforge.loops.sft import run_sft
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": args.steps, "warmup": args.warmup, "overrides": args.overrides,
         "cpu": cpu_model(), "cpu_features": cpu_features(), "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "cpu_kernels": uses_kernels(engine),
+        "cpu_kernels": uses_kernels(engine), "kernel_tuning": dict(TUNING),
         "env": {key: os.environ.get(key) for key in ENV},
         "load_avg_start": load_start, "load_avg_end": load_average(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),

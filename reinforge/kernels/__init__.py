@@ -22,6 +22,7 @@ They are built against the installed torch on first use (~20 s on 2 cores) and c
 the CPU (they are built with -march=native). They are optional: with no C++ compiler, a failed
 build, or `REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and every caller runs its
 PyTorch path, which computes the same numbers within float rounding (tests/unit/kernels/test_cpu_kernels.py).
+On first use on a machine the products' row block is chosen by timing (kernels/tuning.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import include_paths, library_paths
 
+from reinforge.kernels.tuning import choose_row_block
+
 log = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).parent / "csrc" / "decode.cpp", Path(__file__).parent / "csrc" / "learner.cpp")
@@ -49,6 +52,8 @@ SOURCES = (Path(__file__).parent / "csrc" / "decode.cpp", Path(__file__).parent 
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
 # -ffast-math lets the softmax's expf vectorise (glibc's libmvec); it is given to the compile only,
 # since linking a shared library with it would set flush-to-zero for the whole process.
+# The machine's choice of the kernels' tile parameters once they are loaded (kernels/tuning.py), for reports.
+TUNING: dict = {}
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
 
 
@@ -108,7 +113,8 @@ def load_cpu_kernels() -> Any | None:
         log.warning("no C++ compiler found: the native engine and the learner use their PyTorch paths on CPU (slower)")
         return None
     try:
-        torch.ops.load_library(str(_build(SOURCES, compiler)))
+        library = _build(SOURCES, compiler)
+        torch.ops.load_library(str(library))
     except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
         detail = (
             err.stderr.strip().splitlines()[-1:]
@@ -118,6 +124,7 @@ def load_cpu_kernels() -> Any | None:
         log.warning("building the CPU kernels failed (%s): the native engine and the learner use their PyTorch paths "
                     "(slower)", detail)
         return None
+    TUNING.update(choose_row_block(torch.ops.reinforge_kernels, library))
     return torch.ops.reinforge_kernels
 
 

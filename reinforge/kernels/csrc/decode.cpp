@@ -278,6 +278,9 @@ TORCH_LIBRARY(reinforge_kernels, m) {
   m.def("decode_attention(Tensor(o!) out, Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, float scale, int window) -> ()", &decode_attention);
   m.def("pack_weight(Tensor w, bool transposed=False) -> Tensor", [](const at::Tensor& w, bool t) { return pack_weight(w, t); });
+  m.def("packed_matmul(Tensor a, Tensor packed, Tensor? bias, int n, int rows=0) -> Tensor", &reinforge_kernels::packed_matmul);
+  m.def("set_row_block(int rows) -> ()", &reinforge_kernels::set_row_block);
+  m.def("row_block() -> int", []() -> int64_t { return reinforge_kernels::row_block(); });
   m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_p, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);

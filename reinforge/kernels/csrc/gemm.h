@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <optional>
 
 namespace reinforge_kernels {
 
@@ -96,13 +98,45 @@ inline void panel_rows(float* c, int64_t ldc, const float* a, int64_t lda, const
   }
 }
 
+// Rows [0, M) of one panel's product: blocks of R rows, then the remainder (R <= 12). Every output
+// element is accumulated over k in the same order whatever R is, so R changes the speed only: how
+// many accumulators stay in registers (2 R vectors of 16 floats, plus 2 for the panel) against how
+// often the panel is re-read. The best R depends on the CPU's registers (32 zmm with AVX-512, where
+// 6-12 fit; AVX2 splits each 16-float vector into two of its 16 ymm, so fewer fit) and caches.
+template <int R>
+inline void panel_block(float* cp, int64_t ldc, const float* a, int64_t lda, const float* panel, const float* pb,
+                        int64_t M, int64_t K, int64_t cols, bool accumulate) {
+  int64_t m = 0;
+  for (; m + R <= M; m += R) panel_rows<R>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate);
+  float* c = cp + m * ldc;
+  const float* am = a + m * lda;
+  switch (M - m) {
+#define REINFORGE_TAIL(n) case n: panel_rows<n>(c, ldc, am, lda, panel, pb, K, cols, accumulate); break;
+    REINFORGE_TAIL(1) REINFORGE_TAIL(2) REINFORGE_TAIL(3) REINFORGE_TAIL(4) REINFORGE_TAIL(5) REINFORGE_TAIL(6)
+    REINFORGE_TAIL(7) REINFORGE_TAIL(8) REINFORGE_TAIL(9) REINFORGE_TAIL(10) REINFORGE_TAIL(11)
+#undef REINFORGE_TAIL
+    default: break;
+  }
+}
+
+// The candidates of the row block, and the one gemm_packed uses: chosen per machine by timing on first use
+// (reinforge/kernels/tuning.py, `set_row_block`); 6 until then. One value for the process (a static of an
+// inline function is shared by every translation unit of the library).
+constexpr int ROW_BLOCKS[] = {2, 3, 4, 6, 8, 10, 12};
+inline int& row_block() {
+  static int r = 6;
+  return r;
+}
+
 // c [M, N] (+)= a [M, K] w^T (+ bias [N]) with w packed by pack_weight; panels split over threads.
+// rows: the row block (one of ROW_BLOCKS; 0 = row_block()).
 inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, const at::Tensor& packed, const float* bias,
-                        int64_t M, int64_t N, int64_t K, bool accumulate) {
+                        int64_t M, int64_t N, int64_t K, bool accumulate, int rows = 0) {
   const int64_t P = packed.size(0);
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kFloat && packed.size(2) == PANEL &&
               P == (N + PANEL - 1) / PANEL && packed.size(1) == K && lda >= K,
               "gemm_packed: a packed weight does not match its product (pack_weight)");
+  const int R = rows ? rows : row_block();
   const float* wp = packed.data_ptr<float>();
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -110,18 +144,36 @@ inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, cons
       const float* pb = bias ? bias + p * PANEL : nullptr;
       const int64_t cols = std::min(PANEL, N - p * PANEL);
       float* cp = c + p * PANEL;
-      int64_t m = 0;
-      for (; m + 6 <= M; m += 6) panel_rows<6>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate);
-      switch (M - m) {
-        case 5: panel_rows<5>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 4: panel_rows<4>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 3: panel_rows<3>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 2: panel_rows<2>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        case 1: panel_rows<1>(cp + m * ldc, ldc, a + m * lda, lda, panel, pb, K, cols, accumulate); break;
-        default: break;
+      switch (R) {
+        case 2: panel_block<2>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        case 3: panel_block<3>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        case 4: panel_block<4>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        case 8: panel_block<8>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        case 10: panel_block<10>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        case 12: panel_block<12>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
+        default: panel_block<6>(cp, ldc, a, lda, panel, pb, M, K, cols, accumulate); break;
       }
     }
   });
+}
+
+// a [M, K] w^T (+ bias) with w packed by pack_weight (N columns), with row block `rows` (0: the chosen one):
+// for timing the candidates and testing that they agree.
+inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                                int64_t N, int64_t rows) {
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(), "packed_matmul: a contiguous 2-D float32 a");
+  TORCH_CHECK(rows == 0 || std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS),
+              "packed_matmul: rows must be 0 or one of 2, 3, 4, 6, 8, 10, 12");
+  auto c = at::empty({a.size(0), N}, a.options());
+  gemm_packed(c.data_ptr<float>(), N, a.data_ptr<float>(), a.size(1), packed, bias ? bias->data_ptr<float>() : nullptr,
+              a.size(0), N, a.size(1), false, static_cast<int>(rows));
+  return c;
+}
+
+inline void set_row_block(int64_t rows) {
+  TORCH_CHECK(std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS),
+              "set_row_block: rows must be one of 2, 3, 4, 6, 8, 10, 12");
+  row_block() = static_cast<int>(rows);
 }
 
 }  // namespace reinforge_kernels

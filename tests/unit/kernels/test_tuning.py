@@ -1,0 +1,104 @@
+"""The kernels' row block, chosen per machine by timing (reinforge/kernels/tuning.py): every candidate
+gives the same products bit for bit, and so the same rollout; the choice is timed once, cached next to
+the library, read back, and can be forced."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from unit.kernels.test_cpu_kernels import kernels  # noqa: F401  (fixture)
+from unit.rollout.test_native_engine import MODELS, PROMPTS
+
+from reinforge.kernels import tuning
+from reinforge.rollout import NativeEngine, SamplingParams
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 40, 70), (64, 128, 384), (131, 96, 33)])
+def test_every_row_block_gives_the_same_product_bit_for_bit(kernels, m: int, k: int, n: int) -> None:  # noqa: F811
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    packed = kernels.pack_weight(w)
+    products = {r: kernels.packed_matmul(a, packed, bias, n, r) for r in tuning.ROW_BLOCKS}
+    for r, c in products.items():
+        assert torch.equal(c, products[tuning.DEFAULT_ROW_BLOCK]), f"row block {r}"
+    # and it is the product itself (float rounding apart)
+    torch.testing.assert_close(products[6], torch.addmm(bias, a, w.T), atol=1e-4, rtol=1e-5)
+
+
+def test_the_rollout_is_the_same_under_every_row_block(kernels) -> None:  # noqa: F811
+    policy = MODELS["qwen2"]()
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    chosen = kernels.row_block()
+    try:
+        runs = {}
+        for r in (2, 6, 12):
+            kernels.set_row_block(r)
+            runs[r] = NativeEngine(policy, cpu_kernels=True).generate(PROMPTS, 3, params,
+                                                                       generator=torch.Generator().manual_seed(3))
+    finally:
+        kernels.set_row_block(chosen)
+    for r in (2, 12):
+        assert torch.equal(runs[r].completion_ids, runs[6].completion_ids)
+        assert torch.equal(runs[r].sampler_logprobs, runs[6].sampler_logprobs)
+
+
+class FakeOps:
+    """Records the row block it is given (the timings are set by the test, without a timer's noise)."""
+
+    row = None
+
+    def set_row_block(self, rows):
+        self.row = rows
+
+
+def timings(fastest: int | None, ms: float = 3.0) -> dict[int, float]:
+    """Seconds per candidate: all `ms`, `fastest` 10% faster (None: all equal)."""
+    return {r: (0.9 if r == fastest else 1.0) * ms / 1e3 for r in tuning.ROW_BLOCKS}
+
+
+def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    calls = []
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: calls.append(1) or timings(8))
+    library = tmp_path / "reinforge_kernels-abc.so"
+    ops = FakeOps()
+    with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
+        first = tuning.choose_row_block(ops, library)
+    assert first["row_block"] == 8 and first["source"] == "timed" and ops.row == 8
+    assert sum("row block 8" in r.getMessage() for r in caplog.records) == 1
+    cached = json.loads((tmp_path / "reinforge_kernels-abc.tuning.json").read_text())
+    assert cached["row_block"] == 8 and cached["ms"]["8"] == 2.7 and cached["ms"]["6"] == 3.0
+
+    caplog.clear()
+    ops = FakeOps()
+    with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
+        again = tuning.choose_row_block(ops, library)
+    assert again["row_block"] == 8 and again["source"] == "cached" and ops.row == 8
+    assert calls == [1] and not caplog.records
+
+
+@pytest.mark.parametrize("faster,chosen", [(None, 6), (12, 12)])
+def test_the_default_stays_unless_another_is_clearly_faster(tmp_path, monkeypatch, faster, chosen) -> None:
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    seconds = timings(faster)
+    seconds[4] *= 0.99                          # 1% faster than the default: noise, not a reason to change
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: seconds)
+    assert tuning.choose_row_block(FakeOps(), tmp_path / "k.so")["row_block"] == chosen
+
+
+def test_timing_takes_turns_and_keeps_each_candidates_fastest_pass(kernels, monkeypatch) -> None:  # noqa: F811
+    seconds = tuning.time_row_blocks(kernels, shapes=((8, 16, 32),), rounds=2)
+    assert set(seconds) == set(tuning.ROW_BLOCKS) and all(0 < s < 1 for s in seconds.values())
+
+
+def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeypatch) -> None:
+    ops = FakeOps()
+    monkeypatch.setenv(tuning.ENV, "3")
+    assert tuning.choose_row_block(ops, tmp_path / "k.so") == {"row_block": 3, "source": tuning.ENV}
+    assert ops.row == 3 and not (tmp_path / "k.tuning.json").exists()
+    monkeypatch.setenv(tuning.ENV, "7")
+    with pytest.raises(ValueError, match="one of 2, 3, 4, 6, 8, 10, 12"):
+        tuning.choose_row_block(ops, tmp_path / "k.so")
