@@ -4,7 +4,8 @@ r"""Does RL widen what the model can solve, or only sharpen it? pass@1 against p
         [--eval-prompts N] [--samples 64] [--out DIR] [--doc docs/results.md] [key=value ...]
 
 Per task: one cold start (SFT, `train.steps=0`, seed 0), evaluated on the held-out prompts with
-`--samples` samples each (pass@k for k = 1, 2, 4, ..., 64 by the unbiased estimator, greedy accuracy);
+`--samples` samples each (a cold start made under another evaluation size is evaluated again at this one,
+in OUT/TASK/cold_start-evalNxS) (pass@k for k = 1, 2, 4, ..., 64 by the unbiased estimator, greedy accuracy);
 then every recipe x seed runs RL from that same model (`train.seed` is the RL stage's seed: the prompts
 and the held-out split stay those of seed 0, so no run trains on a held-out prompt) and is evaluated the
 same way, under the same evaluation seed. Each run's directory is OUT/TASK/RECIPE-sSEED; a directory with
@@ -140,6 +141,14 @@ def main() -> None:
         if cold is None:
             continue
         start = cold["eval"]["final"]
+        if (start["num_prompts"], start["num_samples"]) != (args.eval_prompts, args.samples):
+            # a cold start evaluated at another size: evaluate its model at this one (no training)
+            again = run_once(base / f"cold_start-eval{args.eval_prompts}x{args.samples}", args.read_only,
+                             model=str(base / "cold_start" / "model"), **common, **settings,
+                             **{"sft.steps": 0, "train.steps": 0})
+            if again is None:
+                continue
+            start = again["eval"]["final"]
         print(f"{task}: cold start pass@1 {start['pass@1']:.3f} pass@8 {start['pass@k'].get('8', float('nan')):.3f} "
               f"greedy {start['greedy_accuracy']:.3f}", flush=True)
         report[task] = {"start": {"pass@k": start["pass@k"], "greedy_accuracy": start["greedy_accuracy"]},

@@ -197,6 +197,14 @@ _RECIPES += [
            "arXiv 2505.23585", "exact on-policy updates with the length-weighted optimal baseline of the group",
            extras=("one update per batch",), settings=_ON_POLICY,
            claim="a lower-variance gradient that keeps entropy higher and outputs more diverse than GRPO's"),
+    # OPO's update with a k3 KL to the start model in the loss, at GRPO's beta 0.04 (DeepSeekMath). ProRL keeps a
+    # KL to a (periodically reset) reference so that prolonged RL keeps exploring; here it answers what
+    # docs/results.md ("Widening") measured: the prompts RL breaks are ones the start model solved with margin.
+    Recipe("opo_kl", _rl("opo", "ppo_clip", "token_mean", _PPO_CLIP, kl_estimator="k3", kl_coef=0.04),
+           "arXiv 2505.23585, 2505.24864", "OPO (exact on-policy, length-weighted baseline) with a k3 KL to the "
+           "start model in the loss", extras=("one update per batch",), settings=_ON_POLICY,
+           claim="a KL anchor to the reference keeps prolonged RL from narrowing: pass@k at large k rises with "
+                 "pass@1 (ProRL)"),
     # alpha 0.4 and kappa 2 as we read them in the paper; it shapes GRPO's and PPO's advantages alike.
     Recipe("entropy_adv", _rl("grpo", "ppo_clip", "token_mean", _PPO_CLIP, entropy_advantage=0.4,
                               entropy_advantage_kappa=2.0),

@@ -35,7 +35,7 @@ def test_the_table_has_every_row_of_the_formula_sheet():
         "maxrl", "gpg", "lite_ppo", "scalerl", "olmo3", "vapo", "t1", "areal", "dpo",
         "clip_cov", "kl_cov", "dppo_topk",
         "reinforce_pp", "reinforce_pp_baseline", "remax",
-        "passk", "w_reinforce", "opo", "entropy_adv",
+        "passk", "w_reinforce", "opo", "opo_kl", "entropy_adv",
     }
 
 
@@ -76,6 +76,7 @@ def test_compositions_match_the_formula_sheet():
         "passk": ("passk", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
         "w_reinforce": ("w_reinforce", "reinforce", {}, "token_mean", None),
         "opo": ("opo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
+        "opo_kl": ("opo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", "k3"),
         "entropy_adv": ("grpo", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}, "token_mean", None),
     }
     assert set(sheet) == set(RECIPE_OBJECTIVES)
