@@ -164,6 +164,8 @@ inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, c
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(), "packed_matmul: a contiguous 2-D float32 a");
   TORCH_CHECK(rows == 0 || std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS),
               "packed_matmul: rows must be 0 or one of 2, 3, 4, 6, 8, 10, 12");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
+              "packed_matmul: the bias must be N contiguous float32 values");
   auto c = at::empty({a.size(0), N}, a.options());
   gemm_packed(c.data_ptr<float>(), N, a.data_ptr<float>(), a.size(1), packed, bias ? bias->data_ptr<float>() : nullptr,
               a.size(0), N, a.size(1), false, static_cast<int>(rows));
