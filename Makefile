@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: run test test-unit lint install test-lower gpu-bundle vllm-env test-vllm
+.PHONY: run test test-slow test-all test-unit lint install test-lower gpu-bundle vllm-env test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/reinforge train $(ARGS)
 
+# The test suite without its slow end-to-end tier (tests marked `slow`: whole training runs, Ray
+# clusters, torchrun); `make test-slow` runs that tier, `make test-all` both. CI runs both (.ci/run).
 test: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -m slow $(ARGS)
+
+test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q $(ARGS)
 
 # The unit tier alone (tests/unit mirrors the package): no training run end to end.

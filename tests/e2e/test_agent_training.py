@@ -107,6 +107,7 @@ TOOL_RUN = ["task.name=multiply_tool", "sft.steps=100", "sft.batch_size=32", "sf
             "rollout.max_new_tokens=24", "model.max_positions=160", "eval.num_prompts=2", "eval.num_samples=2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RL_RECIPES)
 def test_every_rl_recipe_trains_the_tool_task(tmp_path: Path, micro_overrides: list[str], name: str) -> None:
     out = tmp_path / "run"

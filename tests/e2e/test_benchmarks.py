@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from repo_paths import REPO
 
 BENCHMARKS = REPO / "benchmarks"
@@ -38,6 +39,7 @@ def test_vs_trl_reinforge_side_runs_the_benchmarked_problem():
     assert 0 < out["generation_seconds"] < out["step_seconds"]
 
 
+@pytest.mark.slow
 def test_rollout_throughput_compares_like_with_like():
     out = run_script("rollout_throughput.py", "--rounds", "1", "--threads", "1")
     for name in ("fixed_length", "long_tail"):
@@ -50,6 +52,7 @@ def test_rollout_throughput_compares_like_with_like():
     assert out["long_tail"]["mean_length"]["native"] < 0.9 * out["long_tail"]["max_new_tokens"]
 
 
+@pytest.mark.slow
 def test_async_throughput_trains_both_modes_on_the_same_samples():
     out = run_script("async_throughput.py", "sft.steps=0", "train.steps=2", "train.prompts_per_step=4",
                      "eval.num_prompts=8", "eval.num_samples=2", "threads=1")
@@ -58,6 +61,7 @@ def test_async_throughput_trains_both_modes_on_the_same_samples():
     assert all(0.0 <= out[k] <= 1.0 for k in ("start_pass@1", "sync_pass@1", "async_pass@1"))
 
 
+@pytest.mark.slow
 def test_dpo_heldout_runs():
     out = run_script(
         "dpo_heldout.py", "sft.steps=0", "train.steps=2", "eval.num_prompts=8", "eval.num_samples=2", "threads=1"
@@ -66,12 +70,14 @@ def test_dpo_heldout_runs():
     assert all(0.0 <= out[when]["pass@1"] <= 1.0 for when in ("start", "final"))
 
 
+@pytest.mark.slow
 def test_logprob_memory_agrees_with_the_plain_computation():
     out = run_script("logprob_memory.py", "--tokens", "64", "--vocab", "1000", "--hidden", "32")
     assert out["max_abs_diff"] < 1e-5
     assert out["chunked_peak_mb"] > 0 and out["naive_peak_mb"] > 0
 
 
+@pytest.mark.slow
 def test_learner_padding_buckets_give_the_one_pass_numbers_on_fewer_positions():
     out = run_script("learner_padding.py", "--repeats", "1", "--threads", "1")
     assert out["max_abs_diff"] < 1e-5
@@ -79,6 +85,7 @@ def test_learner_padding_buckets_give_the_one_pass_numbers_on_fewer_positions():
     assert out["tokens"] - out["rows"] <= out["bucketed_positions"]   # a row of n tokens needs n - 1 positions
 
 
+@pytest.mark.slow
 def test_train_throughput_counts_the_batch_and_its_flops():
     out = run_script("train_throughput.py", "--prompts", "4", "--max-new-tokens", "32", "--prompt-length", "8",
                      "--repeats", "1", "--threads", "1")
@@ -131,6 +138,7 @@ def test_multiturn_continuation_samples_the_same_tokens_both_ways():
     assert 16 + 2 * 8 + 3 <= out["final_length"] <= 16 + 2 * 8 + 3 * 8
 
 
+@pytest.mark.slow
 def test_quantized_rollouts_measure_the_int8_gap(tmp_path):
     out = run_script("quantized_rollouts.py", "--steps", "2", "--sft-steps", "5", "--variants", "fp32,int8_head+tis",
                      "--out", str(tmp_path / "runs"), "--plot", str(tmp_path / "plot.png"),
@@ -142,6 +150,7 @@ def test_quantized_rollouts_measure_the_int8_gap(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_time_to_accuracy_reinforge_side_clocks_training_and_not_evaluation(tmp_path):
     # A 2-step SFT start model; a threshold of start - 1 is reached at the first evaluation, whose
     # clock reading is the side's seconds; 4 prompts x 8 samples a step, 8 x 2 held-out samples.

@@ -245,6 +245,7 @@ def test_on_policy_distillation_alone_raises_held_out_pass_rate_toward_the_teach
     assert steps[-1]["pass_rate"] > steps[0]["pass_rate"]
 
 
+@pytest.mark.slow
 def test_offline_distillation_fine_tunes_on_the_teachers_verified_samples(tmp_path):
     # The teacher: the micro model fine-tuned on "7<eos>" (the sevens task with a completion column); it
     # ends its answers, which rejection sampling needs (a sample cut at max_new_tokens is never kept).
@@ -270,6 +271,7 @@ def test_offline_distillation_fine_tunes_on_the_teachers_verified_samples(tmp_pa
     assert summary["eval"]["final"]["pass@1"] >= 0.8
 
 
+@pytest.mark.slow
 def test_distill_benchmark_runs_in_a_small_configuration(tmp_path, micro_overrides):
     # benchmarks/learned_rewards_distill.py on the micro model (its figures are the docs'; here: that it runs
     # against the current code, and that its gains and step counts are read off its own curves).

@@ -198,6 +198,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_match_one_process():
     mp.spawn(_worker, args=(_free_port(),), nprocs=2, join=True)
 
@@ -259,10 +260,12 @@ def _split_worker(rank: int, port: int) -> None:
     leave_learner_group(finished=True)
 
 
+@pytest.mark.slow
 def test_generation_split_across_ranks_gives_the_one_process_rollout():
     mp.spawn(_split_worker, args=(_free_port(),), nprocs=2, join=True)
 
 
+@pytest.mark.slow
 def test_rank_0s_batch_reaches_every_rank_and_so_do_its_errors():
     mp.spawn(_broadcast_worker, args=(_free_port(),), nprocs=2, join=True)
 

@@ -349,6 +349,7 @@ def trained(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_a_prm_learns_which_steps_of_unseen_chain_sums_are_right(trained):
     before, after, fit = trained["before"], trained["after"], trained["fit"]
     assert fit.first_loss == pytest.approx(math.log(2), abs=1e-6)     # the zero head: every step at 1/2
@@ -373,6 +374,7 @@ def test_a_prm_learns_which_steps_of_unseen_chain_sums_are_right(trained):
     assert trained["auc"] >= 0.72
 
 
+@pytest.mark.slow
 def test_the_saved_prm_loads_with_transformers_and_gives_the_same_scores(trained):
     prm, path = trained["prm"], trained["path"]
     loaded = AutoModelForTokenClassification.from_pretrained(path)
@@ -411,6 +413,7 @@ def composed(trained, aggregate: str | None) -> tuple[torch.Tensor, Rollout]:
                             rollout.completion_mask), rollout
 
 
+@pytest.mark.slow
 def test_a_prm_source_gives_an_all_wrong_group_a_signal(trained):
     alone, _ = composed(trained, None)
     assert alone.abs().max() == 0.0                                     # GRPO: an all-wrong group has no signal
@@ -425,6 +428,7 @@ def test_a_prm_source_gives_an_all_wrong_group_a_signal(trained):
     assert tokens[torch.arange(4), eos].abs().max() == 0                # no step ends after the eos
 
 
+@pytest.mark.slow
 def test_a_prm_source_scores_by_its_own_steps(trained):
     prm, policy = trained["prm"], trained["policy"]
     reward = RewardConfig(functions=[], process={"path": str(trained["path"]), "aggregate": "min"})
@@ -451,6 +455,7 @@ def test_process_config_errors(tmp_path):
 # ------------------------------------------------------------------ Math-Shepherd with a real engine
 
 
+@pytest.mark.slow
 def test_generate_ids_samples_what_generate_samples(trained):
     engine = NativeEngine(trained["policy"])
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
@@ -461,6 +466,7 @@ def test_generate_ids_samples_what_generate_samples(trained):
     assert torch.equal(by_ids.completion_ids, by_text.completion_ids) and by_ids.texts == by_text.texts
 
 
+@pytest.mark.slow
 def test_shepherd_dataset_from_the_sft_policy(trained):
     task, policy = trained["task"], trained["policy"]
     examples = task.eval_split(6)
@@ -476,6 +482,7 @@ def test_shepherd_dataset_from_the_sft_policy(trained):
         assert lab.hard[-1] == task.reward(example, "".join(lab.steps))
 
 
+@pytest.mark.slow
 def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
     from reinforge.jobs.process_reward_model import run_process_reward_model_job
     from reinforge.models import save_policy

@@ -98,6 +98,7 @@ def arithmetic_pairs(task: ArithmeticTask, examples, reps: int, seed: int) -> li
             for e in examples for _ in range(reps)]
 
 
+@pytest.mark.slow
 def test_reward_model_learns_to_prefer_right_arithmetic_answers():
     # The simpler signal the brief allows: 1-digit addition ("3+4=" -> "07", zero-padded), all 100
     # problems. A 2-layer, width-32 model does not learn to verify unseen problems within seconds (2-digit
@@ -235,6 +236,7 @@ def test_reward_model_config_errors_name_the_key(saved_rm, tmp_path):
 # ------------------------------------------------------------------ the reward-model job
 
 
+@pytest.mark.slow
 def test_reward_model_job_from_a_pairs_file(tmp_path):
     task = ArithmeticTask(seed=0, digits=1)
     problems = task.train_split(80) + task.eval_split(20)

@@ -154,6 +154,7 @@ def test_shipped_pipelines_run_end_to_end(name, tmp_path, micro_overrides) -> No
     assert sft.get("judge_examples") == (16 if name == "self_rewarding" else None)     # half of sft.num_examples=32
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_in_a_small_configuration() -> None:
     """benchmarks/learned_rewards_self.py (the numbers of docs/self-play.md), with a micro model."""
     import subprocess

@@ -68,6 +68,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_train_as_one_process_and_resume_exactly(tmp_path: Path) -> None:
     # One test, so that the two-rank run (the costly part) runs once whatever the xdist split.
     two_ranks, one = tmp_path / "two", tmp_path / "one"
@@ -137,6 +138,7 @@ def test_unsupported_settings_are_refused_under_a_group_before_anything_is_writt
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow
 def test_async_learner_ranks_learn_and_match_one_process(tmp_path: Path) -> None:
     """train.mode=async on two learner ranks: rank 0 runs the sampler and the staleness gate and sends
     each batch to both ranks (distributed/data_parallel.py, RankZeroSource).

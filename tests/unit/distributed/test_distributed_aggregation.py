@@ -9,6 +9,7 @@ stays on loopback (file:// rendezvous, gloo on lo).
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -71,6 +72,7 @@ def _worker(rank, path):
     leave_learner_group(finished=True)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, join=True)
 

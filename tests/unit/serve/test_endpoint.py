@@ -184,6 +184,7 @@ def test_a_streamed_request_gets_the_whole_turn_as_server_sent_events() -> None:
     traj, chain = trajectory(log.calls, group=0)
     assert len(chain) == 2 and traj.segments[1].role == "environment" and len(log.calls) == 3
 
+@pytest.mark.slow
 def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_overrides: list[str]) -> None:
     from reinforge.cli import build_config
     from reinforge.jobs.train import run
