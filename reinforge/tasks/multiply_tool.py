@@ -102,12 +102,12 @@ class MultiplyToolTask(ArithmeticTask):
     # to copy digits within 600 steps; at 1e-3 copying appears at ~300 steps. After 400 steps greedy decoding
     # is right on the held-out problems while sampled pass@1 is ~0.2 (the noisy traces' mass on miscopies and
     # guesses), which RL raises; its learning rate is 2x the default, as only a few of each trajectory's ~80
-    # tokens decide its reward.
+    # tokens decide its reward. 80 RL steps: 0.21 -> 0.44 held-out pass@1 (150 steps: 0.56) in half the time.
     preset: dict[str, Any] = {
         "model": {"max_positions": 160},
         "rollout": {"max_new_tokens": 96, "max_turns": 2},
         "sft": {"steps": 400, "batch_size": 64, "num_examples": 25600, "lr": 1e-3},
-        "train": {"steps": 150, "prompts_per_step": 16, "lr": 1e-4},
+        "train": {"steps": 80, "prompts_per_step": 16, "lr": 1e-4},
         "eval": {"num_prompts": 100, "every": 0},
     }
 
