@@ -27,12 +27,14 @@ import statistics
 import time
 from pathlib import Path
 
+import yaml
+
 import reinforge
 
 # Each task: the settings of its cold start and of its RL runs (task and model size; the cold start's
 # SFT steps). The reasoning-gym datasets are configured small enough for the built-in tiny model.
 TASKS: dict[str, dict] = {
-    "arithmetic": {"task.name": "arithmetic", "sft.steps": 600},
+    "arithmetic": {"task.name": "arithmetic", "sft.steps": 600, "sft.batch_size": 256},
     "countdown": {"task.name": "countdown", "sft.steps": 600, "rollout.max_new_tokens": 12},
     "spell_backward": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
                        "task.options.datasets": [{"name": "spell_backward",
@@ -129,7 +131,8 @@ def main() -> None:
     parser.add_argument("--read-only", action="store_true", help="report the finished runs under --out, run nothing")
     parser.add_argument("overrides", nargs="*", help="key=value settings of every run")
     args = parser.parse_args()
-    extra = dict(item.split("=", 1) for item in args.overrides)
+    # values as the CLI reads them (YAML: 2 is an int, [a, b] a list)
+    extra = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.overrides)}
     common = {"threads": 1, "log.progress": False, "seed": 0, "eval.every": 0,
               "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples, **extra}
     report: dict[str, dict] = {}
