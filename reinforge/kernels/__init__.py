@@ -52,9 +52,9 @@ SOURCES = (Path(__file__).parent / "csrc" / "decode.cpp", Path(__file__).parent 
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
 # -ffast-math lets the softmax's expf vectorise (glibc's libmvec); it is given to the compile only,
 # since linking a shared library with it would set flush-to-zero for the whole process.
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
 # The machine's choice of the kernels' tile parameters once they are loaded (kernels/tuning.py), for reports.
 TUNING: dict = {}
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
 
 
 def _cpu_fingerprint() -> str:

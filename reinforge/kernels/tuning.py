@@ -81,8 +81,11 @@ def choose_row_block(ops: Any, library: Path) -> dict:
             choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
                       "threads": torch.get_num_threads()}
             tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(choice))
-            os.replace(tmp, cache)           # atomic: concurrent processes at worst both time
+            try:
+                tmp.write_text(json.dumps(choice))
+                os.replace(tmp, cache)       # atomic: concurrent processes at worst both time
+            except OSError as err:           # a read-only cache: the choice holds for this process only
+                log.warning("CPU kernels: could not cache the row block's choice (%s)", err)
             choice["source"] = "timed"
             log.info("CPU kernels: row block %d of the packed products, timed on this CPU (ms per candidate: "
                      "%s; cached in %s)", fastest, choice["ms"], cache)

@@ -102,3 +102,13 @@ def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeyp
     monkeypatch.setenv(tuning.ENV, "7")
     with pytest.raises(ValueError, match="one of 2, 3, 4, 6, 8, 10, 12"):
         tuning.choose_row_block(ops, tmp_path / "k.so")
+
+
+def test_a_cache_that_cannot_be_written_keeps_the_choice_for_the_process(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: timings(4))
+    ops = FakeOps()
+    with caplog.at_level(logging.WARNING, logger="reinforge.kernels.tuning"):
+        got = tuning.choose_row_block(ops, tmp_path / "missing-folder" / "k.so")
+    assert got["row_block"] == 4 and got["source"] == "timed" and ops.row == 4
+    assert any("could not cache" in r.getMessage() for r in caplog.records)
