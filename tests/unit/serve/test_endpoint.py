@@ -184,6 +184,7 @@ def test_a_streamed_request_gets_the_whole_turn_as_server_sent_events() -> None:
     traj, chain = trajectory(log.calls, group=0)
     assert len(chain) == 2 and traj.segments[1].role == "environment" and len(log.calls) == 3
 
+
 @pytest.mark.slow
 def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_overrides: list[str]) -> None:
     from reinforge.cli import build_config
@@ -196,9 +197,13 @@ def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_override
     server = subprocess.Popen([sys.executable, "-m", "reinforge.cli", "serve", str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = server.stdout.readline()
-        url = re.search(r"serving the policy at (http://127\.0\.0\.1:\d+/v1)", line)
-        assert url, line + server.stdout.read() if server.poll() is not None else line
+        # the first line that names the URL (a torch built for CUDA warns first on a machine without one)
+        seen = []
+        while (line := server.stdout.readline()) and len(seen) < 50:
+            seen.append(line)
+            if url := re.search(r"serving the policy at (http://127\.0\.0\.1:\d+/v1)", line):
+                break
+        assert url, "".join(seen) + (server.stdout.read() if server.poll() is not None else "")
         c = openai.OpenAI(base_url=url.group(1), api_key="anything", max_retries=0, timeout=60)
         assert [m.id for m in c.models.list().data] == ["policy"]
         greedy = [c.completions.create(model="policy", prompt="12+7=", temperature=0, max_tokens=3).choices[0]
