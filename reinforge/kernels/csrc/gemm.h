@@ -128,6 +128,11 @@ inline int& row_block() {
   return r;
 }
 
+inline void check_row_block(int64_t rows, const char* who) {
+  TORCH_CHECK(std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS), who,
+              ": the row block must be one of 2, 3, 4, 6, 8, 10, 12, got ", rows);
+}
+
 // c [M, N] (+)= a [M, K] w^T (+ bias [N]) with w packed by pack_weight; panels split over threads.
 // rows: the row block (one of ROW_BLOCKS; 0 = row_block()).
 inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, const at::Tensor& packed, const float* bias,
@@ -162,8 +167,7 @@ inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, cons
 inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                                 int64_t N, int64_t rows) {
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(), "packed_matmul: a contiguous 2-D float32 a");
-  TORCH_CHECK(rows == 0 || std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS),
-              "packed_matmul: rows must be 0 or one of 2, 3, 4, 6, 8, 10, 12");
+  if (rows != 0) check_row_block(rows, "packed_matmul");
   TORCH_CHECK(!bias || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
               "packed_matmul: the bias must be N contiguous float32 values");
   auto c = at::empty({a.size(0), N}, a.options());
@@ -173,8 +177,7 @@ inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, c
 }
 
 inline void set_row_block(int64_t rows) {
-  TORCH_CHECK(std::find(std::begin(ROW_BLOCKS), std::end(ROW_BLOCKS), rows) != std::end(ROW_BLOCKS),
-              "set_row_block: rows must be one of 2, 3, 4, 6, 8, 10, 12");
+  check_row_block(rows, "set_row_block");
   row_block() = static_cast<int>(rows);
 }
 
