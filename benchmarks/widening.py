@@ -4,8 +4,8 @@ r"""Does RL widen what the model can solve, or only sharpen it? pass@1 against p
         [--eval-prompts N] [--samples 64] [--out DIR] [--doc docs/results.md] [key=value ...]
 
 Per task: one cold start (SFT, `train.steps=0`, seed 0), evaluated on the held-out prompts with
-`--samples` samples each (a cold start made under another evaluation size is evaluated again at this one,
-in OUT/TASK/cold_start-evalNxS) (pass@k for k = 1, 2, 4, ..., 64 by the unbiased estimator, greedy accuracy);
+`--samples` samples each (pass@k for k = 1, 2, 4, ..., 64 by the unbiased estimator, greedy accuracy); a
+cold start evaluated at another size is evaluated again at this one, in OUT/TASK/cold_start-evalNxS;
 then every recipe x seed runs RL from that same model (`train.seed` is the RL stage's seed: the prompts
 and the held-out split stay those of seed 0, so no run trains on a held-out prompt) and is evaluated the
 same way, under the same evaluation seed. Each run's directory is OUT/TASK/RECIPE-sSEED; a directory with
