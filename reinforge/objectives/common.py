@@ -67,11 +67,20 @@ def accepted_params(fn: Callable, reserved: Iterable[str] = ()) -> set[str] | No
 
 
 def check_params(fn: Callable, params: Mapping[str, object], kind: str, reserved: Iterable[str] = ()) -> None:
-    """Raise ValueError (with a suggestion) for keys of `params` that `fn` does not take."""
+    """Raise ValueError (with a suggestion) for keys of `params` that `fn` does not take, and for a string
+    given where the parameter's default is a number or a bool (the CLI reads `k=2` as YAML, so a string
+    there comes from Python, `"2"` for `2`, and would fail deep inside the loss at the first step)."""
     accepted = accepted_params(fn, reserved)
-    for key in params:
+    defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+    for key, value in params.items():
         if accepted is not None and key not in accepted:
             raise unknown_name_error(f"parameter of {kind}", key, accepted)
+        default = defaults.get(key, inspect.Parameter.empty)
+        if isinstance(value, str) and isinstance(default, (bool, int, float)):
+            wanted = type(default).__name__
+            raise ValueError(f"parameter {key!r} of {kind} takes {'an' if wanted == 'int' else 'a'} {wanted} "
+                             f"(default {default!r}), "
+                             f"got the string {value!r}: pass {key}={value} unquoted")
 
 
 def log_ratio(logprobs: Tensor, other_logprobs: Tensor) -> Tensor:

@@ -21,8 +21,9 @@ class SFTConfig(Section):
     num_examples: int = Field(
         150000,
         gt=0,
-        description="Teacher traces drawn from the train split (each drawn once by default: steps x batch_size; fresh "
-                    "problems keep the model from memorising noisy answers).",
+        description="Teacher traces made from the train split: the pool each step draws its batch_size rows from, "
+                    "at random with replacement (a pool of steps x batch_size traces is used about once each on "
+                    "average; fresh problems keep the model from memorising noisy answers).",
     )
     corrupt_fraction: float = Field(
         0.3, ge=0, le=1, description="Fraction of teacher traces with a wrong answer (noisy cold start)."

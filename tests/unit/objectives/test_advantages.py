@@ -353,6 +353,15 @@ def test_pipeline_checks_names_and_params():
         AdvantagePipeline("grpo", transforms=[("gaussian_noise", {"sigm": 0.1})])
     with pytest.raises(ValueError, match="unknown parameter"):
         AdvantagePipeline("grpo", {"state": {}})     # an input, not a parameter
+    # a string for a number (Python's "2" where the CLI's YAML gives 2) is refused here, not at step 1
+    with pytest.raises(ValueError, match="'k' of advantage 'passk' takes an int.*pass k=2 unquoted"):
+        AdvantagePipeline("passk", {"k": "2"})
+    with pytest.raises(ValueError, match="takes a float"):
+        AdvantagePipeline("grpo", {"eps": "1e-6"})
+    from reinforge.objectives.coverage import passk
+
+    torch.testing.assert_close(AdvantagePipeline("passk", {"k": 2})(REWARDS, GROUPS).advantages,
+                               passk(REWARDS, GROUPS, k=2))
     via_path = AdvantagePipeline("reinforge.objectives.advantages:dr_grpo")(REWARDS, GROUPS)
     torch.testing.assert_close(via_path.advantages, compute_advantages("dr_grpo", REWARDS, GROUPS))
     assert set(ADVANTAGE_TRANSFORMS) == {"gaussian_noise", "filter_small", "ema_baseline_mix"}
