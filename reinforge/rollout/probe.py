@@ -33,6 +33,12 @@ def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.
     return next_token_logprobs(hidden.float() @ weights.head.t())
 
 
+# The version a sampler thread holds before the first publication reaches it (the weights it was built with).
+# Not 0: a fresh run's first publication is version 0 (its step), and a probe asked for version 0 must wait
+# for that publication to be applied, not pass at once on the built weights (a race seen under load).
+UNPUBLISHED = -1
+
+
 @dataclass(frozen=True)
 class SamplerProbe:
     """What one sampler computed on the probe: who it is, the weight version it holds, its log-probs."""

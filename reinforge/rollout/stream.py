@@ -25,7 +25,7 @@ from reinforge.models import Policy
 from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.native import NativeEngine
-from reinforge.rollout.probe import SamplerProbe, engine_logprobs
+from reinforge.rollout.probe import UNPUBLISHED, SamplerProbe, engine_logprobs
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.rows import FinishedRow, rows_to_rollout
 
@@ -193,8 +193,9 @@ class LocalSampler(SamplerThread):
         self.prompts: dict[int, list[int]] = {}
         self._times = WorkerTimes()
         self._sync_seconds = 0.0
-        # The version the decoder holds and the tensors it decodes with: what `probe` scores.
-        self.applied: tuple[int, DecoderWeights] = (0, self.session.weights)
+        # The version the decoder holds and the tensors it decodes with: what `probe` scores (UNPUBLISHED until
+        # the first publication is applied; its samples are still labelled version 0).
+        self.applied: tuple[int, DecoderWeights] = (UNPUBLISHED, self.session.weights)
         self.thread = threading.Thread(target=self._run, name="reinforge-sampler", daemon=True)
         self.thread.start()
 

@@ -26,7 +26,7 @@ import time
 import torch
 
 from reinforge.rollout.base import SamplingParams, select_rows
-from reinforge.rollout.probe import SamplerProbe
+from reinforge.rollout.probe import UNPUBLISHED, SamplerProbe
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.stream import FinishedGroup, GroupRequest, SamplerThread, WorkerTimes
 from reinforge.rollout.vllm_engine import VLLMEngine
@@ -46,7 +46,7 @@ class VLLMSampler(SamplerThread):
     def __init__(self, engine: VLLMEngine, params: SamplingParams, group_size: int, chat_template: str = "auto"):
         super().__init__()
         self.engine, self.params, self.group_size, self.chat_template = engine, params, group_size, chat_template
-        self.applied = 0                       # the version vLLM holds
+        self.applied = UNPUBLISHED             # the version vLLM holds (rollout/probe.py)
         self._times = WorkerTimes()
         self.thread = threading.Thread(target=self._run, name="reinforge-vllm-sampler", daemon=True)
         self.thread.start()
@@ -104,7 +104,7 @@ class VLLMSampler(SamplerThread):
                 self.cond.notify_all()
 
     def _generate(self, requests: list[GroupRequest]) -> list[FinishedGroup]:
-        g, version = self.group_size, self.applied
+        g, version = self.group_size, max(self.applied, 0)      # built weights sample as version 0
         prompt_ids = encode_prompts(self.engine.policy.tokenizer, [r.prompt for r in requests], self.chat_template)
         seeds = [s for r in requests for s in group_seeds(r.key, g)]
         rollout = self.engine.generate_ids(prompt_ids, g, self.params, version, seeds=seeds, sync=False)

@@ -127,3 +127,33 @@ def test_the_check_can_be_turned_off(micro_overrides, tmp_path, monkeypatch):
 def test_default_tolerance_follows_the_precision_of_the_weights():
     fp32, bf16 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.bfloat16)
     assert default_tolerance(fp32) == 1e-3 and default_tolerance(bf16) == 5e-2
+
+
+def test_a_sampler_thread_passes_a_fresh_runs_first_probe_only_with_the_published_weights(micro_overrides):
+    # A fresh run publishes version 0 (its step) and probes it at once. A sampler built with version 0 as
+    # "held" passed that probe without waiting, scoring its built weights if its thread had not yet
+    # applied the publication (seen under load: TV 0.148 on a Ray worker). Built weights are UNPUBLISHED.
+    from reinforge.models import load_policy
+    from reinforge.rollout import SamplingParams
+    from reinforge.rollout.probe import UNPUBLISHED
+    from reinforge.rollout.weight_sync import learner_logprobs, total_variation
+
+    policy = load_policy(build_config(micro_overrides).model, seed=0)
+    ids = probe_ids(policy.model.config.vocab_size)
+    sampler = LocalSampler(policy, SamplingParams(temperature=1.0, max_new_tokens=4), group_size=2, slots=2)
+    try:
+        with torch.no_grad():            # the learner's weights, which only a publication can bring
+            for p in policy.model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+        learner = learner_logprobs(policy.model, ids)
+        (built,) = sampler.probe(0, ids, timeout=0.05)      # nothing published: it waits, then says so
+        assert built.version == UNPUBLISHED
+        assert total_variation(built.logprobs, learner) > 0.01
+        _, alert = compare(0, 0, learner, [built], 1.0)
+        assert "sampler thread holds weight version -1, not the published 0" in alert.message
+        sampler.publish(policy.model, 0)
+        (published,) = sampler.probe(0, ids, timeout=30.0)
+        assert published.version == 0
+        assert total_variation(published.logprobs, learner) < 1e-5
+    finally:
+        sampler.close()
