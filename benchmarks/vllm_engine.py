@@ -2,7 +2,7 @@
 
     make vllm-env
     .venv-vllm/bin/python benchmarks/vllm_engine.py [--rounds 3] [--threads 1] [--shape builtin|qwen2.5-0.5b]
-        [--prompts 32] [--group-size 8] [--max-new-tokens 32]
+        [--prompts 32] [--group-size 8] [--max-new-tokens 32] [--vocab N]
 
 Same model folder, prompts and sampling (temperature 1.0, top-p 0.9, fp32) for the three engines, in one
 process, alternating runs (native, vllm, hf, native, ...); round 0 warms each engine up (vLLM's first
@@ -11,7 +11,9 @@ engine is the median over rounds of completion tokens (up to and including <eos>
 
 The built-in shape here is the default built-in Qwen2 (128 wide, 4 layers, char vocabulary) with 4
 attention heads instead of 8: vLLM's CPU attention needs a head size of 32 or more. `qwen2.5-0.5b` is a
-random-init model of that shape (train_throughput.py's), for which a few prompts are enough on a CPU.
+random-init model of that shape (train_throughput.py's), for which a few prompts are enough on a CPU;
+`--vocab N` gives it an N-token vocabulary instead of Qwen2.5's 151,936 (the char tokenizer's ids are
+below 100, so any N >= 100 serves the prompts).
 The last line is one JSON object. It needs vLLM: run it with the vLLM environment's python.
 """
 
@@ -36,10 +38,11 @@ from reinforge.settings import ModelConfig  # noqa: E402
 from reinforge.tasks import build_task  # noqa: E402
 
 
-def build(shape: str):
+def build(shape: str, vocab: int | None = None):
     if shape == "builtin":
         return build_tiny_qwen2(ModelConfig(num_heads=4, num_kv_heads=4, max_positions=256), seed=0)
-    return shaped_policy(QWEN25_05B, torch.float32, torch.device("cpu"), seed=0)
+    return shaped_policy({**QWEN25_05B, **({"vocab_size": vocab} if vocab else {})}, torch.float32,
+                         torch.device("cpu"), seed=0)
 
 
 def main() -> None:
@@ -51,10 +54,13 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--memory", type=float, default=0.1, help="vLLM's gpu_memory_utilization (CPU memory here)")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="qwen2.5-0.5b: another vocabulary size (e.g. 1000: the decoder's share of the step "
+                             "without Qwen2.5's 136 M-parameter head)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)    # before vLLM starts: it pins the thread count afterwards
 
-    policy = build(args.shape)
+    policy = build(args.shape, args.vocab)
     prompts = [e.prompt for e in build_task("arithmetic").train_split(args.prompts)]
     start = time.perf_counter()
     vllm = VLLMEngine(policy, gpu_memory_utilization=args.memory, max_model_len=256)
