@@ -85,6 +85,7 @@ def choose_row_block(ops: Any, library: Path) -> dict:
                 tmp.write_text(json.dumps(choice))
                 os.replace(tmp, cache)       # atomic: concurrent processes at worst both time
             except OSError as err:           # a read-only cache: the choice holds for this process only
+                tmp.unlink(missing_ok=True)
                 log.warning("CPU kernels: could not cache the row block's choice (%s)", err)
             choice["source"] = "timed"
             log.info("CPU kernels: row block %d of the packed products, timed on this CPU (ms per candidate: "

@@ -14,9 +14,18 @@ import torch
 from reinforge.config import build_config
 from reinforge.errors import RunStopped
 from reinforge.jobs.train import run
-from reinforge.models import decoder
+from reinforge.models import decoder, load_policy
+from reinforge.rollout import SamplingParams
+from reinforge.rollout.probe import UNPUBLISHED
 from reinforge.rollout.stream import LocalSampler
-from reinforge.rollout.weight_sync import SamplerProbe, compare, default_tolerance, probe_ids
+from reinforge.rollout.weight_sync import (
+    SamplerProbe,
+    compare,
+    default_tolerance,
+    learner_logprobs,
+    probe_ids,
+    total_variation,
+)
 
 # Rewards that differ within a group from the first step on, so that every step updates the weights.
 VARIED = ["reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
@@ -133,11 +142,6 @@ def test_a_sampler_thread_passes_a_fresh_runs_first_probe_only_with_the_publishe
     # A fresh run publishes version 0 (its step) and probes it at once. A sampler built with version 0 as
     # "held" passed that probe without waiting, scoring its built weights if its thread had not yet
     # applied the publication (seen under load: TV 0.148 on a Ray worker). Built weights are UNPUBLISHED.
-    from reinforge.models import load_policy
-    from reinforge.rollout import SamplingParams
-    from reinforge.rollout.probe import UNPUBLISHED
-    from reinforge.rollout.weight_sync import learner_logprobs, total_variation
-
     policy = load_policy(build_config(micro_overrides).model, seed=0)
     ids = probe_ids(policy.model.config.vocab_size)
     sampler = LocalSampler(policy, SamplingParams(temperature=1.0, max_new_tokens=4), group_size=2, slots=2)
