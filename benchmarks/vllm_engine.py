@@ -2,9 +2,9 @@
 
     make vllm-env
     .venv-vllm/bin/python benchmarks/vllm_engine.py [--rounds 3] [--threads 1] [--shape builtin|qwen2.5-0.5b]
-        [--prompts 32] [--group-size 8] [--max-new-tokens 32] [--vocab N]
+        [--prompts 32] [--group-size 8] [--max-new-tokens 32] [--vocab N] [--top-p 0.9]
 
-Same model folder, prompts and sampling (temperature 1.0, top-p 0.9, fp32) for the three engines, in one
+Same model folder, prompts and sampling (temperature 1.0, top-p 0.9 or --top-p, fp32) for the three engines, in one
 process, alternating runs (native, vllm, hf, native, ...); round 0 warms each engine up (vLLM's first
 `generate` on a new machine takes ~40 s, later ones reuse its cache) and is not counted. The figure per
 engine is the median over rounds of completion tokens (up to and including <eos>) / seconds.
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--memory", type=float, default=0.1, help="vLLM's gpu_memory_utilization (CPU memory here)")
+    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling's p (1.0: plain sampling)")
     parser.add_argument("--vocab", type=int, default=None,
                         help="qwen2.5-0.5b: another vocabulary size (e.g. 1000: the decoder's share of the step "
                              "without Qwen2.5's 136 M-parameter head)")
@@ -66,7 +67,7 @@ def main() -> None:
     vllm = VLLMEngine(policy, gpu_memory_utilization=args.memory, max_model_len=256)
     vllm_start_s = time.perf_counter() - start
     engines = {"native": NativeEngine(policy), "vllm": vllm, "hf": HFEngine(policy)}
-    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(temperature=1.0, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     warmup: dict[str, float] = {}
     for round_ in range(args.rounds + 1):
@@ -89,7 +90,7 @@ def main() -> None:
         "runs": {name: [round(x, 1) for x in r] for name, r in rates.items()},
         "vllm_start_s": round(vllm_start_s, 2), "warmup_s": warmup,
         "prompts": args.prompts, "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
-        "threads": args.threads, "rounds": args.rounds, "sampling": {"temperature": 1.0, "top_p": 0.9},
+        "threads": args.threads, "rounds": args.rounds, "sampling": {"temperature": 1.0, "top_p": args.top_p},
         "model": {"shape": args.shape, "hidden": config.hidden_size, "layers": config.num_hidden_layers,
                   "heads": config.num_attention_heads, "vocab": config.vocab_size},
         "torch": torch.__version__, "transformers": transformers.__version__,

@@ -191,7 +191,7 @@ class NativeEngine:
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
         last = hidden[torch.arange(len(chunk), device=device), lengths - 1]   # [B, E]
-        return w.logits(last)
+        return w.logits(last) if self.kernels is None else w.packed_logits(self.kernels, last)
 
     def _window(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Mistral's sliding window: a query sees only the last `sliding_window` positions."""
@@ -240,4 +240,4 @@ class NativeEngine:
             self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o,
                                       lw.o_bias, lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index],
                                       cache.v[index], positions, shape.num_heads, w.eps, shape.sliding_window or 0)
-        return rms_norm(x, w.final_norm, w.eps).float() @ w.head.t()
+        return w.packed_logits(self.kernels, rms_norm(x, w.final_norm, w.eps))

@@ -302,13 +302,15 @@ class DecodeSession:
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens and sampler log-probs of logits [B, V] at draw `counters` of streams `keys`:
-        `sample_tokens` with `keyed_uniforms`, or the fused CPU op for unfiltered sampling."""
+        `sample_tokens` with `keyed_uniforms`, or the fused CPU op without top-k / min-p (with top-p it
+        finds the nucleus by a radix select, where `filter_logits` sorts: the same set but for tokens
+        tied at its edge, which the op all keeps)."""
         params, kernels = self.params, self.engine.kernels
-        if kernels is None or params.truncates or logits.device.type != "cpu":
+        if kernels is None or params.top_k > 0 or params.min_p > 0.0 or logits.device.type != "cpu":
             return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
         tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
         kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
-                       keys.contiguous(), counters.contiguous())
+                       keys.contiguous(), counters.contiguous(), 1.0 if params.greedy else params.top_p)
         return tokens, logprobs
 
     def _top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -220,13 +220,44 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// One token per row of fp32 logits [B, V] with no top-k / top-p filter, as
+// The top-p threshold of one row's probabilities p [V]: the smallest float bit pattern t with
+// sum(p_i : bits(p_i) > t) < top_p, so that the nucleus is every token with bits(p_i) >= t: the tokens
+// whose strictly more likely tokens hold less than top_p of the mass (Holtzman et al., arXiv
+// 1904.09751; rollout.sampling.filter_logits), ties at the threshold all kept. Non-negative floats
+// order as their bits, so t is found digit by digit, most significant first (a radix select): one
+// pass per digit builds the mass of each digit value among the tokens that share the digits found
+// so far, and the digit is the lowest value whose higher values, with the mass above the prefix,
+// hold less than top_p. Three passes over the row where a sort takes V log V.
+inline uint32_t nucleus_threshold(const float* p, int64_t V, double top_p, std::vector<double>& mass) {
+  constexpr int SHIFTS[3] = {20, 8, 0}, WIDTHS[3] = {11, 12, 8};     // 31 bits: 11 + 12 + 8
+  uint32_t prefix = 0;          // the digits found so far, in place
+  double above = 0.0;           // the mass of tokens whose bits exceed every value with this prefix
+  for (int level = 0; level < 3; ++level) {
+    const int shift = SHIFTS[level], values = 1 << WIDTHS[level];
+    const uint32_t high = level ? ~0u << (SHIFTS[level - 1]) : 0u;    // the bits fixed already
+    mass.assign(values, 0.0);
+    for (int64_t i = 0; i < V; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + i, sizeof bits);
+      if ((bits & high) == prefix) mass[(bits >> shift) & (values - 1)] += p[i];   // above it: in `above`
+    }
+    int digit = values - 1;
+    double higher = above;      // mass above digit `digit` within the prefix, plus `above`
+    while (digit > 0 && higher + mass[digit] < top_p) higher += mass[digit--];
+    prefix |= (uint32_t)digit << shift;
+    above = higher;
+  }
+  return prefix;
+}
+
+// One token per row of fp32 logits [B, V] with no top-k / min-p filter, as
 // reinforge.rollout.sampling.sample_tokens with keyed_uniforms: temperature > 0 draws from
 // softmax(logits / T) by inverting its CDF (accumulated in double, as torch's cumsum) at the
 // uniform of draw `counters[b]` of stream `keys[b]`; temperature 0 takes the argmax (first of
-// ties) with the untempered log-prob. tokens [B] int64 and logprobs [B] float32 are written.
+// ties) with the untempered log-prob. top_p < 1: from the nucleus (`nucleus_threshold`),
+// renormalised, with the log-prob under it. tokens [B] int64 and logprobs [B] float32 are written.
 void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, double temperature,
-            const at::Tensor& keys, const at::Tensor& counters) {
+            const at::Tensor& keys, const at::Tensor& counters, double top_p) {
   const int64_t B = logits.size(0), V = logits.size(1);
   TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.device().is_cpu(),
               "sample: logits must be contiguous float32 on the CPU");
@@ -240,8 +271,10 @@ void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, do
   float* op = logprobs.data_ptr<float>();
   const bool greedy = temperature <= 0;
   const float t = greedy ? 1.f : (float)temperature;
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "sample: top_p must be in (0, 1]");
   at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
     std::vector<float> scores(V), cdf(V);
+    std::vector<double> mass;
     for (int64_t b = b0; b < b1; ++b) {
       const float* row = lp + b * V;
       int64_t best = 0;
@@ -259,15 +292,28 @@ void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, do
         continue;
       }
       double acc = 0.0;
-      for (int64_t i = 0; i < V; ++i) {
-        acc += (double)expf(scores[i] - log_total);
-        cdf[i] = (float)acc;
+      float log_kept = 0.f;     // log of the nucleus's mass: 0 without top-p
+      if (top_p < 1.0) {
+        for (int64_t i = 0; i < V; ++i) cdf[i] = expf(scores[i] - log_total);      // the probabilities
+        const uint32_t threshold = nucleus_threshold(cdf.data(), V, top_p, mass);
+        for (int64_t i = 0; i < V; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &cdf[i], sizeof bits);
+          if (bits >= threshold) acc += (double)cdf[i];
+          cdf[i] = (float)acc;
+        }
+        log_kept = logf((float)acc);
+      } else {
+        for (int64_t i = 0; i < V; ++i) {
+          acc += (double)expf(scores[i] - log_total);
+          cdf[i] = (float)acc;
+        }
       }
       const uint64_t z = mix64((uint64_t)kp[b] + (uint64_t)(cp[b] + 1) * 0x9E3779B97F4A7C15ull);
       const float u = (float)(z >> 40) * 0x1p-24f * cdf[V - 1];
       const int64_t token = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), V - 1);
       tp[b] = token;
-      op[b] = scores[token] - log_total;
+      op[b] = scores[token] - log_total - log_kept;
     }
   });
 }
@@ -285,5 +331,5 @@ TORCH_LIBRARY(reinforge_kernels, m) {
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);
   m.def("sample(Tensor(a!) tokens, Tensor(b!) logprobs, Tensor logits, float temperature, Tensor keys, "
-        "Tensor counters) -> ()", &sample);
+        "Tensor counters, float top_p=1.0) -> ()", &sample);
 }

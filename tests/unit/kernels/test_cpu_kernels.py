@@ -18,7 +18,7 @@ from reinforge.models import Policy
 from reinforge.models.attention import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
-from reinforge.rollout.sampling import keyed_uniforms, sample_tokens
+from reinforge.rollout.sampling import filter_logits, keyed_uniforms, sample_tokens
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,50 @@ def test_sample_draws_the_tokens_of_keyed_inverse_cdf_sampling(kernels, temperat
         assert len(set(tokens.tolist())) > 100        # really sampled, not the argmax
 
 
+@pytest.mark.parametrize("top_p,scale,vocab", [(0.9, 3.0, 1000), (0.5, 1.0, 1000), (0.95, 0.02, 151_936),
+                                               (0.3, 8.0, 151_936)])
+def test_sample_with_top_p_draws_from_the_nucleus_of_filter_logits(kernels, top_p: float, scale: float,
+                                                                   vocab: int) -> None:
+    # From nearly flat rows (0.02: the nucleus is most of Qwen's vocabulary) to peaked ones (8.0: a few tokens)
+    rows = 300 if vocab < 10_000 else 16
+    gen = torch.Generator().manual_seed(vocab + int(top_p * 100))
+    logits = torch.randn(rows, vocab, generator=gen) * scale
+    keys = torch.randint(2**62, (rows,), generator=gen)
+    counters = torch.randint(0, 50, (rows,), generator=gen)
+    params = SamplingParams(temperature=0.8, top_p=top_p)
+    expected_tokens, expected_logprobs = sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
+    tokens, logprobs = torch.empty(rows, dtype=torch.long), torch.empty(rows)
+    kernels.sample(tokens, logprobs, logits, 0.8, keys, counters, top_p)
+    same = tokens == expected_tokens
+    if vocab < 10_000:
+        assert bool(same.all())
+    else:   # a CDF summed in float over 10^5 kept tokens: rounding may move a boundary across one row's uniform
+        assert int((~same).sum()) <= 1 and int((tokens - expected_tokens).abs().max()) <= 1
+    torch.testing.assert_close(logprobs[same], expected_logprobs[same], atol=2e-5, rtol=0)
+    # each log-prob is under the renormalised nucleus: the full softmax's minus log of filter_logits' kept mass
+    scores = logits / 0.8
+    kept = torch.isfinite(filter_logits(scores, 0, top_p))
+    log_kept = scores.masked_fill(~kept, float("-inf")).logsumexp(dim=-1) - scores.logsumexp(dim=-1)
+    full = torch.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    torch.testing.assert_close(logprobs, full - log_kept, atol=2e-5, rtol=0)
+    assert float(log_kept.mean()) < -0.01         # the nucleus really leaves mass out
+
+
+def test_sample_with_top_p_keeps_every_token_tied_at_the_edge_of_the_nucleus(kernels) -> None:
+    # p = (0.4, 0.3, 0.3) at top-p 0.5: 0.4 alone holds less than 0.5, so a token of 0.3 is needed and both
+    # tie (a sort keeps one of them, whichever it puts first); 0.4 alone at top-p 0.35. Uniform u picks token 0
+    # below 0.4 / 1.0 of the nucleus's CDF, token 1 up to 0.7, else 2.
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.3]])).expand(2000, 3).contiguous()
+    keys, counters = torch.arange(2000), torch.zeros(2000, dtype=torch.long)
+    tokens, logprobs = torch.empty(2000, dtype=torch.long), torch.empty(2000)
+    kernels.sample(tokens, logprobs, logits, 1.0, keys, counters, 0.5)
+    u = keyed_uniforms(keys, counters)
+    assert torch.equal(tokens, (u >= 0.4).long() + (u >= 0.7).long())
+    torch.testing.assert_close(logprobs, torch.log(torch.tensor([0.4, 0.3, 0.3]))[tokens], atol=1e-6, rtol=0)
+    kernels.sample(tokens, logprobs, logits, 1.0, keys, counters, 0.35)
+    assert bool((tokens == 0).all()) and float(logprobs.abs().max()) < 1e-6
+
+
 def test_fused_rms_norm_and_swiglu_match_pytorch_values_and_gradients(kernels) -> None:
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(301, 96, generator=gen) * 3).requires_grad_()
@@ -134,11 +178,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("greedy,top_p", [(True, 1.0), (False, 1.0), (False, 0.8)])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_layers_give_the_pytorch_paths_rollout(kernels, name: str, greedy: bool) -> None:
+def test_fused_layers_give_the_pytorch_paths_rollout(kernels, name: str, greedy: bool, top_p: float) -> None:
     policy = CASES[name]()
-    params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=1.0)
+    params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=1.0, top_p=top_p)
     fused_engine, plain_engine = NativeEngine(policy, cpu_kernels=True), NativeEngine(policy, cpu_kernels=False)
     assert fused_engine.kernels is not None and plain_engine.kernels is None
     fused = fused_engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(1))
@@ -147,6 +191,20 @@ def test_fused_layers_give_the_pytorch_paths_rollout(kernels, name: str, greedy:
     assert len(set(fused.lengths.tolist())) > 1          # rows ended at different steps
     assert torch.isfinite(fused.sampler_logprobs).all()
     torch.testing.assert_close(fused.sampler_logprobs, plain.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("vocab", [89, 1007])
+def test_the_packed_head_gives_the_heads_logits(kernels, vocab: int) -> None:
+    # 1007 tokens: the last of the head's 32-column panels holds 15; the head is packed once and reused
+    gen = torch.Generator().manual_seed(0)
+    policy = qwen2()
+    weights = NativeEngine(policy).decoder_weights()
+    weights.head = torch.randn(vocab, weights.head.shape[1], generator=gen)
+    for rows in (1, 7, 32):
+        hidden = torch.randn(rows, weights.head.shape[1], generator=gen)
+        packed = weights.packed_logits(kernels, hidden)
+        torch.testing.assert_close(packed, hidden @ weights.head.t(), atol=1e-5, rtol=1e-5)
+        assert packed.shape == (rows, vocab)
 
 
 def test_a_sliding_window_model_decodes_each_prompt_as_generate_does() -> None:
