@@ -150,12 +150,13 @@ def main() -> None:
     # values as the CLI reads them (YAML: 2 is an int, [a, b] a list)
     extra = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.overrides)}
     common = {"threads": 1, "log.progress": False, "seed": 0, "eval.every": 0,
-              "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples, **extra}
+              "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples}
     report: dict[str, dict] = {}
     for task in args.tasks.split(","):
         settings, sft_steps, rl_steps = _split(TASKS[task], args.steps)
+        settings = {**common, **settings, **extra}     # the command line's settings win over the task's
         base = Path(args.out) / task
-        cold = run_once(base / "cold_start", args.read_only, **common, **settings,
+        cold = run_once(base / "cold_start", args.read_only, **settings,
                         **{"sft.steps": sft_steps, "train.steps": 0})
         if cold is None:
             continue
@@ -163,7 +164,7 @@ def main() -> None:
         if (start["num_prompts"], start["num_samples"]) != (args.eval_prompts, args.samples):
             # a cold start evaluated at another size: evaluate its model at this one (no training)
             again = run_once(base / f"cold_start-eval{args.eval_prompts}x{args.samples}", args.read_only,
-                             model=str(base / "cold_start" / "model"), **common, **settings,
+                             model=str(base / "cold_start" / "model"), **settings,
                              **{"sft.steps": 0, "train.steps": 0})
             if again is None:
                 continue
@@ -178,7 +179,7 @@ def main() -> None:
             finals, seconds = [], []
             for seed in args.seeds.split(","):
                 summary = run_once(base / f"{recipe}-s{seed}", args.read_only,
-                                   model=str(base / "cold_start" / "model"), recipe=recipe, **common, **settings,
+                                   model=str(base / "cold_start" / "model"), recipe=recipe, **settings,
                                    **{"sft.steps": 0, "train.steps": rl_steps, "train.seed": int(seed)})
                 if summary is None:
                     continue
