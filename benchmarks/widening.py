@@ -64,6 +64,11 @@ TASKS: dict[str, dict] = {
                                                     "config": {"min_numbers": 3, "max_numbers": 4,
                                                                "min_decimals": 0, "max_decimals": 0,
                                                                "min_value": -20, "max_value": 50}}]},
+    # sums and differences of complex numbers with integer parts in [-10, 10] ("(-8.0 - 2.0i) + (-7.0 + 5.0i)")
+    "complex_arithmetic": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
+                           "task.options.datasets": [{"name": "complex_arithmetic",
+                                                      "config": {"operations": ["+", "-"],
+                                                                 "operations_weights": [0.5, 0.5]}}]},
     # lcm of two numbers up to 20 has ~390 distinct questions: too few for a held-out split of 400
     "lcm": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
             "task.options.datasets": [{"name": "lcm", "config": {"min_value": 1, "max_value": 20}}]},

@@ -78,7 +78,10 @@ class Truncation:
 
     def kept(self, scores: torch.Tensor) -> torch.Tensor:
         """[C, V] bool: the tokens the sampler keeps given temperature-scaled logits `scores` [C, V]
-        (the engine's own filter, `rollout.sampling.filter_logits`, so the two sets are one rule)."""
+        (the engine's own filter, `rollout.sampling.filter_logits`, so the two sets are one rule; the fused
+        CPU sampler finds the same top-p set by a radix select but keeps every token tied exactly at its edge,
+        where the sort here keeps those it puts first: a tied token left out here scores p(y) / Z_K, as
+        `kept_log_mass` scores any sampled token outside K)."""
         return torch.isfinite(filter_logits(scores, self.top_k, self.top_p, self.min_p))
 
 
