@@ -184,7 +184,7 @@ class DecoderWeights:
     def packed_logits(self, ops, hidden: torch.Tensor) -> torch.Tensor:
         """`logits` of fp32 hidden states [R, E] through the CPU kernels' packed product (csrc/gemm.h), the
         head packed on first use and kept with these weights. At a 0.5B model's decoding step (32 rows,
-        Qwen's 151,936 tokens) this took half the time of torch's fp32 product on 2 cores (BENCHMARKS.md);
+        Qwen's 151,936 tokens) this took half the time of torch's fp32 product on one thread (BENCHMARKS.md);
         the same sums in another order, so the logits agree with `logits` to float rounding."""
         if self._packed_head is None:
             self._packed_head = ops.pack_weight(self.head.detach().float().contiguous(), False)
