@@ -191,7 +191,12 @@ class NativeEngine:
             keys[layer].append(k[layer].transpose(1, 2))      # [B, kv, S, D]
             values[layer].append(v[layer].transpose(1, 2))
         last = hidden[torch.arange(len(chunk), device=device), lengths - 1]   # [B, E]
-        return w.logits(last) if self.kernels is None else w.packed_logits(self.kernels, last)
+        return self.head_logits(w, last)
+
+    def head_logits(self, w: DecoderWeights, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits [R, V] of final hidden states [R, E]: through the CPU kernels' packed head
+        when they are loaded (`DecoderWeights.packed_logits`), else `DecoderWeights.logits`."""
+        return w.logits(hidden) if self.kernels is None else w.packed_logits(self.kernels, hidden)
 
     def _window(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Mistral's sliding window: a query sees only the last `sliding_window` positions."""
@@ -227,7 +232,7 @@ class NativeEngine:
 
         hidden = decoder_layers(self.shape, w, F.embedding(tokens[:, None], w.embed), rot[:, None, None, :], attend,
                                 routes)
-        return w.logits(hidden[:, 0])
+        return self.head_logits(w, hidden[:, 0])
 
     def _decode_fused(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                       freqs: torch.Tensor) -> torch.Tensor:
@@ -240,4 +245,4 @@ class NativeEngine:
             self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o,
                                       lw.o_bias, lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index],
                                       cache.v[index], positions, shape.num_heads, w.eps, shape.sliding_window or 0)
-        return w.packed_logits(self.kernels, rms_norm(x, w.final_norm, w.eps))
+        return self.head_logits(w, rms_norm(x, w.final_norm, w.eps))

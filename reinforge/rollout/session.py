@@ -296,7 +296,7 @@ class DecodeSession:
                                 fused=engine.kernels is not None)
         keys = [torch.cat([old[None], nk.transpose(1, 2)], dim=2) for old, nk in zip(context.keys, k, strict=True)]
         values = [torch.cat([old[None], nv.transpose(1, 2)], dim=2) for old, nv in zip(context.values, v, strict=True)]
-        return PromptBlock([ids], keys, values), self.weights.logits(hidden[:, -1])
+        return PromptBlock([ids], keys, values), engine.head_logits(self.weights, hidden[:, -1])
 
     def _sample(
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor

@@ -220,6 +220,13 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// A float's bit pattern: for non-negative floats, ordered as the floats are.
+inline uint32_t float_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
 // The top-p threshold of one row's probabilities p [V]: the smallest float bit pattern t with
 // sum(p_i : bits(p_i) > t) < top_p, so that the nucleus is every token with bits(p_i) >= t: the tokens
 // whose strictly more likely tokens hold less than top_p of the mass (Holtzman et al., arXiv
@@ -237,8 +244,7 @@ inline uint32_t nucleus_threshold(const float* p, int64_t V, double top_p, std::
     const uint32_t high = level ? ~0u << (SHIFTS[level - 1]) : 0u;    // the bits fixed already
     mass.assign(values, 0.0);
     for (int64_t i = 0; i < V; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, p + i, sizeof bits);
+      const uint32_t bits = float_bits(p[i]);
       if ((bits & high) == prefix) mass[(bits >> shift) & (values - 1)] += p[i];   // above it: in `above`
     }
     int digit = values - 1;
@@ -297,9 +303,7 @@ void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, do
         for (int64_t i = 0; i < V; ++i) cdf[i] = expf(scores[i] - log_total);      // the probabilities
         const uint32_t threshold = nucleus_threshold(cdf.data(), V, top_p, mass);
         for (int64_t i = 0; i < V; ++i) {
-          uint32_t bits;
-          std::memcpy(&bits, &cdf[i], sizeof bits);
-          if (bits >= threshold) acc += (double)cdf[i];
+          if (float_bits(cdf[i]) >= threshold) acc += (double)cdf[i];
           cdf[i] = (float)acc;
         }
         log_kept = logf((float)acc);
