@@ -69,6 +69,19 @@ TASKS: dict[str, dict] = {
                            "task.options.datasets": [{"name": "complex_arithmetic",
                                                       "config": {"operations": ["+", "-"],
                                                                  "operations_weights": [0.5, 0.5]}}]},
+    # 2x2 and 3x3 digit matrices turned by 0, 90, 180 or 270 degrees; questions of up to 193 characters
+    "rotate_matrix": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
+                      "model.max_positions": 256, "rollout.max_new_tokens": 24,
+                      "task.options.datasets": [{"name": "rotate_matrix",
+                                                 "config": {"min_n": 2, "max_n": 3, "min_rotations": 0,
+                                                            "max_rotations": 3}}]},
+    # x + a = b, a - x = b and the like: one unknown, two terms of 1 to 50 ("Solve for m: 3 - m = -17")
+    "simple_equations": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
+                         "rollout.max_new_tokens": 8,
+                         "task.options.datasets": [{"name": "simple_equations",
+                                                    "config": {"min_terms": 2, "max_terms": 2, "max_value": 50,
+                                                               "operators": ["+", "-"],
+                                                               "operators_weights": [0.5, 0.5]}}]},
     # lcm of two numbers up to 20 has ~390 distinct questions: too few for a held-out split of 400
     "lcm": {"task.name": "reasoning_gym", "sft.steps": 300, "sft.batch_size": 128,
             "task.options.datasets": [{"name": "lcm", "config": {"min_value": 1, "max_value": 20}}]},
@@ -158,8 +171,9 @@ def main() -> None:
               "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples}
     report: dict[str, dict] = {}
     for task in args.tasks.split(","):
-        settings, sft_steps, rl_steps = _split(TASKS[task], args.steps)
-        settings = {**common, **settings, **extra}     # the command line's settings win over the task's
+        # the command line's settings win over the task's, its sft.steps and train.steps too
+        settings, sft_steps, rl_steps = _split({**TASKS[task], **extra}, args.steps)
+        settings = {**common, **settings}
         base = Path(args.out) / task
         cold = run_once(base / "cold_start", args.read_only, **settings,
                         **{"sft.steps": sft_steps, "train.steps": 0})
