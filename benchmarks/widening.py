@@ -90,9 +90,10 @@ TOLERANCE = 0.005      # pass@8 and greedy accuracy may fall by at most this muc
 GAIN = 0.15            # pass@1 must rise by at least this much
 
 
-def _split(overrides: dict, steps: int) -> tuple[dict, int, int]:
-    """A task's settings without its SFT steps and RL steps (its own, else `steps`), and those two."""
-    rest = dict(overrides)
+def task_settings(task: str, extra: dict, steps: int) -> tuple[dict, int, int]:
+    """`task`'s settings with the command line's `extra` over them, without the SFT steps and RL steps
+    (`train.steps` from either, else `steps`), and those two."""
+    rest = {**TASKS[task], **extra}
     return rest, int(rest.pop("sft.steps")), int(rest.pop("train.steps", steps))
 
 
@@ -171,8 +172,7 @@ def main() -> None:
               "eval.num_prompts": args.eval_prompts, "eval.num_samples": args.samples}
     report: dict[str, dict] = {}
     for task in args.tasks.split(","):
-        # the command line's settings win over the task's, its sft.steps and train.steps too
-        settings, sft_steps, rl_steps = _split({**TASKS[task], **extra}, args.steps)
+        settings, sft_steps, rl_steps = task_settings(task, extra, args.steps)
         settings = {**common, **settings}
         base = Path(args.out) / task
         cold = run_once(base / "cold_start", args.read_only, **settings,

@@ -4,6 +4,7 @@ on hand-made curves (no training)."""
 from __future__ import annotations
 
 import importlib.util
+import random
 
 import pytest
 from repo_paths import REPO
@@ -45,3 +46,32 @@ def test_summarise_means_spreads_and_the_widening_test(widening):
     assert r["pass@8_drop"] == pytest.approx(0.0) and r["widens"] is True
     finals[0]["pass@k"]["1"] = 0.45        # gain 0.12 < 0.15
     assert widening.summarise(START, finals)["widens"] is False
+
+
+def test_command_line_settings_win_over_the_tasks_own(widening):
+    settings, sft, rl = widening.task_settings("word_sequence_reversal", {}, 120)
+    assert (sft, rl, settings["model.max_positions"]) == (300, 120, 224) and "sft.steps" not in settings
+    settings, sft, rl = widening.task_settings(
+        "word_sequence_reversal", {"sft.steps": 250, "train.steps": 90, "model.max_positions": 256}, 120)
+    assert (sft, rl, settings["model.max_positions"]) == (250, 90, 256) and "train.steps" not in settings
+
+
+def test_every_reasoning_gym_entry_is_a_valid_dataset_config(widening):
+    pytest.importorskip("reasoning_gym")
+    from reinforge.tasks.reasoning_gym import ReasoningGymTask
+
+    entries = {name: t for name, t in widening.TASKS.items() if t["task.name"] == "reasoning_gym"}
+    assert {"spell_backward", "word_sequence_reversal", "rotate_matrix", "simple_equations"} <= set(entries)
+    rng = random.Random(0)
+    for name, entry in entries.items():
+        task = ReasoningGymTask(datasets=entry["task.options.datasets"], pool_size=5000)
+        assert task.domains == (name,)
+        # the built-in model's char tokenizer: a character a token. A question and the whole budget of new
+        # tokens fit in the model's positions, and a gold answer and its end token in that budget, but for
+        # a rare one (word_sequence_reversal: 0.25% of answers run past 31 characters, unsolvable at any k)
+        positions = entry.get("model.max_positions", ReasoningGymTask.preset["model"]["max_positions"])
+        budget = entry.get("rollout.max_new_tokens", ReasoningGymTask.preset["rollout"]["max_new_tokens"])
+        examples = [task._sample_problem(rng) for _ in range(1000)]
+        assert max(len(e.prompt) for e in examples) + budget <= positions, name
+        too_long = sum(len(task.teacher_completion(e, rng)) + 1 > budget for e in examples)
+        assert too_long <= 10, (name, too_long)
