@@ -162,7 +162,7 @@ def check_teachers(cfg: Config) -> None:
     if cfg.reward.teacher is not None:
         from reinforge.rewards.teacher import check_teacher
 
-        check_teacher(cfg.reward.teacher.path, cfg.model.path)
+        check_teacher(cfg.reward.teacher.path, cfg.model.path, cfg.model.added_tokens)
     if cfg.sft.teacher_path is not None and cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.source == "rejection":
         try:
             path = check_model_dir(cfg.sft.teacher_path)

@@ -52,7 +52,7 @@ class Policy:
 
 def build_tiny_qwen2(cfg: ModelConfig, seed: int) -> Policy:
     """A randomly initialised `Qwen2ForCausalLM` sized by `cfg`, with the char tokenizer."""
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(cfg.added_tokens)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -78,7 +78,7 @@ def build_tiny_qwen2(cfg: ModelConfig, seed: int) -> Policy:
 def build_tiny_moe(cfg: ModelConfig, seed: int) -> Policy:
     """The built-in model as a randomly initialised MoE decoder of `cfg.moe.architecture`, sized by
     `cfg` (attention, layers) and `cfg.moe` (experts, top-k, expert width), with the char tokenizer."""
-    moe, tokenizer = cfg.moe, build_char_tokenizer()
+    moe, tokenizer = cfg.moe, build_char_tokenizer(cfg.added_tokens)
     if moe.top_k > moe.experts:
         raise ConfigError(f"model.moe.top_k={moe.top_k} exceeds model.moe.experts={moe.experts}: lower model.moe.top_k")
     if moe.architecture == "mixtral" and not moe.norm_topk_prob:

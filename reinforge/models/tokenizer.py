@@ -9,6 +9,7 @@ first and loads a plain `PreTrainedTokenizerFast` directly.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -17,20 +18,28 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from reinforge.models.charset import CHARSET, SPECIAL_TOKENS
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of CHARSET, plus <pad>, <eos>, <unk>; no BOS."""
+def build_char_tokenizer(added_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """One token per character of CHARSET, plus <pad>, <eos>, <unk>; no BOS. Each of `added_tokens` (say
+    "<tool_call>") is one more token after those, matched in text before the split into characters; not
+    special, so decoding with skip_special_tokens keeps it, as a tool parser needs."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARSET))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # Split before every character: each character is one "word" of WordLevel.
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token="<pad>",
         eos_token="<eos>",
         unk_token="<unk>",
         padding_side="left",
     )
+    for token in added_tokens:
+        if len(token) < 2 or token in vocab or token in tokenizer.get_added_vocab():
+            raise ValueError(f"model.added_tokens: {token!r} is a character of the built-in tokenizer already, "
+                             "empty or listed twice; each added token is a string of two or more characters")
+        tokenizer.add_tokens([token])
+    return tokenizer
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

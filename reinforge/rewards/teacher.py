@@ -25,6 +25,7 @@ multiplies them by `reward.teacher.weight` and the learner adds them to each tok
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -83,10 +84,11 @@ def load_teacher(path: str | Path, student: PreTrainedTokenizerBase, device: str
     return model.to(resolve_device(device)).eval()
 
 
-def check_teacher(path: str, student_model_path: str) -> None:
+def check_teacher(path: str, student_model_path: str, added_tokens: Sequence[str] = ()) -> None:
     """Before anything loads or is written: `teacher_folder` against the tokenizer of model.path
-    (`student_model_path`; 'builtin': the built-in model's character tokenizer)."""
-    student = build_char_tokenizer() if student_model_path == "builtin" else load_tokenizer(student_model_path)
+    (`student_model_path`; 'builtin': the built-in model's character tokenizer with `added_tokens`)."""
+    student = (build_char_tokenizer(added_tokens) if student_model_path == "builtin"
+               else load_tokenizer(student_model_path))
     teacher_folder(path, student)
 
 

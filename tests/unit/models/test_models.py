@@ -39,6 +39,29 @@ def test_unknown_characters_map_to_unk() -> None:
     assert tok("é", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
 
 
+def test_added_tokens_are_one_token_each_survive_a_save_and_stay_in_decoded_text(tmp_path: Path) -> None:
+    tags = ["<tool_call>", "</tool_call>"]
+    tok = build_char_tokenizer(tags)
+    text = '<tool_call>{"a":1}</tool_call>'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    base = len(CHARSET) + 3
+    assert len(tok) == base + 2 and ids[0] == base and ids[-1] == base + 1
+    assert len(ids) == len('{"a":1}') + 2                       # the tags are one token each, the rest characters
+    assert tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True) == text   # not special: kept
+    assert tok("<tool_ca", add_special_tokens=False)["input_ids"] == tok(
+        "<tool_ca", add_special_tokens=False)["input_ids"][:8]             # a partial tag stays characters
+    assert len(tok("<tool_ca", add_special_tokens=False)["input_ids"]) == 8
+    # The built-in model's vocabulary grows with them; its folder's tokenizer reads the tags the same way.
+    policy = load_policy(ModelConfig(added_tokens=tags), seed=0)
+    assert policy.model.config.vocab_size == base + 2
+    policy.model.save_pretrained(tmp_path)
+    policy.tokenizer.save_pretrained(tmp_path)
+    assert load_tokenizer(tmp_path)(text, add_special_tokens=False)["input_ids"] == ids
+    for bad in (["a"], ["<tool_call>", "<tool_call>"], [""]):
+        with pytest.raises(ValueError, match="two or more characters"):
+            build_char_tokenizer(bad)
+
+
 def test_saved_model_reloads_with_identical_logits(tiny_model_dir: str) -> None:
     policy = load_policy(ModelConfig(path=tiny_model_dir), seed=123)   # seed must not matter for a path
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
