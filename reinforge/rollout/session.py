@@ -19,6 +19,7 @@ session reads through the interface `rollout.passes.DecodePasses`: `policy`, `sh
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -264,39 +265,99 @@ class DecodeSession:
             cached=cached, key=int(self.keys[slot]), drawn=int(self.drawn[slot]) + len(tokens), version=self.version,
         )
 
-    @torch.no_grad()
     def extend(self, context: RowContext, tokens: list[int], tag) -> None:
         """Continue a finished row (its `context`) with `tokens` (an observation; may be empty) and a
-        new model turn, labelled `tag`; the row waits for a slot like an added one. Its first
-        token is drawn here, at draw `context.drawn` of its stream, so a turn never reuses the
-        uniforms of an earlier one."""
-        ids = context.ids + list(tokens)     # past `cached`: at least the last turn's last token
-        self._make_room(len(ids))
-        reuse = (self.continuation and context.keys is not None and context.version == self.version
-                 and self.engine.shape.sliding_window is None)
-        block, logits = self._continue(context, ids) if reuse else self._prefill([ids])
-        key, drawn = torch.tensor([context.key]), torch.tensor([context.drawn])
-        token, logprob = self._sample(logits, key.to(self.device), drawn.to(self.device))
-        top = self._top(logits)
-        self.waiting.append(WaitingRow(tag, block, 0, int(token[0]), float(logprob[0]), self.version, context.key,
-                                       context.drawn, top=None if top is None else (top[0][0], top[1][0])))
+        new model turn, labelled `tag`: `extend_many` of one row."""
+        self.extend_many([(context, tokens, tag)])
 
-    def _continue(self, context: RowContext, ids: list[int]) -> tuple[PromptBlock, torch.Tensor]:
-        """The decoder over ids[cached:] alone, attending to the stored keys/values as a prefix
-        (`run_pass`'s shared-prompt geometry, pos0 = pre_len = cached): the block of the whole
-        sequence's keys/values [1, kv, len(ids), D] and the next-token logits [1, V]."""
-        engine, d, cached = self.engine, self.device, context.cached
-        new = torch.tensor(ids[cached:], dtype=torch.long, device=d)[None]             # [1, S]
-        # run_pass reads prefixes token-major, [P, Lp, kv, D]
-        prefix = ([k.transpose(0, 1)[None].contiguous() for k in context.keys],
-                  [v.transpose(0, 1)[None].contiguous() for v in context.values])
-        at = torch.tensor([cached], device=d)
-        geometry = pass_geometry(self.freqs, new.shape[1], at, torch.zeros_like(at), at)
+    @torch.no_grad()   # whichever thread calls it: grad mode is per thread
+    def extend_many(self, items: list[tuple[RowContext, list[int], Any]]) -> None:
+        """Continue finished rows, each (its `context`, observation `tokens` (may be empty), `tag` of its new
+        turn); they wait for slots like added rows. Each row's first token is drawn here, at draw
+        `context.drawn` of its stream, so a turn never reuses the uniforms of an earlier one. The rows whose
+        keys/values can be reused run over their new tokens in shared passes (`_continue`); the others are
+        prefilled again, each alone. Which rows share a pass changes no number: every row attends to its
+        own keys only, and the products sum each output in one fixed order."""
+        if not items:
+            return
+        rows = [(context, context.ids + list(tokens), tag) for context, tokens, tag in items]
+        self._make_room(max(len(ids) for _, ids, _ in rows))
+        reuse = [r for r in rows if self._reusable(r[0])]
+        again = [r for r in rows if not self._reusable(r[0])]
+        blocks, continued = self._continue(reuse)
+        logits = [continued]
+        for _, ids, _ in again:
+            block, row_logits = self._prefill([ids])
+            blocks.append(block)
+            logits.append(row_logits)
+        ordered, next_logits = reuse + again, torch.cat(logits)
+        key = torch.tensor([context.key for context, _, _ in ordered], device=self.device)
+        drawn = torch.tensor([context.drawn for context, _, _ in ordered], device=self.device)
+        token, logprob = self._sample(next_logits, key, drawn)
+        top = self._top(next_logits)
+        for r, ((context, _, tag), block) in enumerate(zip(ordered, blocks, strict=True)):
+            self.waiting.append(WaitingRow(tag, block, 0, int(token[r]), float(logprob[r]), self.version, context.key,
+                                           context.drawn, top=None if top is None else (top[0][r], top[1][r])))
+
+    def _reusable(self, context: RowContext) -> bool:
+        """Whether a row's stored keys/values can be continued from (else its sequence is prefilled again)."""
+        return (self.continuation and context.keys is not None and context.version == self.version
+                and self.engine.shape.sliding_window is None)
+
+    def _continue(self, rows: list[tuple[RowContext, list[int], Any]]) -> tuple[list[PromptBlock], torch.Tensor]:
+        """The decoder over each row's ids[cached:] alone, attending to its stored keys/values as a prefix
+        (`run_pass`'s shared-prompt geometry, each row its own prefix slot, pos0 = pre_len = cached): each
+        row's block of its whole sequence's keys/values [1, kv, len(ids), D], and the rows' next-token
+        logits [B, V], in the order of `rows`. Rows share a pass when their new tokens number alike (within
+        a power of two: a long reply, say a tool's error message, does not pad every other row to its
+        length), up to the engine's prefill budget in positions."""
+        new = [len(ids) - context.cached for context, ids, _ in rows]
+        order = sorted(range(len(rows)), key=lambda i: (math.ceil(math.log2(new[i])), new[i]))
+        passes: list[list[int]] = []
+        for i in order:
+            current = passes[-1] if passes else None
+            fits = (current is not None and math.ceil(math.log2(new[i])) == math.ceil(math.log2(new[current[0]]))
+                    and (len(current) + 1) * max(len(rows[j][1]) for j in (*current, i)) <= self.engine.prefill_tokens)
+            if fits:
+                current.append(i)
+            else:
+                passes.append([i])
+        blocks: list[PromptBlock | None] = [None] * len(rows)
+        logits: list[torch.Tensor | None] = [None] * len(rows)
+        for members in passes:
+            pass_blocks, pass_logits = self._continue_pass([rows[i] for i in members], self.device)
+            for n, i in enumerate(members):
+                blocks[i], logits[i] = pass_blocks[n], pass_logits[n : n + 1]
+        return blocks, torch.cat(logits) if rows else torch.empty(0)
+
+    def _continue_pass(self, rows: list[tuple[RowContext, list[int], Any]],
+                       d: torch.device) -> tuple[list[PromptBlock], torch.Tensor]:
+        """One pass of `_continue` over `rows` on device `d`."""
+        engine, b = self.engine, len(rows)
+        cached = [context.cached for context, _, _ in rows]
+        fresh = [ids[c:] for (_, ids, _), c in zip(rows, cached, strict=True)]
+        width, span = max(len(f) for f in fresh), max(cached)
+        new = torch.full((b, width), engine.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=d)
+        for i, f in enumerate(fresh):
+            new[i, : len(f)] = torch.tensor(f, dtype=torch.long, device=d)
+        # run_pass reads prefixes token-major, [P, Lp, kv, D]: each row its own slot, zero past its length
+        # (never read: pre_len stops there)
+        prefix = (_token_major([c.keys for c, _, _ in rows], cached, span),
+                  _token_major([c.values for c, _, _ in rows], cached, span))
+        at = torch.tensor(cached, device=d)
+        geometry = pass_geometry(self.freqs, width, at, torch.arange(b, device=d), at)
         hidden, k, v = run_pass(engine.shape, self.weights, new, geometry, self.freqs, prefix,
                                 fused=engine.kernels is not None)
-        keys = [torch.cat([old[None], nk.transpose(1, 2)], dim=2) for old, nk in zip(context.keys, k, strict=True)]
-        values = [torch.cat([old[None], nv.transpose(1, 2)], dim=2) for old, nv in zip(context.values, v, strict=True)]
-        return PromptBlock([ids], keys, values), engine.head_logits(self.weights, hidden[:, -1])
+        blocks = []
+        for i, ((context, ids, _), n) in enumerate(zip(rows, (len(f) for f in fresh), strict=True)):
+            # [1, kv, len(ids), D] per layer: the stored keys/values, then the new tokens'
+            keys = [torch.cat([old[None], nk[i, :n].transpose(0, 1)[None]], dim=2)
+                    for old, nk in zip(context.keys, k, strict=True)]
+            values = [torch.cat([old[None], nv[i, :n].transpose(0, 1)[None]], dim=2)
+                      for old, nv in zip(context.values, v, strict=True)]
+            blocks.append(PromptBlock([ids], keys, values))
+        last = torch.tensor([len(f) - 1 for f in fresh], device=d)
+        return blocks, engine.head_logits(self.weights, hidden[torch.arange(b, device=d), last])
 
     def _sample(
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
@@ -418,3 +479,13 @@ class DecodeSession:
         return bool(len(refill))
 
 
+def _token_major(stored: list[list[torch.Tensor]], lengths: list[int], span: int) -> list[torch.Tensor]:
+    """Rows' stored keys (or values), each layer [kv, length, D], as one prefix per layer [rows, span, kv, D]."""
+    out = []
+    for layer in range(len(stored[0])):
+        first = stored[0][layer]
+        padded = first.new_zeros(len(stored), span, first.shape[0], first.shape[2])
+        for i, row in enumerate(stored):
+            padded[i, : lengths[i]] = row[layer].transpose(0, 1)
+        out.append(padded)
+    return out

@@ -32,10 +32,11 @@ def encode(policy: Policy, text: str) -> list[int]:
 
 def play(policy: Policy, prompts: list[str], observations: list[list[list[int]]], params: SamplingParams,
          keys: list[int], continuation: bool = True, cpu_kernels: bool = True, slots: int | None = None,
-         delay: int = 0) -> dict[int, list[FinishedRow]]:
+         delay: int = 0, together: bool = False) -> dict[int, list[FinishedRow]]:
     """Each prompt's trajectory: a model turn, then for each of its observations the observation and
     another turn. The driver extends a row `delay` steps after its turn ended (a tool running), while
-    the other rows decode. Returns each row's turns, in order."""
+    the other rows decode; `together`: once no row decodes, every row waiting, in one `extend_many`.
+    Returns each row's turns, in order."""
     session = NativeEngine(policy, cpu_kernels=cpu_kernels).session(params, slots=slots or len(prompts),
                                                                     keep_context=True)
     session.continuation = continuation
@@ -44,7 +45,11 @@ def play(policy: Policy, prompts: list[str], observations: list[list[list[int]]]
     turns: dict[int, list[FinishedRow]] = {r: [] for r in range(len(prompts))}
     tools: list[list] = []      # [steps left, row]
     while session.busy or tools:
-        for tool in [t for t in tools if t[0] == 0]:
+        if together and not session.busy:
+            session.extend_many([(row.context, observations[row.tag][len(turns[row.tag]) - 1], row.tag)
+                                 for _, row in tools])
+            tools.clear()
+        for tool in [t for t in tools if t[0] == 0 and not together]:
             tools.remove(tool)
             row = tool[1]
             session.extend(row.context, observations[row.tag][len(turns[row.tag]) - 1], tag=row.tag)
@@ -166,6 +171,29 @@ def test_each_turn_continues_its_rows_sampling_stream() -> None:
         restarted, _ = sample_tokens(logits, params, uniforms=keyed_uniforms(keys, restart))
         restarted_differs |= restarted.tolist() != continued.tolist()
     assert restarted_differs
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_rows_continued_in_one_pass_get_the_numbers_of_rows_continued_alone(cpu_kernels: bool) -> None:
+    """`extend_many` runs the waiting rows' observations in shared passes, each row attending to its own
+    stored keys/values at its own positions (contexts of different lengths): every token and log-prob is
+    the one the row gets continued alone, and its trajectory is the one of a full re-prefill."""
+    policy = qwen2()
+    observations = [[encode(policy, text) for text in OBSERVATIONS]] * 4
+    keys = [5, 6, 7, 8]
+    runs = {mode: play(policy, PROMPTS[:4], observations, PARAMS, keys, cpu_kernels=cpu_kernels, together=mode)
+            for mode in (True, False)}
+    again = play(policy, PROMPTS[:4], observations, PARAMS, keys, continuation=False, cpu_kernels=cpu_kernels)
+    contexts = set()
+    for r in range(4):
+        assert len(runs[True][r]) == 3
+        for shared, alone, prefilled in zip(runs[True][r], runs[False][r], again[r], strict=True):
+            assert shared.tokens.tolist() == alone.tokens.tolist() == prefilled.tokens.tolist()
+            if cpu_kernels:      # the fused kernels' products sum in one order whatever the rows
+                assert torch.equal(shared.logprobs, alone.logprobs)
+            torch.testing.assert_close(shared.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+            contexts.add(len(shared.context.ids))
+    assert len(contexts) >= 4       # the rows continued together had contexts of different lengths
 
 
 def test_stale_weights_fall_back_to_a_full_prefill() -> None:
