@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from reinforge.agents.render import Renderer, trace_tokens
+from reinforge.agents.rollout import turn_decoder
 from reinforge.agents.tools import parse_hermes
 from reinforge.config import build_config
+from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.tasks import build_task
-from reinforge.tasks.multiply_tool import calculator, tool_call
+from reinforge.tasks.multiply_tool import TAGS, calculator, tool_call
 
 
 def test_calculator_reads_integer_expressions_and_refuses_the_rest() -> None:
@@ -47,6 +50,7 @@ def test_without_tools_the_traces_answer_directly() -> None:
 def test_the_task_preset_sits_under_the_recipe_and_the_user() -> None:
     cfg = build_config(["task.name=multiply_tool"])
     assert (cfg.rollout.max_new_tokens, cfg.model.max_positions, cfg.sft.lr, cfg.train.lr) == (96, 160, 1e-3, 1e-4)
+    assert cfg.model.added_tokens == list(TAGS)
     assert build_config(["task.name=multiply_tool", "rollout.max_new_tokens=50"]).rollout.max_new_tokens == 50
     assert build_config(["task.name=multiply_tool", "recipe=areal"]).train.mode == "async"
     assert build_config([]).rollout.max_new_tokens == 8          # other tasks keep the defaults
@@ -54,3 +58,24 @@ def test_the_task_preset_sits_under_the_recipe_and_the_user() -> None:
 
 def test_tool_call_is_compact_hermes() -> None:
     assert tool_call("1*2") == '<tool_call>{"arguments":{"expression":"1*2"},"name":"calculator"}</tool_call>'
+
+
+@pytest.mark.parametrize("tags, call_tokens, reply_tokens", [((), 61 + 21, 7 + 29), (TAGS, 61, 7)])
+def test_a_trace_with_the_tags_as_tokens_is_50_tokens_shorter_and_its_call_still_parses(tags, call_tokens,
+                                                                                         reply_tokens) -> None:
+    tok = build_char_tokenizer(tags)
+    task = build_task("multiply_tool")
+    task.use_tools = True
+    example = next(e for e in task.sft_examples(50, corrupt_fraction=0.0, seed=0) if e.completion != "0")
+    prompt, completion, trained = trace_tokens(Renderer(tok, "none"), [{"role": "user", "content": example.prompt}],
+                                               list(example.turns), tok.eos_token_id)
+    # "123*456=" is 8 characters; the call turn is the 58-character JSON, its two tags and eos; the reply is the
+    # result (here 5 or 6 digits) in its tags; the answer is the result and eos.
+    digits = len(example.completion)
+    assert len(prompt) == 8
+    assert trained.count(0.0) == reply_tokens - 5 + digits
+    assert len(completion) == call_tokens + (reply_tokens - 5 + digits) + digits + 1
+    call = completion[:call_tokens]
+    assert call[-1] == tok.eos_token_id and trained[:call_tokens] == [1.0] * call_tokens
+    parsed = parse_hermes(turn_decoder(tok, ())(call))      # what the rollout hands the parser
+    assert parsed.malformed == 0 and parsed.calls[0].arguments == {"expression": example.prompt.removesuffix("=")}
