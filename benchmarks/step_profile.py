@@ -53,7 +53,8 @@ share}}, part_medians, steps_s and the step's settings), cpu (lscpu's model name
 vector instruction sets), cpus, torch_threads, cpu_kernels (whether the native engine decodes with
 reinforge's fused CPU kernels), kernel_tuning (the row block of their products chosen on this machine
 and the ms each candidate took, reinforge/kernels/tuning.py), env (OMP_NUM_THREADS, OMP_WAIT_POLICY,
-MKL_NUM_THREADS, REINFORGE_CPU_KERNELS as set), load_avg_start / load_avg_end (1, 5, 15 minutes),
+GOMP_SPINCOUNT (which `reinforge train` sets to 1000 when neither is set), MKL_NUM_THREADS,
+REINFORGE_CPU_KERNELS as set), load_avg_start / load_avg_end (1, 5, 15 minutes),
 torch, transformers, python.
 """
 
@@ -96,7 +97,7 @@ RL_PARTS = ("generation", "prefill", "rewards", "curation", "batch_building", "o
             "advantages", "forward", "loss", "backward", "optimizer", "critic", "weight_sync", "update_other", "rest")
 SFT_PARTS = ("batch_building", "forward", "backward", "optimizer", "rest")
 # Settings of the environment that change the figures (None: not set).
-ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "REINFORGE_CPU_KERNELS")
+ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "REINFORGE_CPU_KERNELS")
 # Parts that own everything inside them: a forward of the reference model is the reference's time.
 OPAQUE = frozenset({"old_logprobs", "reference", "critic", "weight_sync", "rewards"})
 
@@ -208,8 +209,9 @@ def rl_hooks() -> list[tuple[object, str, str]]:
     return [
         *shared_hooks(),
         (NativeEngine, "generate", "generation"), (NativeEngine, "_prefill", "prefill"),
-        # Agent episodes (tools, environments): the episodes' loop with its sessions, a turn's continuation
-        (AgentEngine, "generate", "generation"), (DecodeSession, "_continue", "prefill"),
+        # Agent episodes (tools, environments): the episodes' loop with its sessions, the turns' continuations
+        # (their passes, and each continued row's first token)
+        (AgentEngine, "generate", "generation"), (DecodeSession, "extend_many", "prefill"),
         (BatchCollector, "collect", "curation"), (loops_rl, "build_sequences", "batch_building"),
         (loops_rl, "token_logprobs", "old_logprobs"), (learner_update, "_fill_old_logprobs", "old_logprobs"),
         (Reference, "logprobs", "reference"), (Reference, "after_update", "reference"),

@@ -1,7 +1,7 @@
 """What a decoding session asks of the engine it decodes for (`DecodePasses`): the model's prefill and
 decode passes and the state they read. `rollout.native.NativeEngine` is the one implementation; the
-session (rollout/session.py) and the decode graphs (rollout/graphs.py) are written against this
-interface, so neither imports the engine module that builds them.
+session (rollout/session.py), its continuation passes (rollout/continuation.py) and the decode graphs
+(rollout/graphs.py) are written against this interface, so none imports the engine module that builds them.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ class DecodePasses(Protocol):
     moe_layers: int                # MoE layers of the decoder (0: dense)
     top_k: int                     # experts per token of its MoE layers
     _spare: KVCache | None         # a finished session's cache, whose memory the next one reuses
+    prefill_tokens: int            # positions one prefill (or continuation) pass covers at most
 
     def decoder_weights(self) -> DecoderWeights:
         """The weights to decode with, taken afresh (the latest optimizer step)."""
+        ...
+
+    def head_logits(self, w: DecoderWeights, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits [B, V] of final hidden states [B, E]."""
         ...
 
     def disable_graphs(self, reason: str) -> None:

@@ -19,15 +19,15 @@ session reads through the interface `rollout.passes.DecodePasses`: `policy`, `sh
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any
 
 import torch
 
-from reinforge.models.decoder import pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import rotary_factors
 from reinforge.models.lora import base_model
 from reinforge.rollout.base import SamplingParams
+from reinforge.rollout.continuation import continue_rows
 from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.passes import DecodePasses
@@ -275,7 +275,7 @@ class DecodeSession:
         """Continue finished rows, each (its `context`, observation `tokens` (may be empty), `tag` of its new
         turn); they wait for slots like added rows. Each row's first token is drawn here, at draw
         `context.drawn` of its stream, so a turn never reuses the uniforms of an earlier one. The rows whose
-        keys/values can be reused run over their new tokens in shared passes (`_continue`); the others are
+        keys/values can be reused run over their new tokens in shared passes (rollout/continuation.py); the others are
         prefilled again, each alone. Which rows share a pass changes no number: every row attends to its
         own keys only, and the products sum each output in one fixed order."""
         if not items:
@@ -284,8 +284,9 @@ class DecodeSession:
         self._make_room(max(len(ids) for _, ids, _ in rows))
         reuse = [r for r in rows if self._reusable(r[0])]
         again = [r for r in rows if not self._reusable(r[0])]
-        blocks, continued = self._continue(reuse)
-        logits = [continued]
+        blocks, continued = (continue_rows(self.engine, self.weights, self.freqs, reuse, self.device) if reuse
+                             else ([], None))
+        logits = [] if continued is None else [continued]
         for _, ids, _ in again:
             block, row_logits = self._prefill([ids])
             blocks.append(block)
@@ -303,61 +304,6 @@ class DecodeSession:
         """Whether a row's stored keys/values can be continued from (else its sequence is prefilled again)."""
         return (self.continuation and context.keys is not None and context.version == self.version
                 and self.engine.shape.sliding_window is None)
-
-    def _continue(self, rows: list[tuple[RowContext, list[int], Any]]) -> tuple[list[PromptBlock], torch.Tensor]:
-        """The decoder over each row's ids[cached:] alone, attending to its stored keys/values as a prefix
-        (`run_pass`'s shared-prompt geometry, each row its own prefix slot, pos0 = pre_len = cached): each
-        row's block of its whole sequence's keys/values [1, kv, len(ids), D], and the rows' next-token
-        logits [B, V], in the order of `rows`. Rows share a pass when their new tokens number alike (within
-        a power of two: a long reply, say a tool's error message, does not pad every other row to its
-        length), up to the engine's prefill budget in positions."""
-        new = [len(ids) - context.cached for context, ids, _ in rows]
-        order = sorted(range(len(rows)), key=lambda i: (math.ceil(math.log2(new[i])), new[i]))
-        passes: list[list[int]] = []
-        for i in order:
-            current = passes[-1] if passes else None
-            fits = (current is not None and math.ceil(math.log2(new[i])) == math.ceil(math.log2(new[current[0]]))
-                    and (len(current) + 1) * max(len(rows[j][1]) for j in (*current, i)) <= self.engine.prefill_tokens)
-            if fits:
-                current.append(i)
-            else:
-                passes.append([i])
-        blocks: list[PromptBlock | None] = [None] * len(rows)
-        logits: list[torch.Tensor | None] = [None] * len(rows)
-        for members in passes:
-            pass_blocks, pass_logits = self._continue_pass([rows[i] for i in members], self.device)
-            for n, i in enumerate(members):
-                blocks[i], logits[i] = pass_blocks[n], pass_logits[n : n + 1]
-        return blocks, torch.cat(logits) if rows else torch.empty(0)
-
-    def _continue_pass(self, rows: list[tuple[RowContext, list[int], Any]],
-                       d: torch.device) -> tuple[list[PromptBlock], torch.Tensor]:
-        """One pass of `_continue` over `rows` on device `d`."""
-        engine, b = self.engine, len(rows)
-        cached = [context.cached for context, _, _ in rows]
-        fresh = [ids[c:] for (_, ids, _), c in zip(rows, cached, strict=True)]
-        width, span = max(len(f) for f in fresh), max(cached)
-        new = torch.full((b, width), engine.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=d)
-        for i, f in enumerate(fresh):
-            new[i, : len(f)] = torch.tensor(f, dtype=torch.long, device=d)
-        # run_pass reads prefixes token-major, [P, Lp, kv, D]: each row its own slot, zero past its length
-        # (never read: pre_len stops there)
-        prefix = (_token_major([c.keys for c, _, _ in rows], cached, span),
-                  _token_major([c.values for c, _, _ in rows], cached, span))
-        at = torch.tensor(cached, device=d)
-        geometry = pass_geometry(self.freqs, width, at, torch.arange(b, device=d), at)
-        hidden, k, v = run_pass(engine.shape, self.weights, new, geometry, self.freqs, prefix,
-                                fused=engine.kernels is not None)
-        blocks = []
-        for i, ((context, ids, _), n) in enumerate(zip(rows, (len(f) for f in fresh), strict=True)):
-            # [1, kv, len(ids), D] per layer: the stored keys/values, then the new tokens'
-            keys = [torch.cat([old[None], nk[i, :n].transpose(0, 1)[None]], dim=2)
-                    for old, nk in zip(context.keys, k, strict=True)]
-            values = [torch.cat([old[None], nv[i, :n].transpose(0, 1)[None]], dim=2)
-                      for old, nv in zip(context.values, v, strict=True)]
-            blocks.append(PromptBlock([ids], keys, values))
-        last = torch.tensor([len(f) - 1 for f in fresh], device=d)
-        return blocks, engine.head_logits(self.weights, hidden[torch.arange(b, device=d), last])
 
     def _sample(
         self, logits: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor
@@ -477,15 +423,3 @@ class DecodeSession:
                     self.prompt_routes[h] = self.prompt_routes[m]
             self.live = live
         return bool(len(refill))
-
-
-def _token_major(stored: list[list[torch.Tensor]], lengths: list[int], span: int) -> list[torch.Tensor]:
-    """Rows' stored keys (or values), each layer [kv, length, D], as one prefix per layer [rows, span, kv, D]."""
-    out = []
-    for layer in range(len(stored[0])):
-        first = stored[0][layer]
-        padded = first.new_zeros(len(stored), span, first.shape[0], first.shape[2])
-        for i, row in enumerate(stored):
-            padded[i, : lengths[i]] = row[layer].transpose(0, 1)
-        out.append(padded)
-    return out

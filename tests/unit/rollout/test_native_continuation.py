@@ -96,13 +96,13 @@ def test_continuation_equals_full_reprefill(cpu_kernels: bool, kv_heads: int) ->
 
 def test_continuation_prefills_only_the_new_tokens(monkeypatch) -> None:
     """With continuation the decoder runs over the turn's last token and the observation alone."""
-    from reinforge.rollout import native, session
+    from reinforge.rollout import continuation, native
 
     policy = qwen2()
     widths: list[int] = []
     run_pass = native.run_pass
-    # The engine's prefill (native) and the session's continuation (session) each call it.
-    for module in (native, session):
+    # The engine's prefill (native) and the session's continuation passes (continuation) each call it.
+    for module in (native, continuation):
         monkeypatch.setattr(module, "run_pass", lambda shape, w, ids, *a, **k: widths.append(ids.shape[1])
                             or run_pass(shape, w, ids, *a, **k))
     obs = [encode(policy, text) for text in OBSERVATIONS]
