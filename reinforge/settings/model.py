@@ -83,9 +83,10 @@ class ModelConfig(Section):
     added_tokens: list[str] = Field(
         default_factory=list,
         description=(
-            "Built-in model only: strings the character tokenizer reads as one token each, appended to its "
-            "vocabulary (tokenizer.add_tokens; not special, so decoded text keeps them). The tool task sets the "
-            "Hermes tags (<tool_call>, <tool_response> and their closings), single tokens in Qwen2.5's tokenizer too."
+            "Built-in model only (a model folder's tokenizer is its own): strings the character tokenizer reads as "
+            "one token each, appended to its vocabulary (tokenizer.add_tokens; not special, so decoded text keeps "
+            "them). The tool task sets the Hermes tags (<tool_call>, <tool_response> and their closings), single "
+            "tokens in Qwen2.5's tokenizer too."
         ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
