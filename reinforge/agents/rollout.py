@@ -40,7 +40,7 @@ from reinforge.rollout.trajectory import collate
 # while the engine decodes. More threads than this only queue.
 _THREADS = 16
 # With no row decoding, how long replies may take after the first one to join its continuation pass: one
-# pass over many rows costs about what a pass over one does (on the tool task, 128 rows x 7 tokens).
+# shared pass costs less than a pass per row (64 rows of 7-token replies: 37-52 ms against 69-70 ms, BENCHMARKS.md).
 _GATHER_S = 0.005
 
 
