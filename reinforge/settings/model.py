@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from reinforge.errors import ConfigError
 from reinforge.settings.base import Section
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -114,6 +115,15 @@ class ModelConfig(Section):
             "RUN_DIR/model and `reinforge export` hold the merged weights. None: full fine-tuning."
         ),
     )
+
+    @field_validator("added_tokens")
+    @classmethod
+    def _check_added_tokens(cls, tokens: list[str]) -> list[str]:
+        short = [t for t in tokens if len(t) < 2]
+        if short or len(set(tokens)) < len(tokens):
+            raise ConfigError(f"model.added_tokens={tokens}: each added token is a string of two or more characters "
+                              "(one character is a token already), listed once")
+        return tokens
 
 
 class PromptConfig(Section):

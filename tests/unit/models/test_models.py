@@ -40,6 +40,8 @@ def test_unknown_characters_map_to_unk() -> None:
 
 
 def test_added_tokens_are_one_token_each_survive_a_save_and_stay_in_decoded_text(tmp_path: Path) -> None:
+    from reinforge.errors import ConfigError
+
     tags = ["<tool_call>", "</tool_call>"]
     tok = build_char_tokenizer(tags)
     text = '<tool_call>{"a":1}</tool_call>'
@@ -60,6 +62,10 @@ def test_added_tokens_are_one_token_each_survive_a_save_and_stay_in_decoded_text
     for bad in (["a"], ["<tool_call>", "<tool_call>"], [""]):
         with pytest.raises(ValueError, match="two or more characters"):
             build_char_tokenizer(bad)
+        with pytest.raises(ConfigError, match="two or more characters"):     # and before a run starts
+            build_config([f"model.added_tokens={bad}"])
+    with pytest.raises(ValueError, match="a character of the built-in tokenizer already"):
+        build_char_tokenizer(["<eos>"])
 
 
 def test_saved_model_reloads_with_identical_logits(tiny_model_dir: str) -> None:
