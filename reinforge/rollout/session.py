@@ -284,9 +284,11 @@ class DecodeSession:
         self._make_room(max(len(ids) for _, ids, _ in rows))
         reuse = [r for r in rows if self._reusable(r[0])]
         again = [r for r in rows if not self._reusable(r[0])]
-        blocks, continued = (continue_rows(self.engine, self.weights, self.freqs, reuse, self.device) if reuse
-                             else ([], None))
-        logits = [] if continued is None else [continued]
+        blocks: list[PromptBlock] = []
+        logits: list[torch.Tensor] = []
+        if reuse:
+            blocks, continued = continue_rows(self.engine, self.weights, self.freqs, reuse, self.device)
+            logits.append(continued)
         for _, ids, _ in again:
             block, row_logits = self._prefill([ids])
             blocks.append(block)
