@@ -77,20 +77,26 @@ def build_sequences(
     right-padded); loss_mask [N, T]: those trained on (None: all present ones), the batch's
     `completion_mask`. routes [N, S, layers, k]: the rollout's routing record (`Rollout.routes`).
     top_ids [N, T, K]: extra ids whose log-probs the forward returns too (or None)."""
-    n = len(prompt_ids)
+    # Whole-batch ops, not a loop over rows: at an RL batch's 64 rows the loop's ~1,000 small ops were
+    # ~4 ms of a 0.1 s step (tiny model, benchmarks/vs_trl.py).
+    starts = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
     lengths = completion_mask.sum(dim=1).long()
-    total = [len(p) + int(c) for p, c in zip(prompt_ids, lengths, strict=True)]
-    input_ids = torch.full((n, max(total)), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, p in enumerate(prompt_ids):
-        c = int(lengths[i])
-        input_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        input_ids[i, len(p) : len(p) + c] = completion_ids[i, :c]
-        attention_mask[i, : total[i]] = 1
+    width = max(len(p) for p in prompt_ids)
+    prompts = torch.tensor([[*p, *[pad_id] * (width - len(p))] for p in prompt_ids], dtype=torch.long)
+    total = starts + lengths
+    columns = torch.arange(int(total.max()), dtype=torch.long)[None]                  # [1, L]
+    attention_mask = (columns < total[:, None]).long()
+    completion_at = columns - starts[:, None]                                            # [N, L]
+    in_completion = (completion_at >= 0) & (completion_at < lengths[:, None])
+    input_ids = torch.full(attention_mask.shape, pad_id, dtype=torch.long)
+    input_ids[:, :width] = prompts[:, : input_ids.shape[1]]
+    if completion_ids.shape[1]:
+        picked = completion_ids.gather(1, completion_at.clamp(0, completion_ids.shape[1] - 1))
+        input_ids = torch.where(in_completion, picked, input_ids)
     return SequenceBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        starts=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+        starts=starts,
         completion_ids=completion_ids,
         completion_mask=(completion_mask if loss_mask is None else loss_mask).float(),
         group_ids=group_ids,

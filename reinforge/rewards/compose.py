@@ -253,14 +253,15 @@ class RewardComposer:
                 failures.append(Failure(t, r, err))
                 errors[t.key] += 1
                 raised[r] = True
-            for r, value in zip(index, values, strict=True):
-                if r in failed:
-                    continue
-                if value is None:
-                    declined[r] += 1
-                    skipped[r] |= t.form != "trl"   # TRL's None is "not applicable": left out of the sum
-                else:
-                    parts[t.key][r] = value
+            # One indexed store per kind, not one per row (64 stores a step at 64 rows).
+            answered = [(r, v) for r, v in zip(index, values, strict=True) if r not in failed]
+            none = [r for r, v in answered if v is None]
+            scored = [(r, v) for r, v in answered if v is not None]
+            if none:
+                declined[none] += 1
+                skipped[none] |= t.form != "trl"   # TRL's None is "not applicable": left out of the sum
+            if scored:
+                parts[t.key][[r for r, _ in scored]] = torch.tensor([v for _, v in scored], dtype=torch.float)
         # no function that applies to the row scored it: nothing to train on
         skipped |= (applicable > 0) & (declined == applicable)
         if _mean(raised) > self.max_error_rate:
