@@ -188,6 +188,7 @@ class LocalSampler(SamplerThread):
         )
         self.params, self.slots, self.version = params, slots, 0
         self.session = engine.session(params, slots=slots, version=0)
+        self.fused = engine.kernels is not None     # the probe runs the kernels the decoder runs
         self._decoder(engine)
         self.partial: dict[int, dict[int, FinishedRow]] = {}
         self.prompts: dict[int, list[int]] = {}
@@ -221,7 +222,7 @@ class LocalSampler(SamplerThread):
                 self.cond.wait(left)
             self._raise()
             held, weights = self.applied
-        return [SamplerProbe(name, engine_logprobs(weights, self.model, ids), held)]
+        return [SamplerProbe(name, engine_logprobs(weights, self.model, ids, fused=self.fused), held)]
 
     # ---- the sampler thread
     def _run(self) -> None:

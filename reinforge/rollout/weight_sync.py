@@ -90,7 +90,8 @@ def sampler_probe(engine, ids: torch.Tensor) -> SamplerProbe:
         model = engine.policy.model
         # The weights before rollout.quantization rounds them: int8 sampling is a gap by design, measured
         # every step by the mismatch metrics and corrected by TIS/MIS, not a failed publication.
-        return SamplerProbe("native engine", engine_logprobs(DecoderWeights.of(model), model, ids))
+        return SamplerProbe("native engine", engine_logprobs(DecoderWeights.of(model), model, ids,
+                                                             fused=engine.kernels is not None))
     if isinstance(engine, HFEngine):
         return SamplerProbe("hf engine", learner_logprobs(engine.policy.model, ids))
     raise NotImplementedError(

@@ -19,6 +19,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "attention.h"
 #include "gemm.h"
 #include "rows.h"
 
@@ -37,10 +38,6 @@ using reinforge_kernels::gemm_packed;
 using reinforge_kernels::pack_weight;
 using reinforge_kernels::with_head_dim;
 
-typedef float v8 __attribute__((vector_size(32)));
-inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
-inline v8 splat(float x) { return v8{} + x; }
 
 // A [rows, cols] float block in memory: element (r, c) at data[r * stride + c].
 struct Rows {
@@ -49,24 +46,26 @@ struct Rows {
   float* row(int64_t r) const { return data + r * stride; }
 };
 
-// One query head over keys [start, end) of one slot: kt [D, C], vv [C, D]; out [D].
+// One query head over keys [start, end) of one slot: kt [D, C], vv [C, D]; out [D]; scores [C].
+// Scores 8 keys at a time from start's block of 8 to end's (attention.h: independent accumulators); the
+// positions of those blocks outside [start, end), inside the cache, hold finite keys whose scores are
+// computed and not read. Keys past the cache's last whole block of 8, if any, are scored one by one.
 template <int D>
 void attend(const float* __restrict q, float scale, const float* __restrict kt, const float* __restrict vv,
             int64_t C, int64_t start, int64_t end, float* __restrict scores, float* __restrict out) {
   float qs[D];
   for (int d = 0; d < D; ++d) qs[d] = q[d] * scale;
-  int64_t j = start;
-  for (; j + 8 <= end; j += 8) {     // 8 key positions at a time: one column block of kt per dim
-    v8 acc = {};
-    for (int d = 0; d < D; ++d) acc += splat(qs[d]) * load8(kt + d * C + j);
-    store8(scores + j, acc);
-  }
+  const int64_t blocks_end = std::min((end + 7) / 8 * 8, C / 8 * 8);
+  int64_t j = start / 8 * 8;
+  for (; j + 32 <= blocks_end; j += 32) reinforge_kernels::score_blocks<D, 4>(scores, qs, kt, C, j);
+  for (; j + 8 <= blocks_end; j += 8) reinforge_kernels::score_blocks<D, 1>(scores, qs, kt, C, j);
   for (; j < end; ++j) {
     float a = 0.f;
     for (int d = 0; d < D; ++d) a += qs[d] * kt[d * C + j];
     scores[j] = a;
   }
   float top = scores[start];
+#pragma omp simd reduction(max : top)
   for (int64_t i = start + 1; i < end; ++i) top = std::max(top, scores[i]);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
@@ -75,14 +74,11 @@ void attend(const float* __restrict q, float scale, const float* __restrict kt, 
     scores[i] = e;
     sum += e;
   }
-  v8 acc[D / 8] = {};
-  for (int64_t i = start; i < end; ++i) {
-    const v8 w = splat(scores[i]);
-    const float* row = vv + i * D;
-    for (int k = 0; k < D / 8; ++k) acc[k] += w * load8(row + 8 * k);
-  }
-  const v8 inv = splat(1.f / sum);
-  for (int k = 0; k < D / 8; ++k) store8(out + 8 * k, acc[k] * inv);
+  float acc[D];
+  reinforge_kernels::weighted_rows<D>(acc, scores + start, vv + start * D, end - start);
+  const float inv = 1.f / sum;
+#pragma omp simd
+  for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
 }
 
 // Rows b of q [B, H * D], k_new and v_new [B, KV * D]: write keys/values at positions[b], attend;

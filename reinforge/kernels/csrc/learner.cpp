@@ -17,6 +17,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include "attention.h"
 #include "gemm.h"
 #include "rows.h"
 
@@ -29,7 +30,10 @@
 
 namespace {
 
+using reinforge_kernels::axpy;
 using reinforge_kernels::gemm_packed;
+using reinforge_kernels::scores8;
+using reinforge_kernels::weighted_rows;
 using reinforge_kernels::with_head_dim;
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -169,11 +173,6 @@ inline float dot(const float* __restrict a, const float* __restrict b) {
   return s;
 }
 
-template <int D>
-inline void axpy(float* __restrict y, float a, const float* __restrict x) {
-#pragma omp simd
-  for (int d = 0; d < D; ++d) y[d] += a * x[d];
-}
 
 // The keys and values one (row, kv head) attends over, gathered: its prefix's pre_len keys, then its
 // own S, as rows [L, D] and transposed [D, L8] (L8: L rounded up to 8, zero-filled), so that a
@@ -204,48 +203,6 @@ struct KeyBlock {
     }
   }
 };
-
-// out[j] = x . cols[:, j] for the NB * 8 columns from j: NB independent accumulators, so that the
-// D multiply-adds of each are not one dependent chain.
-template <int D, int NB>
-inline void score_blocks(float* __restrict out, const float* __restrict x, const float* __restrict cols, int64_t L8,
-                         int64_t j) {
-  float acc[NB][8] = {};
-  for (int d = 0; d < D; ++d) {
-    const float xd = x[d];
-    const float* c = cols + d * L8 + j;
-    for (int b = 0; b < NB; ++b)
-#pragma omp simd
-      for (int i = 0; i < 8; ++i) acc[b][i] += xd * c[b * 8 + i];
-  }
-  std::memcpy(out + j, acc, sizeof acc);
-}
-
-// out[j] = x . cols[:, j] for j < n, n rounded up to 8 (cols [D, L8] is zero-filled past its keys).
-template <int D>
-inline void scores8(float* __restrict out, const float* __restrict x, const float* __restrict cols, int64_t L8, int64_t n) {
-  const int64_t n8 = (n + 7) / 8 * 8;
-  int64_t j = 0;
-  for (; j + 32 <= n8; j += 32) score_blocks<D, 4>(out, x, cols, L8, j);
-  for (; j < n8; j += 8) score_blocks<D, 1>(out, x, cols, L8, j);
-}
-
-// y = sum_{j < n} w[j] rows[j] (rows [n, D]), in 4 interleaved partial sums (independent chains).
-template <int D>
-inline void weighted_rows(float* __restrict y, const float* __restrict w, const float* __restrict rows, int64_t n) {
-  float acc[4][D] = {};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4)
-    for (int u = 0; u < 4; ++u) {
-      const float wj = w[j + u];
-      const float* r = rows + (j + u) * D;
-#pragma omp simd
-      for (int d = 0; d < D; ++d) acc[u][d] += wj * r[d];
-    }
-  for (; j < n; ++j) axpy<D>(acc[0], w[j], rows + j * D);
-#pragma omp simd
-  for (int d = 0; d < D; ++d) y[d] = (acc[0][d] + acc[1][d]) + (acc[2][d] + acc[3][d]);
-}
 
 // out [B, S, H, D] = softmax(scale q k^T) v over the keys of Geometry; lse [B, S, H] the log of
 // each softmax's normaliser (for the backward's recomputation).
