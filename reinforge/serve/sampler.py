@@ -13,7 +13,8 @@ episode's draws do not depend on which other requests share its batch. Every sam
 sampler's log-probs and the policy version of each token, as a single-turn rollout does.
 
 Continuation (native engine): a request of an episode (`episode` given, one sample) whose prompt starts
-with the whole context of that episode's earlier call continues that call's row (`DecodeSession.extend`):
+with the whole context of that episode's earlier call continues that call's row (`DecodeSession.extend_many`,
+with the other continuations that arrived together):
 the decoder runs over the new tokens alone, attending to the keys/values the earlier call left, and the
 row's sampling stream goes on. The tokens are the same as a fresh prefill would compute them
 (tests/unit/rollout/test_native_continuation.py); only the time differs. `forget(episode)` drops what it left.
@@ -134,16 +135,7 @@ class Sampler:
         session = self.engine.session(self.params, slots=self.slots, generator=self.generator, version=self.version,
                                       keep_context=True)
         while not (self._closed.is_set() and not pending):
-            for request in self._drain(block=not session.busy):
-                pending.append(request)
-                with self._lock:
-                    context = self._contexts.pop(request.episode, None) if request.episode else None
-                if context is not None and request.n == 1 and request.prompt_ids[: len(context.ids)] == context.ids:
-                    session.extend(context, request.prompt_ids[len(context.ids):], (request, 0))
-                    self.continued += 1
-                else:
-                    session.add([request.prompt_ids], request.n, tags=[(request, j) for j in range(request.n)],
-                                group_keys=torch.tensor([request.key]))
+            self._admit(session, self._drain(block=not session.busy), pending)
             self.busy_max = max(self.busy_max, len(pending))
             if not session.busy:
                 continue
@@ -157,6 +149,26 @@ class Sampler:
                     pending.remove(request)
                     request.future.set_result(list(request.rows))
         self.engine.release(session)
+
+    def _admit(self, session: Any, requests: list[_Request], pending: list[_Request]) -> None:
+        """Start the requests that arrived together: the continuations in shared passes (`extend_many`), the
+        new prompts in one prefill per sample count (`add`). Neither changes a number (each row attends to its
+        own keys and draws from its own stream); one pass instead of one per request is what changes."""
+        continuations, fresh = [], {}
+        for request in requests:
+            pending.append(request)
+            with self._lock:
+                context = self._contexts.pop(request.episode, None) if request.episode else None
+            if context is not None and request.n == 1 and request.prompt_ids[: len(context.ids)] == context.ids:
+                continuations.append((context, request.prompt_ids[len(context.ids):], (request, 0)))
+            else:
+                fresh.setdefault(request.n, []).append(request)
+        if continuations:
+            session.extend_many(continuations)
+            self.continued += len(continuations)
+        for n, group in fresh.items():
+            session.add([r.prompt_ids for r in group], n, tags=[(r, j) for r in group for j in range(n)],
+                        group_keys=torch.tensor([r.key for r in group]))
 
     def _batched(self, pending: list[_Request]) -> None:
         while not (self._closed.is_set() and not pending):
