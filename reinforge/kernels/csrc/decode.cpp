@@ -38,7 +38,6 @@ using reinforge_kernels::gemm_packed;
 using reinforge_kernels::pack_weight;
 using reinforge_kernels::with_head_dim;
 
-
 // A [rows, cols] float block in memory: element (r, c) at data[r * stride + c].
 struct Rows {
   float* data;

@@ -173,7 +173,6 @@ inline float dot(const float* __restrict a, const float* __restrict b) {
   return s;
 }
 
-
 // The keys and values one (row, kv head) attends over, gathered: its prefix's pre_len keys, then its
 // own S, as rows [L, D] and transposed [D, L8] (L8: L rounded up to 8, zero-filled), so that a
 // query's scores are D vector FMAs per 8 keys (as decode.cpp's attend).
