@@ -86,7 +86,7 @@ from reinforge.models import load_policy
 from reinforge.rollout import SamplingParams, build_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_common import alternate, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402
+from trl_common import alternate, openmp_env, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402
 
 SIDES = ("reinforge", "trl")
 
@@ -234,7 +234,7 @@ def run_side(args: argparse.Namespace) -> dict:
         with tempfile.TemporaryDirectory() as output_dir:
             run_trl(cfg, task, spec, curve, args.eval_every, output_dir)
     return {"seconds": curve.reached_at, "curve": curve.points, "threads": torch.get_num_threads(),
-            "engine": cfg.rollout.engine}
+            "engine": cfg.rollout.engine, "openmp": openmp_env()}
 
 
 def start_model(args: argparse.Namespace) -> float:
@@ -339,6 +339,7 @@ def main() -> None:
         "trl_seconds_each": [r["seconds"] for r in runs.get("trl", [])],
         **each,
         "seed": args.seed, "rounds": args.rounds, "eval_every": args.eval_every, "threads": args.threads,
+        "openmp": {side: runs[side][0]["openmp"] for side in sides},
         "recipe": cfg.recipe, "engine": cfg.rollout.engine,
         "overrides": args.overrides, "reinforge_only": args.reinforge,
         "prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.train.group_size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 
@@ -94,11 +95,32 @@ def alternate(script: str, argv: list[str], sides: tuple[str, ...], rounds: int)
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for round_ in range(rounds):
         for side in sides if round_ % 2 == 0 else sides[::-1]:
-            child = subprocess.run([sys.executable, script, *argv, "--side", side], stdout=subprocess.PIPE, text=True)
+            child = subprocess.run(side_command(script, [*argv, "--side", side], side), stdout=subprocess.PIPE,
+                                   text=True)
             if child.returncode != 0:
                 raise RuntimeError(f"the {side} child failed (exit {child.returncode}; its stderr is above)")
             runs[side].append(json.loads(child.stdout.strip().splitlines()[-1]))
     return runs
+
+
+# reinforge's side starts as `reinforge train` does: reinforge/cli.py is imported before torch loads, so the
+# child has the OpenMP wait setting the CLI gives every run (GOMP_SPINCOUNT=1000 unless the user set one; see
+# BENCHMARKS.md, "OpenMP's wait policy"). TRL's side runs in this process's environment, as TRL's users run it.
+CLI_LAUNCHER = ("import runpy, sys, reinforge.cli; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+OPENMP_KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
+def side_command(script: str, argv: list[str], side: str) -> list[str]:
+    """The command line of `side`'s child: `script argv`, for reinforge through the CLI's process setup."""
+    if side == "reinforge":
+        return [sys.executable, "-c", CLI_LAUNCHER, script, *argv]
+    return [sys.executable, script, *argv]
+
+
+def openmp_env() -> dict[str, str | None]:
+    """This process's OpenMP wait settings, for a child's JSON."""
+    return {key: os.environ.get(key) for key in OPENMP_KEYS}
 
 
 def versions() -> dict[str, str]:

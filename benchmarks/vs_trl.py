@@ -72,7 +72,7 @@ from reinforge.tasks.arithmetic import ArithmeticTask
 from reinforge.verifiers.arithmetic import verify_integer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_common import alternate, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402
+from trl_common import alternate, openmp_env, quiet, trl_grpo_args, trl_loss, versions  # noqa: E402
 
 PROMPTS_PER_STEP, GROUP_SIZE, MAX_NEW_TOKENS, TEMPERATURE, LR = 8, 8, 16, 1.0, 5e-5
 RECIPE = "dr_grpo"
@@ -190,6 +190,7 @@ def run_side(args: argparse.Namespace) -> dict:
             trl_trainer(cfg, policy.model, dataset, clock, records, output_dir).train()
         extra = {}
     return {"times": clock.timed(), "threads": torch.get_num_threads(), "engine": cfg.rollout.engine,
+            "openmp": openmp_env(),
             "model_params": sum(p.numel() for p in policy.model.parameters()), **extra,
             **{key: mean_of(records, key) for key in ("reward_mean", "zero_variance_groups", "response_length_mean")}}
 
@@ -220,6 +221,7 @@ def main() -> None:
         "ratio": round(reinforge_s / trl_s, 4),
         "engine": first["engine"], "shared_prefix": args.shared_prefix, "steps": args.steps, "rounds": args.rounds,
         "threads": {side: sorted({run["threads"] for run in runs[side]}) for side in SIDES},
+        "openmp": {side: runs[side][0]["openmp"] for side in SIDES},
         "recipe": RECIPE, "trl_loss": trl_loss(objective_spec(reinforge_config(args))),
         "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": TEMPERATURE, "dtype": "float32", "model_params": first["model_params"],

@@ -312,6 +312,22 @@ def test_step_profile_clock_counts_each_part_exclusively(monkeypatch):
     assert step == [{"forward": 2.0 + 2.0, "backward": 2.0, "reference": 1.0, "rest": 30.0 - 7.0, "wall": 30.0}]
 
 
+def test_the_reinforge_side_starts_as_the_cli_does_and_the_trl_side_as_its_users_run_it(tmp_path):
+    # The CLI's OpenMP wait setting (GOMP_SPINCOUNT=1000 unless set) is in place before torch loads in reinforge's
+    # child, with the script's arguments as its own; TRL's child gets this process's environment unchanged.
+    sys.path.insert(0, str(BENCHMARKS))
+    import trl_common
+
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, sys\nprint(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules, sys.argv[1:])\n")
+    clean = {k: v for k, v in os.environ.items() if k not in trl_common.OPENMP_KEYS}
+    seen = {side: subprocess.run(trl_common.side_command(str(probe), ["--x", "1", "--side", side], side), env=clean,
+                                 cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+            for side in ("reinforge", "trl")}
+    assert seen == {"reinforge": "1000 False ['--x', '1', '--side', 'reinforge']",
+                    "trl": "None False ['--x', '1', '--side', 'trl']"}
+
+
 def test_time_to_accuracy_alternates_the_sides_and_pairs_each_round(monkeypatch):
     import importlib.util
 
