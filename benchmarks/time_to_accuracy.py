@@ -48,7 +48,8 @@ both clocks. Each side runs in a child process of its own, one at a time, with `
 threads; the parent alternates them in `--rounds` rounds (default 3; 1 with --only), the order flipped
 every other round (reinforge, TRL, TRL, reinforge, ...: trl_common.alternate), so that load which comes
 and goes on the machine falls on both sides alike instead of on whichever ran second. Each round's
-ratio pairs the two runs next to each other in time (`ratio_each`).
+ratio pairs the two runs next to each other in time (`ratio_each`). reinforge's child starts as `reinforge
+train` does (its OpenMP wait setting), TRL's in the caller's environment (`trl_common.side_command`, `openmp`).
 
     .venv-bench/bin/python benchmarks/time_to_accuracy.py [--start-model DIR] [--seed 0] [--threads 2] \
         [--eval-every 1] [--gain 0.15] [--max-seconds 900] [--max-steps 400] [--rounds 3] [key=value ...]

@@ -32,7 +32,9 @@ alternates them: `--rounds` rounds of one reinforge child and one TRL child (the
 every other round, `trl_common.alternate`), each running a warm-up step and then `--steps` timed
 steps from the same initial weights. (Child processes,
 not threads of one process: torch ops issued from a second Python thread ran ~1.8x slower here,
-for either framework.) A step's time is the wall time between consecutive step ends
+for either framework.) reinforge's child starts as `reinforge train` does (reinforge/cli.py imported
+before torch: its OpenMP wait setting), TRL's in the caller's environment (`trl_common.side_command`;
+the JSON's `openmp` gives both). A step's time is the wall time between consecutive step ends
 (reinforge's `on_step`, TRL's `on_step_end`): generation, reward, advantage, pi_old where the
 loop computes it, update and each loop's own bookkeeping. The figure per side is the median of
 its rounds x steps timed steps.
