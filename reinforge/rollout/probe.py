@@ -25,8 +25,9 @@ def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.
                     fused: bool = False) -> torch.Tensor:
     """[S - 1, V] the probe's next-token log-probs from `weights`, the tensors a native-engine session decodes
     with (`model` gives only the architecture: shape and rotary table), on the CPU. `fused`: through the CPU
-    kernels' layer (`run_pass`), as an engine that decodes with them prefills: its packed weights, and a
-    third of the torch path's time on the built-in model (0.7 against 1.9 ms; the probe runs every step)."""
+    kernels' layer (`run_pass`), as an engine that decodes with them prefills: its packed weights, and on the
+    built-in model the sampler's side of the probe (which runs every step) in 2.6 instead of 4.1 ms, packing
+    the weights included."""
     model = base_model(model)
     shape, s = decoder_shape(model), ids.shape[1]
     freqs = rotary_factors(model, shape, s)
