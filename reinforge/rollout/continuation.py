@@ -57,9 +57,8 @@ def _continue_pass(engine: DecodePasses, weights: DecoderWeights, freqs: torch.T
     cached = [context.cached for context, _, _ in rows]
     fresh = [ids[c:] for (_, ids, _), c in zip(rows, cached, strict=True)]
     width, span = max(len(f) for f in fresh), max(cached)
-    new = torch.full((b, width), engine.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=d)
-    for i, f in enumerate(fresh):
-        new[i, : len(f)] = torch.tensor(f, dtype=torch.long, device=d)
+    pad = engine.policy.tokenizer.pad_token_id or 0
+    new = torch.tensor([f + [pad] * (width - len(f)) for f in fresh], dtype=torch.long, device=d)
     # run_pass reads prefixes token-major, [P, Lp, kv, D]: each row its own slot, zero past its length
     # (never read: pre_len stops there)
     prefix = (_token_major([c.keys for c, _, _ in rows], cached, span),

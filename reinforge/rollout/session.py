@@ -284,8 +284,10 @@ class DecodeSession:
             return
         rows = [(context, context.ids + list(tokens), tag) for context, tokens, tag in items]
         self._make_room(max(len(ids) for _, ids, _ in rows))
-        reuse = [r for r in rows if self._reusable(r[0])]
-        again = [r for r in rows if not self._reusable(r[0])]
+        reuse: list[tuple[RowContext, list[int], Any]] = []
+        again: list[tuple[RowContext, list[int], Any]] = []
+        for row in rows:
+            (reuse if self._reusable(row[0]) else again).append(row)
         blocks: list[PromptBlock] = []
         logits: list[torch.Tensor] = []
         if reuse:
