@@ -22,7 +22,8 @@ They are built against the installed torch on first use (~20 s on 2 cores) and c
 the CPU (they are built with -march=native). They are optional: with no C++ compiler, a failed
 build, or `REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and every caller runs its
 PyTorch path, which computes the same numbers within float rounding (tests/unit/kernels/test_cpu_kernels.py).
-On first use on a machine the products' row block is chosen by timing (kernels/tuning.py).
+On first use on a machine the products' row block, and for each use (decoding, passes over many tokens)
+the packed products or ATen's, are chosen by timing (kernels/tuning.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import include_paths, library_paths
 
-from reinforge.kernels.tuning import choose_row_block
+from reinforge.kernels.tuning import choose
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,15 @@ def load_cpu_kernels() -> Any | None:
         log.warning("building the CPU kernels failed (%s): the native engine and the learner use their PyTorch paths "
                     "(slower)", detail)
         return None
-    TUNING.update(choose_row_block(torch.ops.reinforge_kernels, library))
+    TUNING.update(choose(torch.ops.reinforge_kernels, library))
     return torch.ops.reinforge_kernels
+
+
+def plain_products(use: str) -> bool:
+    """Whether the kernels' products of `use` ("decode": the decoding step; "pass": prefill and the learner)
+    run through ATen on the plain weights rather than against packed panels (csrc/gemm.h, `product`),
+    as chosen on this machine (kernels/tuning.py); False before the kernels are loaded."""
+    return TUNING.get("products", {}).get(use) == "aten"
 
 
 def _plain(t: torch.Tensor) -> bool:

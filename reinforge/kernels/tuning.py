@@ -13,6 +13,14 @@ sources), and the choice is logged once.
 Every candidate computes each output element with the same additions in the same order (one
 accumulator per element, summed over k in turn), so the choice changes the speed only, never a
 number: tests/unit/kernels/test_tuning.py checks the products bit for bit.
+
+Then, per use (the decoding step's few rows; a pass over many tokens: prefill and the learner), the
+packed products against ATen's (MKL's sgemm) on the plain weights (csrc/gemm.h, `product`): the
+panels were written where MKL re-packed every weight at every decoding call, on an AMD EPYC; on an
+Intel Xeon with AVX-512, MKL ran the learner's products 20-30% faster than the panels. ATen is chosen
+for a use only when it is MARGIN faster there. This choice changes float rounding (another summation
+order), not the function: the kernels' outputs agree to ~1e-6 either way (tests/unit/kernels/test_tuning.py),
+as they agree with the PyTorch layers.
 """
 
 from __future__ import annotations
@@ -40,6 +48,16 @@ ROUNDS = 5
 # step), and the default is the value the kernels were tuned and tested with longest.
 MARGIN = 0.05
 ENV = "REINFORGE_KERNEL_ROW_BLOCK"
+# The products of each use, timed packed against plain (csrc/gemm.h, `product`): a decoding step's rows (the
+# built-in model's and a 0.5B model's), and passes over many tokens, with w^T (the forward's) and with w
+# (the backward's input gradients).
+USES = {
+    "decode": ((64, 128, 384, False), (64, 128, 1024, False), (64, 896, 1152, False), (64, 896, 4864, False)),
+    "pass": ((960, 128, 384, False), (960, 128, 1024, False), (960, 512, 128, False), (960, 128, 1024, True),
+             (8192, 128, 1024, False)),
+}
+BACKENDS = ("packed", "aten")
+PRODUCTS_ENV = "REINFORGE_KERNEL_PRODUCTS"
 
 
 def time_row_blocks(ops: Any, shapes=SHAPES, rounds: int = ROUNDS) -> dict[int, float]:
@@ -60,37 +78,77 @@ def time_row_blocks(ops: Any, shapes=SHAPES, rounds: int = ROUNDS) -> dict[int, 
     return best
 
 
-def choose_row_block(ops: Any, library: Path) -> dict:
-    """Set the kernels' row block: `$REINFORGE_KERNEL_ROW_BLOCK` when set, else the choice cached next to
-    `library`, else the fastest candidate timed now (then cached). Returns the choice as a record
-    (row_block, how it was chosen, the timings in ms when timed now or cached)."""
+def time_products(ops: Any, uses=USES, rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
+    """Seconds of one pass over each use's shapes per backend (use -> backend -> s): the fastest of `rounds`
+    passes, the backends taking turns within each round. (m, k, n, transposed): transposed products take
+    a [k, n] weight, as the backward's input gradients do (pack_weight's `transposed`; plain: its view w^T)."""
+    gen = torch.Generator().manual_seed(0)
+    best: dict[str, dict[str, float]] = {}
+    for use, shapes in uses.items():
+        cases = []
+        for m, k, n, transposed in shapes:
+            a = torch.randn(m, k, generator=gen)
+            w = torch.randn(k, n, generator=gen) if transposed else torch.randn(n, k, generator=gen)
+            cases.append((a, {"packed": ops.pack_weight(w, transposed), "aten": w.t() if transposed else w}, n))
+        best[use] = {b: float("inf") for b in BACKENDS}
+        for _ in range(rounds):
+            for backend in BACKENDS:
+                start = time.perf_counter()
+                for a, weights, n in cases:
+                    ops.packed_matmul(a, weights[backend], None, n, 0)
+                best[use][backend] = min(best[use][backend], time.perf_counter() - start)
+    return best
+
+
+def choose(ops: Any, library: Path) -> dict:
+    """Set the kernels' row block and choose each use's products: each from its environment variable when
+    set (`$REINFORGE_KERNEL_ROW_BLOCK`, `$REINFORGE_KERNEL_PRODUCTS` = packed or aten for every use), else
+    the choice cached next to `library`, else timed now (then cached). Returns the choice as a record:
+    row_block, products {use: backend}, how each was chosen, and the timings in ms when timed."""
     forced = os.environ.get(ENV)
-    if forced:
-        if int(forced) not in ROW_BLOCKS:
-            raise ValueError(f"{ENV}={forced}: the row block must be one of {', '.join(map(str, ROW_BLOCKS))}")
-        choice = {"row_block": int(forced), "source": ENV}
+    forced_products = os.environ.get(PRODUCTS_ENV)
+    if forced and int(forced) not in ROW_BLOCKS:
+        raise ValueError(f"{ENV}={forced}: the row block must be one of {', '.join(map(str, ROW_BLOCKS))}")
+    if forced_products and forced_products not in BACKENDS:
+        raise ValueError(f"{PRODUCTS_ENV}={forced_products}: one of {', '.join(BACKENDS)}")
+    if forced:      # nothing timed: the forced row block, and packed products unless those are forced too
+        choice = {"row_block": int(forced), "source": ENV, "products": dict.fromkeys(USES, "packed")}
     else:
         cache = library.with_name(library.stem + ".tuning.json")
         try:
             choice = {**json.loads(cache.read_text()), "source": "cached"}
         except (OSError, ValueError):
-            seconds = time_row_blocks(ops)
-            fastest = min(seconds, key=seconds.get)
-            if seconds[fastest] > (1 - MARGIN) * seconds[DEFAULT_ROW_BLOCK]:
-                fastest = DEFAULT_ROW_BLOCK
-            choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
-                      "threads": torch.get_num_threads()}
-            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-            try:
-                tmp.write_text(json.dumps(choice))
-                os.replace(tmp, cache)       # atomic: concurrent processes at worst both time
-            except OSError as err:           # a read-only cache: the choice holds for this process only
-                tmp.unlink(missing_ok=True)
-                log.warning("CPU kernels: could not cache the row block's choice (%s)", err)
-            choice["source"] = "timed"
-            log.info("CPU kernels: row block %d of the packed products, timed on this CPU (ms per candidate: "
-                     "%s; cached in %s)", fastest, choice["ms"], cache)
-        if choice.get("row_block") not in ROW_BLOCKS:
-            choice = {"row_block": DEFAULT_ROW_BLOCK, "source": "default"}
+            choice = {}
+        if choice.get("row_block") not in ROW_BLOCKS or set(choice.get("products") or {}) != set(USES) or not set(
+                choice["products"].values()) <= set(BACKENDS):
+            choice = _timed(ops, cache)
     ops.set_row_block(choice["row_block"])
+    if forced_products:
+        choice.update(products=dict.fromkeys(USES, forced_products), products_source=PRODUCTS_ENV)
     return choice
+
+
+def _timed(ops: Any, cache: Path) -> dict:
+    """Time the row blocks, then (at the chosen one) each use's backends; cache and log the choice."""
+    seconds = time_row_blocks(ops)
+    fastest = min(seconds, key=seconds.get)
+    if seconds[fastest] > (1 - MARGIN) * seconds[DEFAULT_ROW_BLOCK]:
+        fastest = DEFAULT_ROW_BLOCK
+    ops.set_row_block(fastest)
+    per_use = time_products(ops)
+    products = {use: "aten" if s["aten"] < (1 - MARGIN) * s["packed"] else "packed" for use, s in per_use.items()}
+    choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
+              "products": products,
+              "products_ms": {use: {b: round(t * 1e3, 3) for b, t in s.items()} for use, s in per_use.items()},
+              "threads": torch.get_num_threads()}
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(choice))
+        os.replace(tmp, cache)       # atomic: concurrent processes at worst both time
+    except OSError as err:           # a read-only cache: the choice holds for this process only
+        tmp.unlink(missing_ok=True)
+        log.warning("CPU kernels: could not cache the tuning choice (%s)", err)
+    log.info("CPU kernels: row block %d of the packed products (ms per candidate: %s); products per use %s "
+             "(ms packed/aten: %s); timed on this CPU, cached in %s", fastest, choice["ms"], products,
+             choice["products_ms"], cache)
+    return dict(choice, source="timed")

@@ -118,7 +118,8 @@ def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PackedProjections:
-    """One layer's projection weights as the CPU kernels read them: 32-column panels (csrc/gemm.h, `pack_weight`)."""
+    """One layer's projection weights as the CPU kernels' products read them (csrc/gemm.h, `product`): 32-column
+    panels (`pack_weight`), or plain matrices that ATen multiplies (`DecoderWeights.packed`)."""
 
     qkv: torch.Tensor
     o: torch.Tensor
@@ -164,7 +165,7 @@ class DecoderWeights:
     eps: float
     # [V, E] the head's own 16-bit weight on CUDA (`logits`); None elsewhere
     head16: torch.Tensor | None = None
-    _packed: dict[bool, list[PackedProjections]] = field(default_factory=dict)
+    _packed: dict[tuple[bool, bool], list[PackedProjections]] = field(default_factory=dict)
     _packed_head: torch.Tensor | None = None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -192,18 +193,33 @@ class DecoderWeights:
             self._packed_head = ops.pack_weight(self.head.detach().float().contiguous(), False)
         return ops.packed_matmul(hidden.float().contiguous(), self._packed_head, None, self.head.shape[0], 0)
 
-    def packed(self, ops, transposed: bool = False) -> list[PackedProjections]:
-        """Each layer's projections packed for the CPU kernels (`ops.pack_weight`: 32-column panels),
-        made on first use and kept with these weights: for products with w^T (the forward), or with
-        `transposed` with w (the backward's input gradients). Snapshots: no gradient flows through them."""
-        if transposed not in self._packed:
-            self._packed[transposed] = [
-                PackedProjections(
-                    *(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
-                )
-                for lw in self.layers
-            ]
-        return self._packed[transposed]
+    def packed(self, ops, transposed: bool = False, use: str = "pass") -> list[PackedProjections]:
+        """Each layer's projections as the CPU kernels' products of `use` read them (csrc/gemm.h, `product`;
+        "decode": the decoding step, "pass": prefill and the learner), made on first use and kept with these
+        weights: for products with w^T (the forward), or with `transposed` with w (the backward's input
+        gradients). Packed into 32-column panels (`ops.pack_weight`), or where this machine runs that use's
+        products faster through ATen (kernels/tuning.py) the plain matrices (one copy, shared by both
+        directions: w, and its view w^T when transposed). Snapshots: no gradient flows through them, and a
+        later change of the model's weights does not reach them."""
+        plain = kernels.plain_products(use)
+        if (transposed, plain) not in self._packed:
+            if plain:
+                if (False, True) not in self._packed:
+                    self._packed[False, True] = [
+                        PackedProjections(*(t.detach().clone() for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+                        for lw in self.layers
+                    ]
+                if transposed:
+                    self._packed[True, True] = [PackedProjections(p.qkv.t(), p.o.t(), p.gate_up.t(), p.down.t())
+                                                for p in self._packed[False, True]]
+            else:
+                self._packed[transposed, False] = [
+                    PackedProjections(
+                        *(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
+                    )
+                    for lw in self.layers
+                ]
+        return self._packed[transposed, plain]
 
     @classmethod
     def of(cls, model: PreTrainedModel, logits: bool = True) -> DecoderWeights:

@@ -34,7 +34,7 @@ namespace {
 
 using reinforge_kernels::rms_norm_rows;
 using reinforge_kernels::swiglu_rows;
-using reinforge_kernels::gemm_packed;
+using reinforge_kernels::product;
 using reinforge_kernels::pack_weight;
 using reinforge_kernels::with_head_dim;
 
@@ -149,7 +149,7 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
 // One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
 // place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
-// qkv_p, o_p, gate_up_p, down_p: the projections' weights packed by pack_weight (gemm.h).
+// qkv_p, o_p, gate_up_p, down_p: the projections' weights as `product` reads them (gemm.h): packed or plain.
 void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& qkv_p, const std::optional<at::Tensor>& qkv_b,
                   const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, const at::Tensor& o_p,
                   const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_p,
@@ -168,7 +168,7 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   auto h = at::empty({B, E}, x.options());
   rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
   auto qkv = at::empty({B, N}, x.options());
-  gemm_packed(qkv.data_ptr<float>(), N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, B, N, E, false);
+  product(qkv.data_ptr<float>(), N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, B, N, E, false);
   float* qkvp = qkv.data_ptr<float>();
   if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
     at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
@@ -198,14 +198,14 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
                                        Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
                                        B, H, 1.f / std::sqrt((float)D), window);
   });
-  gemm_packed(x.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, B, E, H * D, true);
+  product(x.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, B, E, H * D, true);
   if (o_b) x.add_(*o_b);
   rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
   auto gu = at::empty({B, 2 * I}, x.options());          // [B, 2I]: gate | up
-  gemm_packed(gu.data_ptr<float>(), 2 * I, h.data_ptr<float>(), E, gate_up_p, nullptr, B, 2 * I, E, false);
+  product(gu.data_ptr<float>(), 2 * I, h.data_ptr<float>(), E, gate_up_p, nullptr, B, 2 * I, E, false);
   auto act = at::empty({B, I}, x.options());
   swiglu_rows(act.data_ptr<float>(), gu.data_ptr<float>(), B, I);
-  gemm_packed(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, I, true);
+  product(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, I, true);
 }
 
 // splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.sampling.mix64.

@@ -2,7 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -162,8 +165,32 @@ inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, cons
   });
 }
 
-// a [M, K] w^T (+ bias) with w packed by pack_weight (N columns), with row block `rows` (0: the chosen one):
-// for timing the candidates and testing that they agree.
+// c [M, N] (+)= a [M, K] w^T (+ bias [N], not added when accumulating, as gemm_packed), where w is a projection
+// as a DecoderWeights holds it for the kernels (models/decoder.py, `packed`): packed panels (3-D, pack_weight)
+// run gemm_packed; the plain matrix (2-D [N, K], any strides: the backward's products with w pass the view
+// w^T) runs ATen's matmul, MKL's sgemm on x86. Which is faster depends on the CPU and the rows: on an Intel
+// Xeon (AVX-512) MKL took 0.88-0.93 ms at 1,024 x 128 x 1,024 where the panels took 1.06-1.30 ms, while on
+// the AMD EPYC they were tuned on the panels won at decoding shapes. The choice is timed per machine and per
+// use (decoding step, passes over many tokens: reinforge/kernels/tuning.py). Results agree to float rounding.
+inline void product(float* c, int64_t ldc, const float* a, int64_t lda, const at::Tensor& w, const float* bias,
+                    int64_t M, int64_t N, int64_t K, bool accumulate, int rows = 0) {
+  if (w.dim() == 3) return gemm_packed(c, ldc, a, lda, w, bias, M, N, K, accumulate, rows);
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == N && w.size(1) == K && w.scalar_type() == at::kFloat && lda >= K && ldc >= N,
+              "product: a plain weight must be a float32 [N, K] matrix matching its product");
+  if (M == 0) return;
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor out = at::from_blob(c, {M, N}, {ldc, 1}, opts);
+  const at::Tensor x = at::from_blob(const_cast<float*>(a), {M, K}, {lda, 1}, opts);
+  if (accumulate)
+    out.addmm_(x, w.t());
+  else if (bias)
+    at::addmm_out(out, at::from_blob(const_cast<float*>(bias), {N}, opts), x, w.t());
+  else
+    at::mm_out(out, x, w.t());
+}
+
+// a [M, K] w^T (+ bias) with w packed by pack_weight (N columns), with row block `rows` (0: the chosen one),
+// or with w plain ([N, K], through ATen, `product`): for timing the candidates and testing that they agree.
 inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                                 int64_t N, int64_t rows) {
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(), "packed_matmul: a contiguous 2-D float32 a");
@@ -171,8 +198,8 @@ inline at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& packed, c
   TORCH_CHECK(!bias || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
               "packed_matmul: the bias must be N contiguous float32 values");
   auto c = at::empty({a.size(0), N}, a.options());
-  gemm_packed(c.data_ptr<float>(), N, a.data_ptr<float>(), a.size(1), packed, bias ? bias->data_ptr<float>() : nullptr,
-              a.size(0), N, a.size(1), false, static_cast<int>(rows));
+  product(c.data_ptr<float>(), N, a.data_ptr<float>(), a.size(1), packed, bias ? bias->data_ptr<float>() : nullptr,
+          a.size(0), N, a.size(1), false, static_cast<int>(rows));
   return c;
 }
 

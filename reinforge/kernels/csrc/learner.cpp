@@ -31,7 +31,7 @@
 namespace {
 
 using reinforge_kernels::axpy;
-using reinforge_kernels::gemm_packed;
+using reinforge_kernels::product;
 using reinforge_kernels::scores8;
 using reinforge_kernels::weighted_rows;
 using reinforge_kernels::with_head_dim;
@@ -409,7 +409,7 @@ std::vector<at::Tensor> train_layer_forward(
   auto h = at::empty({M, E}, opts);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), M, E, (float)eps);
   auto qkv = at::empty({M, a.N}, opts);
-  gemm_packed(qkv.data_ptr<float>(), a.N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, M, a.N, E,
+  product(qkv.data_ptr<float>(), a.N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, M, a.N, E,
               false);
   auto q = at::empty({g.B, S, H, D}, opts), k = at::empty({g.B, S, KV, D}, opts), v = at::empty({g.B, S, KV, D}, opts);
   const float* src = qkv.data_ptr<float>();
@@ -432,15 +432,15 @@ std::vector<at::Tensor> train_layer_forward(
                                           pv ? pv->data_ptr<float>() : nullptr, attn.data_ptr<float>(), lse.data_ptr<float>());
   });
   auto x_mid = x.clone();
-  gemm_packed(x_mid.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, M, E, H * D, true);
+  product(x_mid.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, M, E, H * D, true);
   if (o_b) x_mid.add_(*o_b);
   reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), nullptr, x_mid.data_ptr<float>(), post_norm.data_ptr<float>(), M, E, (float)eps);
   auto gate_up = at::empty({M, 2 * a.I}, opts);
-  gemm_packed(gate_up.data_ptr<float>(), 2 * a.I, h.data_ptr<float>(), E, gate_up_p, nullptr, M, 2 * a.I, E, false);
+  product(gate_up.data_ptr<float>(), 2 * a.I, h.data_ptr<float>(), E, gate_up_p, nullptr, M, 2 * a.I, E, false);
   auto act = at::empty({M, a.I}, opts);
   reinforge_kernels::swiglu_rows(act.data_ptr<float>(), gate_up.data_ptr<float>(), M, a.I);
   auto x_out = x_mid.clone();
-  gemm_packed(x_out.data_ptr<float>(), E, act.data_ptr<float>(), a.I, down_p, nullptr, M, E, a.I, true);
+  product(x_out.data_ptr<float>(), E, act.data_ptr<float>(), a.I, down_p, nullptr, M, E, a.I, true);
   return {x_out, k, v, q, attn, lse, x_mid, gate_up};
 }
 
@@ -467,7 +467,7 @@ std::vector<at::Tensor> train_layer_backward(
   // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid))))
   auto act = at::empty({M, a.I}, opts);    // recomputed in the backward's pass over gate_up
   auto d_act = at::empty({M, a.I}, opts);     // dout down_w
-  gemm_packed(d_act.data_ptr<float>(), a.I, dout.data_ptr<float>(), E, down_t, nullptr, M, a.I, E, false);
+  product(d_act.data_ptr<float>(), a.I, dout.data_ptr<float>(), E, down_t, nullptr, M, a.I, E, false);
   auto d_gate_up = swiglu_backward_into(d_act, gate_up, act.data_ptr<float>());
   auto d_down_w = at::mm(dout.t(), act);
   auto h = at::empty({M, E}, opts);
@@ -476,7 +476,7 @@ std::vector<at::Tensor> train_layer_backward(
                                    post_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_gate_up_w = at::mm(d_gate_up.t(), h);
   auto dh = at::empty({M, E}, opts);
-  gemm_packed(dh.data_ptr<float>(), E, d_gate_up.data_ptr<float>(), 2 * a.I, gate_up_t, nullptr, M, E, 2 * a.I, false);
+  product(dh.data_ptr<float>(), E, d_gate_up.data_ptr<float>(), 2 * a.I, gate_up_t, nullptr, M, E, 2 * a.I, false);
   auto d_mid = at::empty({M, E}, opts);
   auto d_post_norm = at::empty({E}, opts);
   rms_norm_backward_rows(d_mid.data_ptr<float>(), d_post_norm.data_ptr<float>(), dh.data_ptr<float>(),
@@ -486,7 +486,7 @@ std::vector<at::Tensor> train_layer_backward(
   auto d_o_w = at::mm(d_mid.t(), attn);
   auto d_o_b = o_bias ? d_mid.sum(0) : at::empty({0}, opts);
   auto d_attn = at::empty({M, H * D}, opts);
-  gemm_packed(d_attn.data_ptr<float>(), H * D, d_mid.data_ptr<float>(), E, o_t, nullptr, M, H * D, E, false);
+  product(d_attn.data_ptr<float>(), H * D, d_mid.data_ptr<float>(), E, o_t, nullptr, M, H * D, E, false);
   auto dq = at::empty({g.B, S, H, D}, opts);
   auto dk = dk_in ? dk_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
   auto dv = dv_in ? dv_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
@@ -519,7 +519,7 @@ std::vector<at::Tensor> train_layer_backward(
                                    input_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_qkv_w = at::mm(d_qkv.t(), h);
   auto dh1 = at::empty({M, E}, opts);
-  gemm_packed(dh1.data_ptr<float>(), E, d_qkv.data_ptr<float>(), a.N, qkv_t, nullptr, M, E, a.N, false);
+  product(dh1.data_ptr<float>(), E, d_qkv.data_ptr<float>(), a.N, qkv_t, nullptr, M, E, a.N, false);
   auto dx = at::empty({M, E}, opts);
   auto d_input_norm = at::empty({E}, opts);
   rms_norm_backward_rows(dx.data_ptr<float>(), d_input_norm.data_ptr<float>(), dh1.data_ptr<float>(), x.data_ptr<float>(),

@@ -1,5 +1,6 @@
-"""The kernels' row block, chosen per machine by timing (reinforge/kernels/tuning.py): every candidate
-gives the same products bit for bit, and so the same rollout; the choice is timed once, cached next to
+"""The kernels' row block and each use's products (packed or ATen's), chosen per machine by timing
+(reinforge/kernels/tuning.py): every row block gives the same products bit for bit, and so the same
+rollout, and both backends the same products to float rounding; the choice is timed once, cached next to
 the library, read back, and can be forced."""
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ def test_every_row_block_gives_the_same_product_bit_for_bit(kernels, m: int, k: 
     torch.testing.assert_close(products[6], torch.addmm(bias, a, w.T), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("m,k,n,transposed", [(1, 7, 5, False), (13, 40, 70, True), (64, 128, 384, False),
+                                               (131, 96, 33, True), (960, 128, 1024, True)])
+def test_plain_products_through_aten_equal_the_packed_ones(kernels, m: int, k: int, n: int,  # noqa: F811
+                                                           transposed: bool) -> None:
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
+    # the forward's products take w [n, k] (a w^T); the backward's take w [k, n] (a w), plain as the view w^T
+    w = torch.randn(k, n, generator=gen) if transposed else torch.randn(n, k, generator=gen)
+    exact = torch.addmm(bias.double(), a.double(), (w if transposed else w.T).double()).float()
+    packed = kernels.packed_matmul(a, kernels.pack_weight(w, transposed), bias, n, 0)
+    plain = kernels.packed_matmul(a, w.T if transposed else w, bias, n, 0)
+    torch.testing.assert_close(packed, exact, atol=2e-5 * k ** 0.5, rtol=1e-5)
+    torch.testing.assert_close(plain, exact, atol=2e-5 * k ** 0.5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="plain weight must be a float32"):
+        kernels.packed_matmul(a, w if transposed else w.T, bias, n, 0)       # the other orientation
+
+
 def test_the_rollout_is_the_same_under_every_row_block(kernels) -> None:  # noqa: F811
     policy = MODELS["qwen2"]()
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
@@ -54,6 +72,11 @@ class FakeOps:
         self.row = rows
 
 
+def products_timings(aten_faster: float = 0.0) -> dict[str, dict[str, float]]:
+    """Seconds per use and backend: packed 3 ms, ATen `aten_faster` (a fraction) less on passes only."""
+    return {use: {"packed": 3e-3, "aten": 3e-3 * (1 - (aten_faster if use == "pass" else 0.0))} for use in tuning.USES}
+
+
 def timings(fastest: int | None, ms: float = 3.0) -> dict[int, float]:
     """Seconds per candidate: all `ms`, `fastest` 10% faster (None: all equal)."""
     return {r: (0.9 if r == fastest else 1.0) * ms / 1e3 for r in tuning.ROW_BLOCKS}
@@ -61,23 +84,39 @@ def timings(fastest: int | None, ms: float = 3.0) -> dict[int, float]:
 
 def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.delenv(tuning.ENV, raising=False)
+    monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
     calls = []
     monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: calls.append(1) or timings(8))
+    monkeypatch.setattr(tuning, "time_products", lambda ops: calls.append(2) or products_timings(0.3))
     library = tmp_path / "reinforge_kernels-abc.so"
     ops = FakeOps()
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
-        first = tuning.choose_row_block(ops, library)
+        first = tuning.choose(ops, library)
     assert first["row_block"] == 8 and first["source"] == "timed" and ops.row == 8
+    assert first["products"] == {"decode": "packed", "pass": "aten"}
     assert sum("row block 8" in r.getMessage() for r in caplog.records) == 1
     cached = json.loads((tmp_path / "reinforge_kernels-abc.tuning.json").read_text())
     assert cached["row_block"] == 8 and cached["ms"]["8"] == 2.7 and cached["ms"]["6"] == 3.0
+    assert cached["products"] == first["products"] and cached["products_ms"]["pass"] == {"packed": 3.0, "aten": 2.1}
 
     caplog.clear()
     ops = FakeOps()
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
-        again = tuning.choose_row_block(ops, library)
+        again = tuning.choose(ops, library)
     assert again["row_block"] == 8 and again["source"] == "cached" and ops.row == 8
-    assert calls == [1] and not caplog.records
+    assert again["products"] == {"decode": "packed", "pass": "aten"}
+    assert calls == [1, 2] and not caplog.records
+
+
+def test_a_cache_from_before_the_products_choice_is_timed_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
+    (tmp_path / "k.tuning.json").write_text(json.dumps({"row_block": 4, "ms": {}}))
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: timings(None))
+    monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings(0.02))   # 2%: noise
+    got = tuning.choose(FakeOps(), tmp_path / "k.so")
+    assert got["source"] == "timed" and got["row_block"] == 6
+    assert got["products"] == {"decode": "packed", "pass": "packed"}
 
 
 @pytest.mark.parametrize("faster,chosen", [(None, 6), (12, 12)])
@@ -86,29 +125,41 @@ def test_the_default_stays_unless_another_is_clearly_faster(tmp_path, monkeypatc
     seconds = timings(faster)
     seconds[4] *= 0.99                          # 1% faster than the default: noise, not a reason to change
     monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: seconds)
-    assert tuning.choose_row_block(FakeOps(), tmp_path / "k.so")["row_block"] == chosen
+    monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings())
+    assert tuning.choose(FakeOps(), tmp_path / "k.so")["row_block"] == chosen
 
 
 def test_timing_takes_turns_and_keeps_each_candidates_fastest_pass(kernels, monkeypatch) -> None:  # noqa: F811
     seconds = tuning.time_row_blocks(kernels, shapes=((8, 16, 32),), rounds=2)
     assert set(seconds) == set(tuning.ROW_BLOCKS) and all(0 < s < 1 for s in seconds.values())
+    per_use = tuning.time_products(kernels, uses={"a": ((8, 16, 32, False),), "b": ((9, 16, 33, True),)}, rounds=2)
+    assert set(per_use) == {"a", "b"} and all(set(s) == set(tuning.BACKENDS) for s in per_use.values())
+    assert all(0 < t < 1 for s in per_use.values() for t in s.values())
 
 
 def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeypatch) -> None:
     ops = FakeOps()
+    monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
     monkeypatch.setenv(tuning.ENV, "3")
-    assert tuning.choose_row_block(ops, tmp_path / "k.so") == {"row_block": 3, "source": tuning.ENV}
+    assert tuning.choose(ops, tmp_path / "k.so") == {"row_block": 3, "source": tuning.ENV,
+                                                     "products": {"decode": "packed", "pass": "packed"}}
     assert ops.row == 3 and not (tmp_path / "k.tuning.json").exists()
+    monkeypatch.setenv(tuning.PRODUCTS_ENV, "aten")
+    assert tuning.choose(ops, tmp_path / "k.so")["products"] == {"decode": "aten", "pass": "aten"}
+    monkeypatch.setenv(tuning.PRODUCTS_ENV, "mkl")
+    with pytest.raises(ValueError, match="one of packed, aten"):
+        tuning.choose(ops, tmp_path / "k.so")
     monkeypatch.setenv(tuning.ENV, "7")
     with pytest.raises(ValueError, match="one of 2, 3, 4, 6, 8, 10, 12"):
-        tuning.choose_row_block(ops, tmp_path / "k.so")
+        tuning.choose(ops, tmp_path / "k.so")
 
 
 def test_a_cache_that_cannot_be_written_keeps_the_choice_for_the_process(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.delenv(tuning.ENV, raising=False)
     monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: timings(4))
+    monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings())
     ops = FakeOps()
     with caplog.at_level(logging.WARNING, logger="reinforge.kernels.tuning"):
-        got = tuning.choose_row_block(ops, tmp_path / "missing-folder" / "k.so")
+        got = tuning.choose(ops, tmp_path / "missing-folder" / "k.so")
     assert got["row_block"] == 4 and got["source"] == "timed" and ops.row == 4
     assert any("could not cache" in r.getMessage() for r in caplog.records)

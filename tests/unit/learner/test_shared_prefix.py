@@ -98,19 +98,24 @@ def assert_close(got: torch.Tensor, ref: torch.Tensor, name: str, atol: float = 
     assert torch.allclose(got, ref, atol=atol, rtol=rtol), f"{name}: max abs diff {err:.3g}"
 
 
-@pytest.fixture(params=["fused", "pytorch"])
+@pytest.fixture(params=["fused", "fused_aten", "pytorch"])
 def layers(request, monkeypatch) -> str:
     """The decoder layers as the fused CPU op (kernels.train_layer, where the kernels build and the
-    model's layers qualify: not Qwen3's q/k norm) or as PyTorch ops with the geometry as a mask."""
+    model's layers qualify: not Qwen3's q/k norm) with its products against packed weights ("fused") or
+    through ATen on the plain weights ("fused_aten"), whichever this machine's tuning chose (kernels/tuning.py),
+    or as PyTorch ops with the geometry as a mask."""
     calls = []
     if request.param == "pytorch":
         monkeypatch.setattr(kernels, "fused_layer_ok", lambda *a: False)
     else:
+        kernels.load_cpu_kernels()      # its tuning first; then this test's choice of products
+        backend = "aten" if request.param == "fused_aten" else "packed"
+        monkeypatch.setitem(kernels.TUNING, "products", {"decode": backend, "pass": backend})
         fused = kernels.train_layer
         monkeypatch.setattr(kernels, "train_layer", lambda *a: calls.append(1) or fused(*a))
     yield request.param
     if (
-        request.param == "fused"
+        request.param != "pytorch"
         and kernels.load_cpu_kernels() is not None
         and request.node.callspec.params.get("name") != "qwen3"
     ):
