@@ -198,20 +198,19 @@ class DecoderWeights:
         "decode": the decoding step, "pass": prefill and the learner), made on first use and kept with these
         weights: for products with w^T (the forward), or with `transposed` with w (the backward's input
         gradients). Packed into 32-column panels (`ops.pack_weight`), or where this machine runs that use's
-        products faster through ATen (kernels/tuning.py) the plain matrices (one copy, shared by both
-        directions: w, and its view w^T when transposed). Snapshots: no gradient flows through them, and a
-        later change of the model's weights does not reach them."""
+        products faster through ATen (kernels/tuning.py) the plain matrices themselves, detached (w, and its
+        view w^T when transposed; no copy: o and down are the model's own tensors). No gradient flows through
+        either, and both serve while the model's weights stand still, as they do within a generation (a
+        session that takes new weights builds new DecoderWeights, `DecodeSession.reload`) and between a
+        learner pass's forward and its backward."""
         plain = kernels.plain_products(use)
         if (transposed, plain) not in self._packed:
             if plain:
-                if (False, True) not in self._packed:
-                    self._packed[False, True] = [
-                        PackedProjections(*(t.detach().clone() for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
-                        for lw in self.layers
-                    ]
-                if transposed:
-                    self._packed[True, True] = [PackedProjections(p.qkv.t(), p.o.t(), p.gate_up.t(), p.down.t())
-                                                for p in self._packed[False, True]]
+                self._packed[transposed, True] = [
+                    PackedProjections(*(t.detach().t() if transposed else t.detach()
+                                        for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+                    for lw in self.layers
+                ]
             else:
                 self._packed[transposed, False] = [
                     PackedProjections(

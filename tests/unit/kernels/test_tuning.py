@@ -166,7 +166,7 @@ def test_a_cache_that_cannot_be_written_keeps_the_choice_for_the_process(tmp_pat
 
 
 @pytest.mark.parametrize("products", ["packed", "aten"])
-def test_decoder_weights_hold_snapshots_for_either_products(kernels, monkeypatch, products: str) -> None:  # noqa: F811
+def test_decoder_weights_give_each_projection_both_ways(kernels, monkeypatch, products: str) -> None:  # noqa: F811
     from reinforge.kernels import TUNING
     from reinforge.models.decoder import DecoderWeights
 
@@ -174,21 +174,18 @@ def test_decoder_weights_hold_snapshots_for_either_products(kernels, monkeypatch
     model = MODELS["qwen2"]().model
     w = DecoderWeights.of(model)
     forward, backward = w.packed(kernels), w.packed(kernels, transposed=True)
-    layer, gen = w.layers[0], torch.Generator().manual_seed(0)
-    names = ("qkv", "o", "gate_up", "down")    # o and down: the model's own tensors; qkv, gate_up: fused copies
-    inputs = {n: (torch.randn(5, getattr(layer, n).shape[1], generator=gen),
-                  torch.randn(5, getattr(layer, n).shape[0], generator=gen)) for n in names}
-    expected = {n: (a @ getattr(layer, n).detach().T, d @ getattr(layer, n).detach()) for n, (a, d) in inputs.items()}
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)                               # the model moves on; the weights taken before do not
-    for n, (a, d) in inputs.items():
-        rows, cols = getattr(layer, n).shape
-        got = (kernels.packed_matmul(a, getattr(forward[0], n), None, rows, 0),
-               kernels.packed_matmul(d, getattr(backward[0], n), None, cols, 0))
-        torch.testing.assert_close(got[0], expected[n][0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got[1], expected[n][1], atol=1e-5, rtol=1e-5)
-    assert (forward[0].qkv.dim() == 2) == (products == "aten")
-    if products == "aten":     # one copy serves both directions
-        assert backward[0].qkv.data_ptr() == forward[0].qkv.data_ptr()
+    gen = torch.Generator().manual_seed(0)
+    for layer, fwd, bwd in zip(w.layers, forward, backward, strict=True):
+        for n in ("qkv", "o", "gate_up", "down"):      # o and down: the model's own tensors; qkv, gate_up: fused
+            weight = getattr(layer, n).detach()
+            a, d = torch.randn(5, weight.shape[1], generator=gen), torch.randn(5, weight.shape[0], generator=gen)
+            rows, cols = weight.shape
+            torch.testing.assert_close(kernels.packed_matmul(a, getattr(fwd, n), None, rows, 0), a @ weight.T,
+                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(kernels.packed_matmul(d, getattr(bwd, n), None, cols, 0), d @ weight,
+                                       atol=1e-5, rtol=1e-5)
+            if products == "aten":      # no copy: the weight itself, and its transposed view
+                assert getattr(fwd, n).data_ptr() == getattr(bwd, n).data_ptr() == weight.data_ptr()
+            else:
+                assert getattr(fwd, n).dim() == 3 and getattr(bwd, n).dim() == 3
     assert w.packed(kernels) is forward                 # made once per DecoderWeights
