@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -49,13 +50,21 @@ ROUNDS = 5
 MARGIN = 0.05
 ENV = "REINFORGE_KERNEL_ROW_BLOCK"
 # The products of each use, timed packed against plain (csrc/gemm.h, `product`): a decoding step's rows (the
-# built-in model's and a 0.5B model's), and passes over many tokens, with w^T (the forward's) and with w
-# (the backward's input gradients).
+# built-in model's at 64 and 256 rows, a default RL batch of 32 prompts x 8; a 0.5B model's), and passes over
+# many tokens, with w^T (the forward's) and with w (the backward's input gradients).
 USES = {
-    "decode": ((64, 128, 384, False), (64, 128, 1024, False), (64, 896, 1152, False), (64, 896, 4864, False)),
+    "decode": ((64, 128, 384, False), (64, 128, 1024, False), (256, 128, 384, False), (256, 128, 1024, False),
+               (64, 896, 1152, False), (64, 896, 4864, False)),
     "pass": ((960, 128, 384, False), (960, 128, 1024, False), (960, 512, 128, False), (960, 128, 1024, True),
              (8192, 128, 1024, False)),
 }
+# How many times a packed weight serves before the weights change: packing is part of the packed products'
+# cost. A generation packs once for all its decoding steps (16 here: vs_trl.py's completions; longer ones
+# amortise it more); a learner forward packs for its passes and backward, once per optimizer step.
+PACK_USES = {"decode": 16, "pass": 1}
+# More rounds than the row block's: a use's choice rests on fewer, shorter timings (a decoding step's products
+# take tens of microseconds), and packed and ATen came within 10% of each other on an Intel Xeon's decoding.
+PRODUCT_ROUNDS = 9
 BACKENDS = ("packed", "aten")
 PRODUCTS_ENV = "REINFORGE_KERNEL_PRODUCTS"
 
@@ -78,26 +87,37 @@ def time_row_blocks(ops: Any, shapes=SHAPES, rounds: int = ROUNDS) -> dict[int, 
     return best
 
 
-def time_products(ops: Any, uses=USES, rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
-    """Seconds of one pass over each use's shapes per backend (use -> backend -> s): the fastest of `rounds`
-    passes, the backends taking turns within each round. (m, k, n, transposed): transposed products take
-    a [k, n] weight, as the backward's input gradients do (pack_weight's `transposed`; plain: its view w^T)."""
+def time_products(ops: Any, uses=USES, rounds: int = PRODUCT_ROUNDS) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each use's products per backend and shape (use -> backend -> [s per shape]): the fastest of
+    `rounds`, the backends taking turns within each round; a packed product's seconds include its share of
+    packing the weight (PACK_USES). (m, k, n, transposed): transposed products take a [k, n] weight, as the
+    backward's input gradients do (pack_weight's `transposed`; plain: its view w^T)."""
     gen = torch.Generator().manual_seed(0)
-    best: dict[str, dict[str, float]] = {}
-    for use, shapes in uses.items():
-        cases = []
-        for m, k, n, transposed in shapes:
-            a = torch.randn(m, k, generator=gen)
-            w = torch.randn(k, n, generator=gen) if transposed else torch.randn(n, k, generator=gen)
-            cases.append((a, {"packed": ops.pack_weight(w, transposed), "aten": w.t() if transposed else w}, n))
-        best[use] = {b: float("inf") for b in BACKENDS}
-        for _ in range(rounds):
-            for backend in BACKENDS:
+    cases = {use: [(torch.randn(m, k, generator=gen),
+                    torch.randn(k, n, generator=gen) if transposed else torch.randn(n, k, generator=gen), n, transposed)
+                   for m, k, n, transposed in shapes] for use, shapes in uses.items()}
+    best = {use: {b: [float("inf")] * len(shapes) for b in BACKENDS} for use, shapes in uses.items()}
+    for _ in range(rounds):             # rounds outermost: load that comes and goes meets both backends alike
+        for use, shapes in cases.items():
+            for i, (a, w, n, transposed) in enumerate(shapes):
                 start = time.perf_counter()
-                for a, weights, n in cases:
-                    ops.packed_matmul(a, weights[backend], None, n, 0)
-                best[use][backend] = min(best[use][backend], time.perf_counter() - start)
+                packed = ops.pack_weight(w, transposed)
+                pack = time.perf_counter() - start
+                start = time.perf_counter()
+                ops.packed_matmul(a, packed, None, n, 0)
+                seconds = time.perf_counter() - start + pack / PACK_USES.get(use, 1)
+                best[use]["packed"][i] = min(best[use]["packed"][i], seconds)
+                start = time.perf_counter()
+                ops.packed_matmul(a, w.t() if transposed else w, None, n, 0)
+                best[use]["aten"][i] = min(best[use]["aten"][i], time.perf_counter() - start)
     return best
+
+
+def aten_over_packed(per_shape: dict[str, list[float]]) -> float:
+    """The geometric mean over shapes of ATen's time over the packed products': each shape counts alike,
+    so a 0.5B model's products, 50x the built-in model's in time, do not decide alone."""
+    ratios = [a / p for a, p in zip(per_shape["aten"], per_shape["packed"], strict=True)]
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
 def choose(ops: Any, library: Path) -> dict:
@@ -136,10 +156,11 @@ def _timed(ops: Any, cache: Path) -> dict:
         fastest = DEFAULT_ROW_BLOCK
     ops.set_row_block(fastest)
     per_use = time_products(ops)
-    products = {use: "aten" if s["aten"] < (1 - MARGIN) * s["packed"] else "packed" for use, s in per_use.items()}
+    ratios = {use: aten_over_packed(s) for use, s in per_use.items()}
+    products = {use: "aten" if r < 1 - MARGIN else "packed" for use, r in ratios.items()}
     choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
-              "products": products,
-              "products_ms": {use: {b: round(t * 1e3, 3) for b, t in s.items()} for use, s in per_use.items()},
+              "products": products, "aten_over_packed": {use: round(r, 3) for use, r in ratios.items()},
+              "products_ms": {use: {b: round(sum(t) * 1e3, 3) for b, t in s.items()} for use, s in per_use.items()},
               "threads": torch.get_num_threads()}
     tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
     try:
@@ -149,6 +170,6 @@ def _timed(ops: Any, cache: Path) -> dict:
         tmp.unlink(missing_ok=True)
         log.warning("CPU kernels: could not cache the tuning choice (%s)", err)
     log.info("CPU kernels: row block %d of the packed products (ms per candidate: %s); products per use %s "
-             "(ms packed/aten: %s); timed on this CPU, cached in %s", fastest, choice["ms"], products,
-             choice["products_ms"], cache)
+             "(ATen's time over the packed products', geometric mean over shapes: %s); timed on this CPU, cached "
+             "in %s", fastest, choice["ms"], products, choice["aten_over_packed"], cache)
     return dict(choice, source="timed")

@@ -72,9 +72,11 @@ class FakeOps:
         self.row = rows
 
 
-def products_timings(aten_faster: float = 0.0) -> dict[str, dict[str, float]]:
-    """Seconds per use and backend: packed 3 ms, ATen `aten_faster` (a fraction) less on passes only."""
-    return {use: {"packed": 3e-3, "aten": 3e-3 * (1 - (aten_faster if use == "pass" else 0.0))} for use in tuning.USES}
+def products_timings(aten_faster: float = 0.0) -> dict[str, dict[str, list[float]]]:
+    """Seconds per use, backend and shape: packed 1.5 ms per shape, ATen `aten_faster` (a fraction) less on
+    passes only."""
+    return {use: {"packed": [1.5e-3] * 2, "aten": [1.5e-3 * (1 - (aten_faster if use == "pass" else 0.0))] * 2}
+            for use in tuning.USES}
 
 
 def timings(fastest: int | None, ms: float = 3.0) -> dict[int, float]:
@@ -98,6 +100,7 @@ def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) 
     cached = json.loads((tmp_path / "reinforge_kernels-abc.tuning.json").read_text())
     assert cached["row_block"] == 8 and cached["ms"]["8"] == 2.7 and cached["ms"]["6"] == 3.0
     assert cached["products"] == first["products"] and cached["products_ms"]["pass"] == {"packed": 3.0, "aten": 2.1}
+    assert cached["aten_over_packed"] == {"decode": 1.0, "pass": 0.7}
 
     caplog.clear()
     ops = FakeOps()
@@ -132,9 +135,18 @@ def test_the_default_stays_unless_another_is_clearly_faster(tmp_path, monkeypatc
 def test_timing_takes_turns_and_keeps_each_candidates_fastest_pass(kernels, monkeypatch) -> None:  # noqa: F811
     seconds = tuning.time_row_blocks(kernels, shapes=((8, 16, 32),), rounds=2)
     assert set(seconds) == set(tuning.ROW_BLOCKS) and all(0 < s < 1 for s in seconds.values())
-    per_use = tuning.time_products(kernels, uses={"a": ((8, 16, 32, False),), "b": ((9, 16, 33, True),)}, rounds=2)
+    uses = {"a": ((8, 16, 32, False),), "b": ((9, 16, 33, True), (4, 8, 8, False))}
+    per_use = tuning.time_products(kernels, uses=uses, rounds=2)
     assert set(per_use) == {"a", "b"} and all(set(s) == set(tuning.BACKENDS) for s in per_use.values())
-    assert all(0 < t < 1 for s in per_use.values() for t in s.values())
+    assert [len(per_use[u]["aten"]) for u in "ab"] == [1, 2]
+    assert all(0 < t < 1 for s in per_use.values() for times in s.values() for t in times)
+
+
+def test_each_shape_counts_alike_in_the_products_choice() -> None:
+    # ATen 4x slower on a small shape, 2x faster on one 100x larger: a total of times would pick ATen (5.4 against
+    # 10.1 ms), the geometric mean of the ratios, sqrt(4 x 0.5), keeps the packed products; 2x slower: even
+    assert tuning.aten_over_packed({"packed": [1e-4, 1e-2], "aten": [4e-4, 5e-3]}) == pytest.approx(2 ** 0.5)
+    assert tuning.aten_over_packed({"packed": [1e-4, 1e-2], "aten": [2e-4, 5e-3]}) == pytest.approx(1.0)
 
 
 def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeypatch) -> None:
