@@ -26,7 +26,8 @@ RL step ("rl"):
   backward        loss.backward()
   optimizer       gradient clipping and optimizer.step
   critic          the critic's update after the policy's (PPO, VAPO); 0 without a critic
-  weight_sync     the weight-sync probe after each update (train.weight_sync.verify)
+  weight_sync     the weight-sync probe after an update (train.weight_sync.verify; .every: the native engine
+                  in one process is probed after the first update and every 10th, 0 in other steps)
   update_other    the rest of policy_update: aggregation weights, slicing, mismatch metrics, zero_grad,
                   the scheduler
   rest            everything else (the loop, the learner step's glue, metrics): Python overhead

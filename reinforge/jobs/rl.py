@@ -174,10 +174,11 @@ def _sync_step(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, s
         # VC-PPO / VAPO only
         pretrain_critic(state, collector, spec, policy.tokenizer.pad_token_id, cfg.critic, on_step)
     # The engine reads the trained tensors (learner ranks: the plain copy): the check probes what it reads.
-    check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)])
     # An engine with its own copy of the weights (vLLM) is handed them after every update.
-    after_update, on_step = wire(check, engine_publisher(engine, no_publish), on_step, lambda: state.step,
-                                 lambda: state.version)
+    publish = engine_publisher(engine, no_publish)
+    check = build_check(tc.weight_sync, dp, lambda version: [sampler_probe(engine, check.ids)],
+                        reads_trained=publish is no_publish)
+    after_update, on_step = wire(check, publish, on_step, lambda: state.step, lambda: state.version)
     return RLStep("sync", SyncBatches(collector, dp), names, learner, after_update, on_step, check is not None)
 
 

@@ -22,8 +22,8 @@ They are built against the installed torch on first use (~20 s on 2 cores) and c
 the CPU (they are built with -march=native). They are optional: with no C++ compiler, a failed
 build, or `REINFORGE_CPU_KERNELS=0`, `load_cpu_kernels()` is None and every caller runs its
 PyTorch path, which computes the same numbers within float rounding (tests/unit/kernels/test_cpu_kernels.py).
-On first use on a machine the products' row block, and for each use (decoding, passes over many tokens)
-the packed products or ATen's, are chosen by timing (kernels/tuning.py).
+On first use on a machine the products' row block, and for the learner's passes the packed products or
+ATen's, are chosen by timing (kernels/tuning.py).
 """
 
 from __future__ import annotations
@@ -130,9 +130,10 @@ def load_cpu_kernels() -> Any | None:
 
 
 def plain_products(use: str) -> bool:
-    """Whether the kernels' products of `use` ("decode": the decoding step; "pass": prefill and the learner)
-    run through ATen on the plain weights rather than against packed panels (csrc/gemm.h, `product`),
-    as chosen on this machine (kernels/tuning.py); False before the kernels are loaded."""
+    """Whether the kernels' products of `use` run through ATen on the plain weights rather than against
+    packed panels (csrc/gemm.h, `product`), as chosen on this machine (kernels/tuning.py): "learner" (its
+    passes); "engine" (the rollout engine's prefill and decoding, which keep the packed products for their
+    batch-invariant sums) never. False before the kernels are loaded."""
     return TUNING.get("products", {}).get(use) == "aten"
 
 

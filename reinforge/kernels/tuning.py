@@ -14,13 +14,13 @@ Every candidate computes each output element with the same additions in the same
 accumulator per element, summed over k in turn), so the choice changes the speed only, never a
 number: tests/unit/kernels/test_tuning.py checks the products bit for bit.
 
-Then, per use (the decoding step's few rows; a pass over many tokens: prefill and the learner), the
-packed products against ATen's (MKL's sgemm) on the plain weights (csrc/gemm.h, `product`): the
-panels were written where MKL re-packed every weight at every decoding call, on an AMD EPYC; on an
-Intel Xeon with AVX-512, MKL ran the learner's products 20-30% faster than the panels. ATen is chosen
-for a use only when it is MARGIN faster there. This choice changes float rounding (another summation
-order), not the function: the kernels' outputs agree to ~1e-6 either way (tests/unit/kernels/test_tuning.py),
-as they agree with the PyTorch layers.
+Then, for the learner's passes, the packed products against ATen's (MKL's sgemm) on the plain weights
+(csrc/gemm.h, `product`): the panels were written where MKL re-packed every weight at every decoding
+call, on an AMD EPYC; on an Intel Xeon with AVX-512, MKL ran the learner's products 20-40% faster
+than the panels. ATen is chosen only when it is MARGIN faster (the geometric mean over the shapes).
+This changes float rounding (another summation order), not the function: the kernels' outputs agree
+to ~1e-6 either way (tests/unit/kernels/test_tuning.py), as they agree with the PyTorch layers. The
+rollout engine always runs the packed products (see USES).
 """
 
 from __future__ import annotations
@@ -49,21 +49,18 @@ ROUNDS = 5
 # step), and the default is the value the kernels were tuned and tested with longest.
 MARGIN = 0.05
 ENV = "REINFORGE_KERNEL_ROW_BLOCK"
-# The products of each use, timed packed against plain (csrc/gemm.h, `product`): a decoding step's rows (the
-# built-in model's at 64 and 256 rows, a default RL batch of 32 prompts x 8; a 0.5B model's), and passes over
-# many tokens, with w^T (the forward's) and with w (the backward's input gradients).
+# The learner's products, timed packed against plain (csrc/gemm.h, `product`): passes over many tokens, with w^T
+# (the forward's) and with w (the backward's input gradients). The rollout engine keeps the packed products
+# whatever this says: they sum each row in one order whatever the other rows, so a prompt's samples do not
+# depend on the batch it shares, bit for bit, which MKL's row-count-dependent kernels would not keep.
 USES = {
-    "decode": ((64, 128, 384, False), (64, 128, 1024, False), (256, 128, 384, False), (256, 128, 1024, False),
-               (64, 896, 1152, False), (64, 896, 4864, False)),
-    "pass": ((960, 128, 384, False), (960, 128, 1024, False), (960, 512, 128, False), (960, 128, 1024, True),
-             (8192, 128, 1024, False)),
+    "learner": ((960, 128, 384, False), (960, 128, 1024, False), (960, 512, 128, False), (960, 128, 1024, True),
+                (8192, 128, 1024, False)),
 }
 # How many times a packed weight serves before the weights change: packing is part of the packed products'
-# cost. A generation packs once for all its decoding steps (16 here: vs_trl.py's completions; longer ones
-# amortise it more); a learner forward packs for its passes and backward, once per optimizer step.
-PACK_USES = {"decode": 16, "pass": 1}
-# More rounds than the row block's: a use's choice rests on fewer, shorter timings (a decoding step's products
-# take tens of microseconds), and packed and ATen came within 10% of each other on an Intel Xeon's decoding.
+# cost. A learner forward packs for its passes and its backward, once per optimizer step.
+PACK_USES = {"learner": 1}
+# More rounds than the row block's: the choice rests on fewer timings, one per shape and backend.
 PRODUCT_ROUNDS = 9
 BACKENDS = ("packed", "aten")
 PRODUCTS_ENV = "REINFORGE_KERNEL_PRODUCTS"
@@ -121,8 +118,8 @@ def aten_over_packed(per_shape: dict[str, list[float]]) -> float:
 
 
 def choose(ops: Any, library: Path) -> dict:
-    """Set the kernels' row block and choose each use's products: each from its environment variable when
-    set (`$REINFORGE_KERNEL_ROW_BLOCK`, `$REINFORGE_KERNEL_PRODUCTS` = packed or aten for every use), else
+    """Set the kernels' row block and choose each use's products (the learner's): each from its environment
+    variable when set (`$REINFORGE_KERNEL_ROW_BLOCK`, `$REINFORGE_KERNEL_PRODUCTS` = packed or aten), else
     the choice cached next to `library`, else timed now (then cached). Returns the choice as a record:
     row_block, products {use: backend}, how each was chosen, and the timings in ms when timed."""
     forced = os.environ.get(ENV)

@@ -193,12 +193,12 @@ class DecoderWeights:
             self._packed_head = ops.pack_weight(self.head.detach().float().contiguous(), False)
         return ops.packed_matmul(hidden.float().contiguous(), self._packed_head, None, self.head.shape[0], 0)
 
-    def packed(self, ops, transposed: bool = False, use: str = "pass") -> list[PackedProjections]:
+    def packed(self, ops, transposed: bool = False, use: str = "learner") -> list[PackedProjections]:
         """Each layer's projections as the CPU kernels' products of `use` read them (csrc/gemm.h, `product`;
-        "decode": the decoding step, "pass": prefill and the learner), made on first use and kept with these
-        weights: for products with w^T (the forward), or with `transposed` with w (the backward's input
-        gradients). Packed into 32-column panels (`ops.pack_weight`), or where this machine runs that use's
-        products faster through ATen (kernels/tuning.py) the plain matrices themselves, detached (w, and its
+        "learner": its passes, "engine": the rollout engine's prefill and decoding), made on first use and kept
+        with these weights: for products with w^T (the forward), or with `transposed` with w (the backward's
+        input gradients). Packed into 32-column panels (`ops.pack_weight`), or where this machine runs the
+        learner's products faster through ATen (kernels/tuning.py) the plain matrices themselves, detached (w, and its
         view w^T when transposed; no copy: o and down are the model's own tensors). No gradient flows through
         either, and both serve while the model's weights stand still, as they do within a generation (a
         session that takes new weights builds new DecoderWeights, `DecodeSession.reload`) and between a
@@ -352,7 +352,7 @@ def decoder_layers(
 def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
              prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
              fused: bool = True, routes: list[torch.Tensor] | None = None, compiled: bool = False,
-             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+             use: str = "learner") -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
     completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
     rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys and values [P, Lp, kv, D]
@@ -363,7 +363,8 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     as an additive mask: the same numbers within float rounding (tests/unit/learner/test_shared_prefix.py).
     Sliding windows are applied on the second path only (the shared-prompt learner refuses them).
     MoE layers run on the second path; `routes` and `compiled` as in `decoder_layers` (`compiled`
-    takes the second path)."""
+    takes the second path). `use`: whose products the fused layers run ("learner", or "engine" for the
+    rollout engine's prefill, `DecoderWeights.packed`)."""
     b, s = ids.shape
     hidden = F.embedding(ids, w.embed, padding_idx)
     keys: list[torch.Tensor] = []
@@ -378,8 +379,8 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         x = hidden.reshape(b * s, -1)
         ops = load_cpu_kernels()
         packed = zip(
-            w.packed(ops),
-            w.packed(ops, transposed=True) if torch.is_grad_enabled() else [None] * len(w.layers),
+            w.packed(ops, use=use),
+            w.packed(ops, transposed=True, use=use) if torch.is_grad_enabled() else [None] * len(w.layers),
             strict=True,
         )
         for index, (lw, packs) in enumerate(zip(w.layers, packed, strict=True)):

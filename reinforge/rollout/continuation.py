@@ -65,7 +65,8 @@ def _continue_pass(engine: DecodePasses, weights: DecoderWeights, freqs: torch.T
               _token_major([c.values for c, _, _ in rows], cached, span))
     at = torch.tensor(cached, device=d)
     geometry = pass_geometry(freqs, width, at, torch.arange(b, device=d), at)
-    hidden, k, v = run_pass(engine.shape, weights, new, geometry, freqs, prefix, fused=engine.kernels is not None)
+    hidden, k, v = run_pass(engine.shape, weights, new, geometry, freqs, prefix, fused=engine.kernels is not None,
+                            use="engine")
     blocks = []
     for i, ((context, ids, _), n) in enumerate(zip(rows, (len(f) for f in fresh), strict=True)):
         # [1, kv, len(ids), D] per layer: the stored keys/values, then the new tokens'

@@ -184,7 +184,7 @@ class NativeEngine:
         geometry = pass_geometry(freqs, width, torch.zeros_like(lengths))
         layer_routes: list[torch.Tensor] | None = [] if routes is not None and self.moe_layers else None
         hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None,
-                                routes=layer_routes)
+                                routes=layer_routes, use="engine")
         if layer_routes is not None:
             routes.append(torch.stack(layer_routes, dim=2))           # [B, width, layers, k]
         for layer in range(len(w.layers)):
@@ -241,7 +241,7 @@ class NativeEngine:
         position; the projections against weights packed once per `DecoderWeights`)."""
         shape, x = self.shape, F.embedding(tokens, w.embed)     # x [live, E], updated in place by each layer
         rot = torch.view_as_real(freqs[positions])              # [live, D/2, 2]: each row's (cos, sin) per pair
-        for index, (lw, packed) in enumerate(zip(w.layers, w.packed(self.kernels, use="decode"), strict=True)):
+        for index, (lw, packed) in enumerate(zip(w.layers, w.packed(self.kernels, use="engine"), strict=True)):
             self.kernels.decode_layer(x, lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o,
                                       lw.o_bias, lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index],
                                       cache.v[index], positions, shape.num_heads, w.eps, shape.sliding_window or 0)

@@ -33,7 +33,7 @@ def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.
     freqs = rotary_factors(model, shape, s)
     device = weights.head.device
     geometry = pass_geometry(freqs, s, torch.zeros(1, dtype=torch.long, device=device))
-    hidden, _, _ = run_pass(shape, weights, ids.to(device), geometry, freqs, fused=fused)
+    hidden, _, _ = run_pass(shape, weights, ids.to(device), geometry, freqs, fused=fused, use="engine")
     return next_token_logprobs(hidden.float() @ weights.head.t())
 
 

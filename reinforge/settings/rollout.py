@@ -130,6 +130,15 @@ class WeightSyncConfig(Section):
         "probe that passes. None: 1e-3 for fp32 models (rounding gives ~1e-6), 5e-2 for bf16/fp16 and for fp32 on a "
         "GPU with TF32 matmuls (the engine and the learner round differently).",
     )
+    every: int | None = Field(
+        None,
+        ge=1,
+        description="Probe after the first update and then after every `every`-th. None: after every update where "
+        "weights are handed over (vLLM's copy, the async sampler, Ray workers, learner ranks' plain copy), since a "
+        "handover can fail at any step; every 10th where the rollout engine reads the very tensors the optimizer "
+        "steps (the native and HF engines in one process), where no copy can fall behind and what the probe "
+        "checks, that the engine computes what the learner computes, is the same at every step.",
+    )
     timeout_s: float = Field(
         60.0,
         gt=0,

@@ -393,7 +393,8 @@ def test_weight_sync_probe_passes_every_step_of_a_run_on_the_device(micro_overri
     agree after every update (well inside the dtype's default tolerance), and the weights moved."""
     cfg = build_config([*micro_overrides, "sft.steps=0", f"model.device={device}", f"model.dtype={DTYPE_NAMES[dtype]}",
                         "reward.functions=[{name: verifier}, {name: format, params: {pattern: '1', mode: search}}]",
-                        "curation.filters=[]", "rollout.max_new_tokens=6", "train.lr=1e-2", f"output_dir={tmp_path}"])
+                        "curation.filters=[]", "rollout.max_new_tokens=6", "train.lr=1e-2", "train.weight_sync.every=1",
+                        f"output_dir={tmp_path}"])
     run(cfg)
     rl = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rl = [x for x in rl if x.get("stage") == "rl"]

@@ -170,8 +170,9 @@ inline void gemm_packed(float* c, int64_t ldc, const float* a, int64_t lda, cons
 // run gemm_packed; the plain matrix (2-D [N, K], any strides: the backward's products with w pass the view
 // w^T) runs ATen's matmul, MKL's sgemm on x86. Which is faster depends on the CPU and the rows: on an Intel
 // Xeon (AVX-512) MKL took 0.88-0.93 ms at 1,024 x 128 x 1,024 where the panels took 1.06-1.30 ms, while on
-// the AMD EPYC they were tuned on the panels won at decoding shapes. The choice is timed per machine and per
-// use (decoding step, passes over many tokens: reinforge/kernels/tuning.py). Results agree to float rounding.
+// the AMD EPYC they were tuned on the panels won at decoding shapes. The learner's choice is timed per machine
+// (reinforge/kernels/tuning.py); results agree to float rounding. The rollout engine keeps the panels: each
+// row's sums run in one order whatever the other rows, so its samples do not depend on the batch, bit for bit.
 inline void product(float* c, int64_t ldc, const float* a, int64_t lda, const at::Tensor& w, const float* bias,
                     int64_t M, int64_t N, int64_t K, bool accumulate, int rows = 0) {
   if (w.dim() == 3) return gemm_packed(c, ldc, a, lda, w, bias, M, N, K, accumulate, rows);

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import MistralConfig, MistralForCausalLM
 from unit.rollout.test_native_engine import MODELS, PROMPTS, eos_prone, qwen2
 
-from reinforge.kernels import TUNING, load_cpu_kernels, rms_norm, swiglu
+from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
 from reinforge.models import Policy
 from reinforge.models.attention import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
@@ -178,14 +178,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("products", ["packed", "aten"])
 @pytest.mark.parametrize("greedy,top_p", [(True, 1.0), (False, 1.0), (False, 0.8)])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_layers_give_the_pytorch_paths_rollout(kernels, monkeypatch, name: str, greedy: bool, top_p: float,
-                                                     products: str) -> None:
-    # Whichever products this machine's tuning chose for decoding and prefill (kernels/tuning.py): packed
-    # panels or ATen's on the plain weights.
-    monkeypatch.setitem(TUNING, "products", {"decode": products, "pass": products})
+def test_fused_layers_give_the_pytorch_paths_rollout(kernels, name: str, greedy: bool, top_p: float) -> None:
     policy = CASES[name]()
     params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=1.0, top_p=top_p)
     fused_engine, plain_engine = NativeEngine(policy, cpu_kernels=True), NativeEngine(policy, cpu_kernels=False)

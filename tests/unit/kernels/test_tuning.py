@@ -1,7 +1,7 @@
-"""The kernels' row block and each use's products (packed or ATen's), chosen per machine by timing
+"""The kernels' row block and the learner's products (packed or ATen's), chosen per machine by timing
 (reinforge/kernels/tuning.py): every row block gives the same products bit for bit, and so the same
 rollout, and both backends the same products to float rounding; the choice is timed once, cached next to
-the library, read back, and can be forced."""
+the library, read back, and can be forced; the rollout engine keeps the packed products."""
 
 from __future__ import annotations
 
@@ -73,10 +73,8 @@ class FakeOps:
 
 
 def products_timings(aten_faster: float = 0.0) -> dict[str, dict[str, list[float]]]:
-    """Seconds per use, backend and shape: packed 1.5 ms per shape, ATen `aten_faster` (a fraction) less on
-    passes only."""
-    return {use: {"packed": [1.5e-3] * 2, "aten": [1.5e-3 * (1 - (aten_faster if use == "pass" else 0.0))] * 2}
-            for use in tuning.USES}
+    """Seconds per use, backend and shape: packed 1.5 ms per shape, ATen `aten_faster` (a fraction) less."""
+    return {use: {"packed": [1.5e-3] * 2, "aten": [1.5e-3 * (1 - aten_faster)] * 2} for use in tuning.USES}
 
 
 def timings(fastest: int | None, ms: float = 3.0) -> dict[int, float]:
@@ -95,19 +93,19 @@ def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) 
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
         first = tuning.choose(ops, library)
     assert first["row_block"] == 8 and first["source"] == "timed" and ops.row == 8
-    assert first["products"] == {"decode": "packed", "pass": "aten"}
+    assert first["products"] == {"learner": "aten"}
     assert sum("row block 8" in r.getMessage() for r in caplog.records) == 1
     cached = json.loads((tmp_path / "reinforge_kernels-abc.tuning.json").read_text())
     assert cached["row_block"] == 8 and cached["ms"]["8"] == 2.7 and cached["ms"]["6"] == 3.0
-    assert cached["products"] == first["products"] and cached["products_ms"]["pass"] == {"packed": 3.0, "aten": 2.1}
-    assert cached["aten_over_packed"] == {"decode": 1.0, "pass": 0.7}
+    assert cached["products"] == first["products"] and cached["products_ms"]["learner"] == {"packed": 3.0, "aten": 2.1}
+    assert cached["aten_over_packed"] == {"learner": 0.7}
 
     caplog.clear()
     ops = FakeOps()
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
         again = tuning.choose(ops, library)
     assert again["row_block"] == 8 and again["source"] == "cached" and ops.row == 8
-    assert again["products"] == {"decode": "packed", "pass": "aten"}
+    assert again["products"] == {"learner": "aten"}
     assert calls == [1, 2] and not caplog.records
 
 
@@ -119,7 +117,7 @@ def test_a_cache_from_before_the_products_choice_is_timed_again(tmp_path, monkey
     monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings(0.02))   # 2%: noise
     got = tuning.choose(FakeOps(), tmp_path / "k.so")
     assert got["source"] == "timed" and got["row_block"] == 6
-    assert got["products"] == {"decode": "packed", "pass": "packed"}
+    assert got["products"] == {"learner": "packed"}
 
 
 @pytest.mark.parametrize("faster,chosen", [(None, 6), (12, 12)])
@@ -154,10 +152,10 @@ def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeyp
     monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
     monkeypatch.setenv(tuning.ENV, "3")
     assert tuning.choose(ops, tmp_path / "k.so") == {"row_block": 3, "source": tuning.ENV,
-                                                     "products": {"decode": "packed", "pass": "packed"}}
+                                                     "products": {"learner": "packed"}}
     assert ops.row == 3 and not (tmp_path / "k.tuning.json").exists()
     monkeypatch.setenv(tuning.PRODUCTS_ENV, "aten")
-    assert tuning.choose(ops, tmp_path / "k.so")["products"] == {"decode": "aten", "pass": "aten"}
+    assert tuning.choose(ops, tmp_path / "k.so")["products"] == {"learner": "aten"}
     monkeypatch.setenv(tuning.PRODUCTS_ENV, "mkl")
     with pytest.raises(ValueError, match="one of packed, aten"):
         tuning.choose(ops, tmp_path / "k.so")
@@ -182,22 +180,24 @@ def test_decoder_weights_give_each_projection_both_ways(kernels, monkeypatch, pr
     from reinforge.kernels import TUNING
     from reinforge.models.decoder import DecoderWeights
 
-    monkeypatch.setitem(TUNING, "products", {"decode": products, "pass": products})
+    monkeypatch.setitem(TUNING, "products", {"learner": products})
     model = MODELS["qwen2"]().model
     w = DecoderWeights.of(model)
     forward, backward = w.packed(kernels), w.packed(kernels, transposed=True)
+    engine = w.packed(kernels, use="engine")
     gen = torch.Generator().manual_seed(0)
-    for layer, fwd, bwd in zip(w.layers, forward, backward, strict=True):
+    for layer, fwd, bwd, eng in zip(w.layers, forward, backward, engine, strict=True):
         for n in ("qkv", "o", "gate_up", "down"):      # o and down: the model's own tensors; qkv, gate_up: fused
             weight = getattr(layer, n).detach()
             a, d = torch.randn(5, weight.shape[1], generator=gen), torch.randn(5, weight.shape[0], generator=gen)
             rows, cols = weight.shape
-            torch.testing.assert_close(kernels.packed_matmul(a, getattr(fwd, n), None, rows, 0), a @ weight.T,
-                                       atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(kernels.packed_matmul(d, getattr(bwd, n), None, cols, 0), d @ weight,
-                                       atol=1e-5, rtol=1e-5)
+            for got, want in ((kernels.packed_matmul(a, getattr(fwd, n), None, rows, 0), a @ weight.T),
+                              (kernels.packed_matmul(d, getattr(bwd, n), None, cols, 0), d @ weight),
+                              (kernels.packed_matmul(a, getattr(eng, n), None, rows, 0), a @ weight.T)):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             if products == "aten":      # no copy: the weight itself, and its transposed view
                 assert getattr(fwd, n).data_ptr() == getattr(bwd, n).data_ptr() == weight.data_ptr()
             else:
                 assert getattr(fwd, n).dim() == 3 and getattr(bwd, n).dim() == 3
+            assert getattr(eng, n).dim() == 3          # the engine's products stay packed: batch-invariant sums
     assert w.packed(kernels) is forward                 # made once per DecoderWeights

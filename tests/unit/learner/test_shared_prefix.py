@@ -110,7 +110,7 @@ def layers(request, monkeypatch) -> str:
     else:
         kernels.load_cpu_kernels()      # its tuning first; then this test's choice of products
         backend = "aten" if request.param == "fused_aten" else "packed"
-        monkeypatch.setitem(kernels.TUNING, "products", {"decode": backend, "pass": backend})
+        monkeypatch.setitem(kernels.TUNING, "products", {"learner": backend})
         fused = kernels.train_layer
         monkeypatch.setattr(kernels, "train_layer", lambda *a: calls.append(1) or fused(*a))
     yield request.param

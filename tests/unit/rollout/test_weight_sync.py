@@ -70,7 +70,10 @@ def test_compare_hand_numbers():
     assert probe_ids(300).tolist() == [[(7919 * i + 3) % 300 for i in range(8)]]
 
 
-@pytest.mark.parametrize("extra", [["train.mode=sync"], ["recipe=areal"], ["train.mode=sync", "model.lora.r=4"]],
+# The async sampler thread is probed after every publication by default; an engine reading the trained
+# tensors in one process only every 10th, unless train.weight_sync.every says otherwise (next test).
+@pytest.mark.parametrize("extra", [["train.mode=sync", "train.weight_sync.every=1"], ["recipe=areal"],
+                                   ["train.mode=sync", "model.lora.r=4", "train.weight_sync.every=1"]],
                          ids=["sync", "async-thread", "lora"])
 def test_normal_runs_pass_the_check_every_step(micro_overrides, tmp_path, extra):
     _run(micro_overrides, tmp_path, *extra, "train.lr=1e-2")
@@ -79,6 +82,17 @@ def test_normal_runs_pass_the_check_every_step(micro_overrides, tmp_path, extra)
     assert all(0 <= x["sync/probe_tv"] < 1e-5 for x in rl)
     assert all(x["grad_norm"] > 0 for x in rl)      # the weights moved: the check compared new weights
     assert not [a for a in _lines(tmp_path, "alerts.jsonl") if a["alert"] == "weight_sync"]
+
+
+@pytest.mark.parametrize("every,probed", [(None, [1]), (2, [1, 2]), (1, [1, 2, 3])])
+def test_an_engine_reading_the_trained_tensors_is_probed_after_the_first_update_and_every_nth(
+        micro_overrides, tmp_path, every, probed):
+    _run(micro_overrides, tmp_path, "train.mode=sync", "train.lr=1e-2",
+         *([f"train.weight_sync.every={every}"] if every else []))
+    rl = [x for x in _lines(tmp_path, "metrics.jsonl") if x.get("stage") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2, 3]
+    assert [x["step"] for x in rl if "sync/probe_tv" in x] == probed
+    assert all(x["sync/probe_tv"] < 1e-5 for x in rl if "sync/probe_tv" in x)
 
 
 def _stops(micro, tmp_path, match: str, *extra):
