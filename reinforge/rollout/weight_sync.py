@@ -146,9 +146,9 @@ class WeightSyncCheck:
     `learner` is the module the optimizer steps (under learner ranks the sharded one); `samplers(version)`
     returns the probes of everything that samples after the publication. `reduce_max` makes the largest
     difference and the stale flag the same on every learner rank (so they all stop together); None in one
-    process. `every`: the hook verifies the first publication and every `every`-th after it (every rank
-    counts the same publications). `metrics()` gives the latest check's figures, merged into the step's
-    metrics (none for a step that was not probed).
+    process. `every`: the hook verifies the first step's publication and every `every`-th step's (`due`).
+    `metrics()` gives the latest check's figures, merged into the step's metrics (none for a step that was
+    not probed).
     """
 
     def __init__(self, learner: torch.nn.Module, ids: torch.Tensor, tolerance: float,
@@ -156,7 +156,7 @@ class WeightSyncCheck:
                  reduce_max: Callable[[float], float] | None = None, every: int = 1):
         self.learner, self.ids, self.tolerance, self.samplers, self.reduce_max = (
             learner, ids, tolerance, samplers, reduce_max)
-        self.every, self.publications = every, 0
+        self.every = every
         self.last: dict[str, float] = {}
 
     def verify(self, step: int, version: int) -> None:
@@ -181,10 +181,14 @@ class WeightSyncCheck:
         """The loop's `after_update`: `publish`, then the check of step `step()`, published version `version()`."""
         def hook(model: torch.nn.Module) -> None:
             publish(model)
-            self.publications += 1
-            if self.publications == 1 or self.publications % self.every == 0:
+            if self.due(step()):
                 self.verify(step(), version())
         return hook
+
+    def due(self, step: int) -> bool:
+        """Whether the update of (1-based) `step` is probed: the first and every `every`-th, by the run's step
+        count, so that a resumed run probes (and logs) the steps the uninterrupted one does."""
+        return step <= 1 or step % self.every == 0
 
     def on_step(self, on_step: Callable) -> Callable:
         """The loop's `on_step`, with this check's figures merged into each step's metrics."""
