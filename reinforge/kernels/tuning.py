@@ -136,13 +136,19 @@ def choose(ops: Any, library: Path) -> dict:
             choice = {**json.loads(cache.read_text()), "source": "cached"}
         except (OSError, ValueError):
             choice = {}
-        if choice.get("row_block") not in ROW_BLOCKS or set(choice.get("products") or {}) != set(USES) or not set(
-                choice["products"].values()) <= set(BACKENDS):
+        if not _complete(choice):       # none cached, or cached before a choice this version makes
             choice = _timed(ops, cache)
     ops.set_row_block(choice["row_block"])
     if forced_products:
         choice.update(products=dict.fromkeys(USES, forced_products), products_source=PRODUCTS_ENV)
     return choice
+
+
+def _complete(choice: dict) -> bool:
+    """Whether a cached choice holds a row block and a backend for every use."""
+    products = choice.get("products")
+    return (choice.get("row_block") in ROW_BLOCKS and isinstance(products, dict) and set(products) == set(USES)
+            and set(products.values()) <= set(BACKENDS))
 
 
 def _timed(ops: Any, cache: Path) -> dict:

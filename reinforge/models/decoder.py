@@ -205,19 +205,14 @@ class DecoderWeights:
         learner pass's forward and its backward."""
         plain = kernels.plain_products(use)
         if (transposed, plain) not in self._packed:
-            if plain:
-                self._packed[transposed, True] = [
-                    PackedProjections(*(t.detach().t() if transposed else t.detach()
-                                        for t in (lw.qkv, lw.o, lw.gate_up, lw.down)))
-                    for lw in self.layers
-                ]
-            else:
-                self._packed[transposed, False] = [
-                    PackedProjections(
-                        *(ops.pack_weight(t.detach(), transposed) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
-                    )
-                    for lw in self.layers
-                ]
+            def form(t: torch.Tensor) -> torch.Tensor:
+                if plain:
+                    return t.detach().t() if transposed else t.detach()
+                return ops.pack_weight(t.detach(), transposed)
+
+            self._packed[transposed, plain] = [
+                PackedProjections(*(form(t) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))) for lw in self.layers
+            ]
         return self._packed[transposed, plain]
 
     @classmethod
