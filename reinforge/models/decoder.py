@@ -167,6 +167,32 @@ class DecoderWeights:
     head16: torch.Tensor | None = None
     _packed: dict[tuple[bool, bool], list[PackedProjections]] = field(default_factory=dict)
     _packed_head: torch.Tensor | None = None
+    # Panels of weights no longer used, by shape, that packing writes into instead of new memory (the native
+    # engine hands over a finished session's, `panels`): at a 0.5B model's widths, first writes to fresh pages
+    # cost more than the packing itself.
+    spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = field(default_factory=dict)
+
+    def _pack(self, ops, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
+        """`ops.pack_weight(weight, transposed)`, into a spare tensor of its shape when there is one."""
+        n, k = weight.shape[::-1] if transposed else weight.shape
+        spare = self.spare_panels.get(((n + 31) // 32, k, 32))
+        if not spare:
+            return ops.pack_weight(weight, transposed)
+        into = spare.pop()
+        ops.pack_weight_into(into, weight, transposed)
+        return into
+
+    def reusable(self) -> dict[tuple[int, ...], list[torch.Tensor]]:
+        """The tensors these weights made and own, by shape: the packed panels (`packed`, `packed_logits`) and
+        the fused q/k/v and gate/up. For weights built once these are no longer used, to write into
+        (`of`'s `spare`, `spare_panels`); nothing of the model's own is among them."""
+        panels = [t for forms in self._packed.values() for projections in forms
+                  for t in (projections.qkv, projections.o, projections.gate_up, projections.down) if t.dim() == 3]
+        fused = [t for lw in self.layers for t in (lw.qkv, lw.gate_up) if t is not None and not t.requires_grad]
+        by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for t in panels + fused + ([self._packed_head] if self._packed_head is not None else []):
+            by_shape.setdefault(tuple(t.shape), []).append(t)
+        return by_shape
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 next-token logits [R, V] of hidden states [R, E] in the model's dtype: hidden.float() @ head^T.
@@ -190,7 +216,7 @@ class DecoderWeights:
         Qwen's 151,936 tokens) this took half the time of torch's fp32 product on one thread (BENCHMARKS.md);
         the same sums in another order, so the logits agree with `logits` to float rounding."""
         if self._packed_head is None:
-            self._packed_head = ops.pack_weight(self.head.detach().float().contiguous(), False)
+            self._packed_head = self._pack(ops, self.head.detach().float().contiguous(), False)
         return ops.packed_matmul(hidden.float().contiguous(), self._packed_head, None, self.head.shape[0], 0)
 
     def packed(self, ops, transposed: bool = False, use: str = "learner") -> list[PackedProjections]:
@@ -208,7 +234,7 @@ class DecoderWeights:
             def form(t: torch.Tensor) -> torch.Tensor:
                 if plain:
                     return t.detach().t() if transposed else t.detach()
-                return ops.pack_weight(t.detach(), transposed)
+                return self._pack(ops, t.detach(), transposed)
 
             self._packed[transposed, plain] = [
                 PackedProjections(*(form(t) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))) for lw in self.layers
@@ -216,12 +242,23 @@ class DecoderWeights:
         return self._packed[transposed, plain]
 
     @classmethod
-    def of(cls, model: PreTrainedModel, logits: bool = True) -> DecoderWeights:
+    def of(cls, model: PreTrainedModel, logits: bool = True,
+           spare: dict[tuple[int, ...], list[torch.Tensor]] | None = None) -> DecoderWeights:
         """The weights of `model`, or of the decoder under a peft PeftModel: a LoRA projection
         contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
         disabled), differentiable in A and B, so the learner's shared-prompt forward trains them.
         `logits` False: `head` is the head's own weight, not an fp32 copy (545 MB for a bf16 Qwen head, on
-        every call), for a caller that runs only the layers."""
+        every call), for a caller that runs only the layers. `spare`: tensors of weights no longer used, by
+        shape (`DecoderWeights.reusable`), that the fused q/k/v and gate/up are written into where no gradient
+        is recorded (the native engine's)."""
+        def fused(parts: list[torch.Tensor]) -> torch.Tensor:
+            shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
+            free = (spare or {}).get(shape)
+            if free and not torch.is_grad_enabled() and (free[-1].dtype, free[-1].device) == (parts[0].dtype,
+                                                                                               parts[0].device):
+                return torch.cat(parts, out=free.pop())
+            return torch.cat(parts)
+
         def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
             # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
             try:
@@ -270,14 +307,14 @@ class DecoderWeights:
                                         fused_bias[q_out + k_out :]])
             layers.append(LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=torch.cat([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v]),
+                qkv=fused([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v]),
                 qkv_bias=fused_bias,
                 q_norm=_interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
                 k_norm=_interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
                 o=o,
                 o_bias=o_bias,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=None if moe is not None else torch.cat([gate, up]),
+                gate_up=None if moe is not None else fused([gate, up]),
                 down=down,
                 act=None if silu else mlp.act_fn,
                 moe=moe,

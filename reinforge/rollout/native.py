@@ -81,6 +81,9 @@ class NativeEngine:
         # back to the OS in between, and faulting it in again cost ~5% of a rollout here. (GPU
         # allocators keep freed blocks themselves, and the learner may need them.)
         self._spare: KVCache | None = None
+        # Likewise the packed panels of a finished session's weights, which the next session's packing overwrites
+        # (`DecoderWeights.spare_panels`): a 0.5B model's are 1.4 GB of fresh pages at every call otherwise.
+        self._spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = {}
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
         weights = self.decoder_weights()
@@ -136,12 +139,18 @@ class NativeEngine:
     def decoder_weights(self) -> DecoderWeights:
         """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
         `rollout.quantization` says, taken afresh by every session (each call sees the latest step)."""
-        return quantize_weights(DecoderWeights.of(self.policy.model), self.quantization, self.quantize_lm_head)
+        spare, self._spare_panels = self._spare_panels, {}
+        weights = quantize_weights(DecoderWeights.of(self.policy.model, spare=spare), self.quantization,
+                                   self.quantize_lm_head)
+        weights.spare_panels = spare
+        return weights
 
     def release(self, session: DecodeSession) -> None:
-        """A finished session's cache memory is kept for the next one (on CPU; see `_spare`)."""
+        """A finished session's cache memory and packed panels are kept for the next one (on CPU; see `_spare`).
+        The session is not used after this."""
         if self.policy.model.device.type == "cpu":
             self._spare = session.cache
+            self._spare_panels = session.weights.reusable()
 
     def session(self, params: SamplingParams, slots: int, generator: torch.Generator | None = None,
                 version: int = 0, keep_context: bool = False) -> DecodeSession:

@@ -80,16 +80,16 @@ void attend(const float* __restrict q, float scale, const float* __restrict kt, 
   for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
 }
 
-// Rows b of q [B, H * D], k_new and v_new [B, KV * D]: write keys/values at positions[b], attend;
-// out [B, H * D].
+// Rows b in [b_begin, b_end) of q [B, H * D], k_new and v_new [B, KV * D]: write keys/values at positions[b],
+// attend; out [B, H * D].
 template <int D>
 void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor& k_cache, at::Tensor& v_cache,
-                    const int64_t* pos, int64_t B, int64_t H, float scale, int64_t window) {
+                    const int64_t* pos, int64_t b_begin, int64_t b_end, int64_t H, float scale, int64_t window) {
   const int64_t KV = k_cache.size(1), C = k_cache.size(3), G = H / KV;
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
   const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
-  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
+  at::parallel_for(b_begin, b_end, 8, [&](int64_t b0, int64_t b1) {
     std::vector<float> scores(C);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t p = pos[b];
@@ -142,19 +142,30 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
               k_new.size(2) == D && v_new.sizes() == k_new.sizes(), "decode_attention: shapes do not match");
   with_head_dim(D, [&](auto d) {
     attention_rows<decltype(d)::value>(rows_of(out), rows_of(q), rows_of(k_new), rows_of(v_new), k_cache, v_cache,
-                                       positions.data_ptr<int64_t>(), B, H, (float)scale, window);
+                                       positions.data_ptr<int64_t>(), 0, B, H, (float)scale, window);
   });
 }
+
+// Whether decode_layer splits the rows between the threads, each running the whole layer for its rows with
+// no synchronisation inside it, rather than running each step (norm, product, attention, ...) over all rows
+// with the threads splitting that step's work: a parallel region and its barrier per step, ~8 a layer.
+// At the built-in model's size a region costs about as much as the work it splits (perf on an Intel Xeon
+// under KVM: a fifth of a 64-row generation's samples in OpenMP's waits). Each thread then reads every weight
+// of the layer, which is cheap while the layer's weights stay in cache and doubles the memory traffic of a
+// large model, whose decoding step is bound by it: so rows are split only while the layer's weights are
+// within `ROW_SPLIT_BYTES`. Every row's sums run in the same order either way: the results are identical.
+constexpr int64_t ROW_SPLIT_BYTES = 4 << 20;
 
 // One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
 // place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
 // qkv_p, o_p, gate_up_p, down_p: the projections' weights as `product` reads them (gemm.h): packed or plain.
+// split_rows: 1 splits the rows between the threads, 0 splits each step's work, -1 chooses (ROW_SPLIT_BYTES).
 void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& qkv_p, const std::optional<at::Tensor>& qkv_b,
                   const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, const at::Tensor& o_p,
                   const std::optional<at::Tensor>& o_b, const at::Tensor& post_norm, const at::Tensor& gate_up_p,
                   const at::Tensor& down_p, const at::Tensor& rot, at::Tensor k_cache, at::Tensor v_cache,
-                  const at::Tensor& positions, int64_t heads, double eps, int64_t window) {
+                  const at::Tensor& positions, int64_t heads, double eps, int64_t window, int64_t split_rows) {
   const int64_t B = x.size(0), E = x.size(1), KV = k_cache.size(1), D = k_cache.size(2), I = down_p.size(1);
   const int64_t H = heads, N = (H + 2 * KV) * D;
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x must be contiguous float32");
@@ -164,48 +175,66 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
   for (const std::optional<at::Tensor>* t : {&qkv_b, &o_b})
     TORCH_CHECK(!*t || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kFloat), "decode_layer: float32 biases");
   const float epsf = (float)eps;
-
   auto h = at::empty({B, E}, x.options());
-  rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), input_norm.data_ptr<float>(), B, E, epsf);
   auto qkv = at::empty({B, N}, x.options());
-  product(qkv.data_ptr<float>(), N, h.data_ptr<float>(), E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, B, N, E, false);
-  float* qkvp = qkv.data_ptr<float>();
-  if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
-    at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        rms_norm_rows(qkvp + b * N, nullptr, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
-        rms_norm_rows(qkvp + b * N + H * D, nullptr, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
-      }
-    });
-  }
+  auto attn = at::empty({B, H * D}, x.options());
+  auto gu = at::empty({B, 2 * I}, x.options());          // [B, 2I]: gate | up
+  auto act = at::empty({B, I}, x.options());
+  float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+  float *ap = attn.data_ptr<float>(), *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
   const float* rp = rot.data_ptr<float>();
-  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {   // rotary of queries and keys: pair times (cos + i sin)
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* cs = rp + b * D;
-      for (int64_t head = 0; head < H + KV; ++head) {
-        float* v = qkvp + b * N + head * D;
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const float re = v[2 * i], im = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
-          v[2 * i] = re * c - im * s;
-          v[2 * i + 1] = re * s + im * c;
+
+  // The layer for rows [b0, b1). Inside a parallel region ATen's parallel_for runs its body inline, so the
+  // steps below split their work between the threads only when this runs outside one (split_rows 0).
+  auto layer = [&](int64_t b0, int64_t b1) {
+    const int64_t M = b1 - b0;
+    rms_norm_rows(hp + b0 * E, nullptr, xp + b0 * E, input_norm.data_ptr<float>(), M, E, epsf);
+    product(qkvp + b0 * N, N, hp + b0 * E, E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, M, N, E, false);
+    if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
+      at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t b = r0; b < r1; ++b) {
+          rms_norm_rows(qkvp + b * N, nullptr, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
+          rms_norm_rows(qkvp + b * N + H * D, nullptr, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
+        }
+      });
+    }
+    at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {   // rotary of queries and keys: pair times (cos + i sin)
+      for (int64_t b = r0; b < r1; ++b) {
+        const float* cs = rp + b * D;
+        for (int64_t head = 0; head < H + KV; ++head) {
+          float* v = qkvp + b * N + head * D;
+          for (int64_t i = 0; i < D / 2; ++i) {
+            const float re = v[2 * i], im = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+            v[2 * i] = re * c - im * s;
+            v[2 * i + 1] = re * s + im * c;
+          }
         }
       }
+    });
+    with_head_dim(D, [&](auto d) {
+      attention_rows<decltype(d)::value>(Rows{ap, H * D}, Rows{qkvp, N}, Rows{qkvp + H * D, N},
+                                         Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
+                                         b0, b1, H, 1.f / std::sqrt((float)D), window);
+    });
+    product(xp + b0 * E, E, ap + b0 * H * D, H * D, o_p, nullptr, M, E, H * D, true);
+    if (o_b) {
+      const float* ob = o_b->data_ptr<float>();
+      for (int64_t b = b0; b < b1; ++b)
+        for (int64_t e = 0; e < E; ++e) xp[b * E + e] += ob[e];
     }
-  });
-  auto attn = at::empty({B, H * D}, x.options());
-  with_head_dim(D, [&](auto d) {
-    attention_rows<decltype(d)::value>(Rows{attn.data_ptr<float>(), H * D}, Rows{qkvp, N}, Rows{qkvp + H * D, N},
-                                       Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
-                                       B, H, 1.f / std::sqrt((float)D), window);
-  });
-  product(x.data_ptr<float>(), E, attn.data_ptr<float>(), H * D, o_p, nullptr, B, E, H * D, true);
-  if (o_b) x.add_(*o_b);
-  rms_norm_rows(h.data_ptr<float>(), nullptr, x.data_ptr<float>(), post_norm.data_ptr<float>(), B, E, epsf);
-  auto gu = at::empty({B, 2 * I}, x.options());          // [B, 2I]: gate | up
-  product(gu.data_ptr<float>(), 2 * I, h.data_ptr<float>(), E, gate_up_p, nullptr, B, 2 * I, E, false);
-  auto act = at::empty({B, I}, x.options());
-  swiglu_rows(act.data_ptr<float>(), gu.data_ptr<float>(), B, I);
-  product(x.data_ptr<float>(), E, act.data_ptr<float>(), I, down_p, nullptr, B, E, I, true);
+    rms_norm_rows(hp + b0 * E, nullptr, xp + b0 * E, post_norm.data_ptr<float>(), M, E, epsf);
+    product(gup + b0 * 2 * I, 2 * I, hp + b0 * E, E, gate_up_p, nullptr, M, 2 * I, E, false);
+    swiglu_rows(actp + b0 * I, gup + b0 * 2 * I, M, I);
+    product(xp + b0 * E, E, actp + b0 * I, I, down_p, nullptr, M, E, I, true);
+  };
+  if (split_rows < 0) {
+    const int64_t weights = qkv_p.numel() + o_p.numel() + gate_up_p.numel() + down_p.numel();
+    split_rows = at::get_num_threads() > 1 && B > 1 && weights * (int64_t)sizeof(float) <= ROW_SPLIT_BYTES;
+  }
+  if (split_rows)
+    at::parallel_for(0, B, 1, layer);
+  else
+    layer(0, B);
 }
 
 // splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.sampling.mix64.
@@ -323,12 +352,15 @@ TORCH_LIBRARY(reinforge_kernels, m) {
   m.def("decode_attention(Tensor(o!) out, Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, float scale, int window) -> ()", &decode_attention);
   m.def("pack_weight(Tensor w, bool transposed=False) -> Tensor", [](const at::Tensor& w, bool t) { return pack_weight(w, t); });
+  m.def("pack_weight_into(Tensor(a!) into, Tensor w, bool transposed=False) -> ()",
+        [](at::Tensor into, const at::Tensor& w, bool t) { pack_weight(w, t, into); });
   m.def("packed_matmul(Tensor a, Tensor packed, Tensor? bias, int n, int rows=0) -> Tensor", &reinforge_kernels::packed_matmul);
   m.def("set_row_block(int rows) -> ()", &reinforge_kernels::set_row_block);
   m.def("row_block() -> int", []() -> int64_t { return reinforge_kernels::row_block(); });
   m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_p, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window) -> ()", &decode_layer);
+        "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window, int split_rows=-1) -> ()",
+        &decode_layer);
   m.def("sample(Tensor(a!) tokens, Tensor(b!) logprobs, Tensor logits, float temperature, Tensor keys, "
         "Tensor counters, float top_p=1.0) -> ()", &sample);
 }

@@ -241,3 +241,59 @@ def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, t
     finally:
         monkeypatch.undo()
         load_cpu_kernels.cache_clear()
+
+
+class _SplitRows:
+    """The kernels with decode_layer's split_rows forced to `mode` (1: each thread runs the whole layer for
+    its rows; 0: the threads split each step's work)."""
+
+    def __init__(self, ops, mode: int):
+        self.ops, self.mode = ops, mode
+
+    def __getattr__(self, name: str):
+        if name == "decode_layer":
+            return lambda *args: self.ops.decode_layer(*args, self.mode)
+        return getattr(self.ops, name)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decoding_splits_rows_or_work_between_threads_with_identical_numbers(kernels, name: str) -> None:
+    """The two ways decode_layer uses its threads run every row's sums in the same order: the same tokens and
+    the same log-probs bit for bit, on two threads (on one, both run the layer once over all rows)."""
+    policy = CASES[name]()
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rollouts = []
+        for mode in (0, 1):
+            engine = NativeEngine(policy, cpu_kernels=True)
+            engine.kernels = _SplitRows(kernels, mode)
+            rollouts.append(engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(3)))
+    finally:
+        torch.set_num_threads(threads)
+    by_work, by_rows = rollouts
+    assert len(set(by_rows.lengths.tolist())) > 1          # rows ended at different steps: the batch shrank
+    assert torch.equal(by_rows.completion_ids, by_work.completion_ids)
+    assert torch.equal(by_rows.sampler_logprobs, by_work.sampler_logprobs)
+
+
+def test_a_new_generation_packs_into_the_last_ones_memory_and_samples_the_new_weights(kernels) -> None:
+    """The engine packs a call's weights into the panels and fused projections of the call before: after a
+    change to the weights, the next call samples what a fresh engine samples, bit for bit (nothing of the old
+    weights is left), and it used the old call's memory."""
+    policy = CASES["qwen2"]()
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    engine = NativeEngine(policy, cpu_kernels=True)
+    engine.generate(PROMPTS, 2, params, generator=torch.Generator().manual_seed(0))
+    reused = {t.data_ptr() for ts in engine._spare_panels.values() for t in ts}
+    assert len(reused) >= 4 * len(policy.model.model.layers)   # four panels and two fused weights a layer
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(1.5)
+    again = engine.generate(PROMPTS, 2, params, generator=torch.Generator().manual_seed(1))
+    assert reused == {t.data_ptr() for ts in engine._spare_panels.values() for t in ts}
+    fresh = NativeEngine(policy, cpu_kernels=True).generate(PROMPTS, 2, params,
+                                                            generator=torch.Generator().manual_seed(1))
+    assert torch.equal(again.completion_ids, fresh.completion_ids)
+    assert torch.equal(again.sampler_logprobs, fresh.sampler_logprobs)
