@@ -5,8 +5,9 @@ accumulators in registers. The best R is a property of the CPU, not of the model
 32 vector registers 6 to 12 rows fit, while AVX2 splits each 16-float vector in two of its 16
 registers, so a block of 6 spills. The kernels were first tuned on one AMD EPYC; on another CPU
 the value chosen there can be the slow one. So on first use the candidates are timed on shapes of
-the decoding step and of a learner pass (the built-in model's and a 0.5B model's); the fastest
-total (the default 6 unless another is 5% faster) is kept in a JSON file next to the compiled
+the decoding step and of a learner pass (the built-in model's), and apart on wide products (K > 256,
+panels larger than L1: a 0.5B model's, where larger blocks re-read each panel fewer times); the fastest
+total of each (the default 6 unless another is 5% faster) is kept in a JSON file next to the compiled
 library (whose cache key holds the CPU already, so the choice is remade for a new CPU or new kernel
 sources), and the choice is logged once.
 
@@ -41,8 +42,13 @@ ROW_BLOCKS = (2, 3, 4, 6, 8, 10, 12)       # csrc/gemm.h, ROW_BLOCKS
 DEFAULT_ROW_BLOCK = 6
 # (rows, K, N) of products the kernels run: the built-in model's decoding step (64 rows; qkv, MLP up),
 # learner passes over 960 and 8192 tokens of it (an RL batch; an SFT batch of the tool task's
-# conversations), and the decoding step of a 0.5B-shaped model (hidden 896).
-SHAPES = ((64, 128, 384), (64, 128, 1024), (960, 128, 512), (8192, 128, 384), (64, 896, 1152), (64, 896, 4864))
+# conversations). K <= 256: panels that fit in L1 (csrc/gemm.h, WIDE_K).
+SHAPES = ((64, 128, 384), (64, 128, 1024), (960, 128, 512), (8192, 128, 384))
+# Wide products (K > 256: each block of rows reads the panel again from L2), which get a row block of their own:
+# a 0.5B-shaped model's decoding steps (hidden 896, MLP 4,864) at 32 and 64 rows, and the built-in model's MLP
+# down projection in a learner pass (K 512).
+WIDE_SHAPES = ((32, 896, 1152), (32, 896, 4864), (32, 4864, 896), (64, 896, 4864), (960, 512, 128))
+WIDE_K = 256                                # csrc/gemm.h, WIDE_K
 ROUNDS = 5
 # Another row block replaces the default only when it is this much faster: closer timings are noise (on the
 # AMD EPYC 6, 8, 10 and 12 were within 2% on these shapes, while 12 was 10% slower than 6 on the tool task's SFT
@@ -118,10 +124,11 @@ def aten_over_packed(per_shape: dict[str, list[float]]) -> float:
 
 
 def choose(ops: Any, library: Path) -> dict:
-    """Set the kernels' row block and choose each use's products (the learner's): each from its environment
-    variable when set (`$REINFORGE_KERNEL_ROW_BLOCK`, `$REINFORGE_KERNEL_PRODUCTS` = packed or aten), else
-    the choice cached next to `library`, else timed now (then cached). Returns the choice as a record:
-    row_block, products {use: backend}, how each was chosen, and the timings in ms when timed."""
+    """Set the kernels' row blocks (narrow and wide products) and choose each use's products (the learner's):
+    each from its environment variable when set (`$REINFORGE_KERNEL_ROW_BLOCK`, both row blocks;
+    `$REINFORGE_KERNEL_PRODUCTS` = packed or aten), else the choice cached next to `library`, else timed now
+    (then cached). Returns the choice as a record: row_block, row_block_wide, products {use: backend}, how each
+    was chosen, and the timings in ms when timed."""
     forced = os.environ.get(ENV)
     forced_products = os.environ.get(PRODUCTS_ENV)
     if forced and int(forced) not in ROW_BLOCKS:
@@ -129,7 +136,8 @@ def choose(ops: Any, library: Path) -> dict:
     if forced_products and forced_products not in BACKENDS:
         raise ValueError(f"{PRODUCTS_ENV}={forced_products}: one of {', '.join(BACKENDS)}")
     if forced:      # nothing timed: the forced row block, and packed products unless those are forced too
-        choice = {"row_block": int(forced), "source": ENV, "products": dict.fromkeys(USES, "packed")}
+        choice = {"row_block": int(forced), "row_block_wide": int(forced), "source": ENV,
+                  "products": dict.fromkeys(USES, "packed")}
     else:
         cache = library.with_name(library.stem + ".tuning.json")
         try:
@@ -139,29 +147,31 @@ def choose(ops: Any, library: Path) -> dict:
         if not _complete(choice):       # none cached, or cached before a choice this version makes
             choice = _timed(ops, cache)
     ops.set_row_block(choice["row_block"])
+    ops.set_row_block(choice["row_block_wide"], True)
     if forced_products:
         choice.update(products=dict.fromkeys(USES, forced_products), products_source=PRODUCTS_ENV)
     return choice
 
 
 def _complete(choice: dict) -> bool:
-    """Whether a cached choice holds a row block and a backend for every use."""
+    """Whether a cached choice holds both row blocks and a backend for every use."""
     products = choice.get("products")
-    return (choice.get("row_block") in ROW_BLOCKS and isinstance(products, dict) and set(products) == set(USES)
+    return (choice.get("row_block") in ROW_BLOCKS and choice.get("row_block_wide") in ROW_BLOCKS
+            and isinstance(products, dict) and set(products) == set(USES)
             and set(products.values()) <= set(BACKENDS))
 
 
 def _timed(ops: Any, cache: Path) -> dict:
-    """Time the row blocks, then (at the chosen one) each use's backends; cache and log the choice."""
-    seconds = time_row_blocks(ops)
-    fastest = min(seconds, key=seconds.get)
-    if seconds[fastest] > (1 - MARGIN) * seconds[DEFAULT_ROW_BLOCK]:
-        fastest = DEFAULT_ROW_BLOCK
+    """Time the row blocks, then (at the chosen ones) each use's backends; cache and log the choice."""
+    seconds, wide = time_row_blocks(ops), time_row_blocks(ops, WIDE_SHAPES)
+    fastest, fastest_wide = _fastest(seconds), _fastest(wide)
     ops.set_row_block(fastest)
+    ops.set_row_block(fastest_wide, True)
     per_use = time_products(ops)
     ratios = {use: aten_over_packed(s) for use, s in per_use.items()}
     products = {use: "aten" if r < 1 - MARGIN else "packed" for use, r in ratios.items()}
     choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
+              "row_block_wide": fastest_wide, "ms_wide": {str(r): round(s * 1e3, 3) for r, s in wide.items()},
               "products": products, "aten_over_packed": {use: round(r, 3) for use, r in ratios.items()},
               "products_ms": {use: {b: round(sum(t) * 1e3, 3) for b, t in s.items()} for use, s in per_use.items()},
               "threads": torch.get_num_threads()}
@@ -172,7 +182,14 @@ def _timed(ops: Any, cache: Path) -> dict:
     except OSError as err:           # a read-only cache: the choice holds for this process only
         tmp.unlink(missing_ok=True)
         log.warning("CPU kernels: could not cache the tuning choice (%s)", err)
-    log.info("CPU kernels: row block %d of the packed products (ms per candidate: %s); products per use %s "
-             "(ATen's time over the packed products', geometric mean over shapes: %s); timed on this CPU, cached "
-             "in %s", fastest, choice["ms"], products, choice["aten_over_packed"], cache)
+    log.info("CPU kernels: row block %d of the packed products (ms per candidate: %s), %d of wide ones (%s); "
+             "products per use %s (ATen's time over the packed products', geometric mean over shapes: %s); timed on "
+             "this CPU, cached in %s", fastest, choice["ms"], fastest_wide, choice["ms_wide"], products,
+             choice["aten_over_packed"], cache)
     return dict(choice, source="timed")
+
+
+def _fastest(seconds: dict[int, float]) -> int:
+    """The fastest row block, unless it is within MARGIN of the default."""
+    fastest = min(seconds, key=seconds.get)
+    return fastest if seconds[fastest] <= (1 - MARGIN) * seconds[DEFAULT_ROW_BLOCK] else DEFAULT_ROW_BLOCK

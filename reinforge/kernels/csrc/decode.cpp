@@ -355,8 +355,10 @@ TORCH_LIBRARY(reinforge_kernels, m) {
   m.def("pack_weight_into(Tensor(a!) into, Tensor w, bool transposed=False) -> ()",
         [](at::Tensor into, const at::Tensor& w, bool t) { pack_weight(w, t, into); });
   m.def("packed_matmul(Tensor a, Tensor packed, Tensor? bias, int n, int rows=0) -> Tensor", &reinforge_kernels::packed_matmul);
-  m.def("set_row_block(int rows) -> ()", &reinforge_kernels::set_row_block);
-  m.def("row_block() -> int", []() -> int64_t { return reinforge_kernels::row_block(); });
+  m.def("set_row_block(int rows, bool wide=False) -> ()", &reinforge_kernels::set_row_block);
+  m.def("row_block(bool wide=False) -> int", [](bool wide) -> int64_t {
+    return wide ? reinforge_kernels::row_block_wide() : reinforge_kernels::row_block();
+  });
   m.def("decode_layer(Tensor(x!) x, Tensor input_norm, Tensor qkv_p, Tensor? qkv_b, Tensor? q_norm, Tensor? k_norm, "
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window, int split_rows=-1) -> ()",

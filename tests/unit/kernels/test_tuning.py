@@ -17,7 +17,8 @@ from reinforge.kernels import tuning
 from reinforge.rollout import NativeEngine, SamplingParams
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 40, 70), (64, 128, 384), (131, 96, 33)])
+# (33, 300, 70): a wide product (K > 256, tuning.WIDE_K), whose panels are fetched a share per block of rows
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 40, 70), (64, 128, 384), (131, 96, 33), (33, 300, 70)])
 def test_every_row_block_gives_the_same_product_bit_for_bit(kernels, m: int, k: int, n: int) -> None:  # noqa: F811
     gen = torch.Generator().manual_seed(m + k + n)
     a, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
@@ -49,27 +50,32 @@ def test_plain_products_through_aten_equal_the_packed_ones(kernels, m: int, k: i
 def test_the_rollout_is_the_same_under_every_row_block(kernels) -> None:  # noqa: F811
     policy = MODELS["qwen2"]()
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
-    chosen = kernels.row_block()
+    chosen, chosen_wide = kernels.row_block(), kernels.row_block(True)
     try:
         runs = {}
         for r in (2, 6, 12):
             kernels.set_row_block(r)
+            kernels.set_row_block(r, True)
             runs[r] = NativeEngine(policy, cpu_kernels=True).generate(PROMPTS, 3, params,
                                                                        generator=torch.Generator().manual_seed(3))
     finally:
         kernels.set_row_block(chosen)
+        kernels.set_row_block(chosen_wide, True)
     for r in (2, 12):
         assert torch.equal(runs[r].completion_ids, runs[6].completion_ids)
         assert torch.equal(runs[r].sampler_logprobs, runs[6].sampler_logprobs)
 
 
 class FakeOps:
-    """Records the row block it is given (the timings are set by the test, without a timer's noise)."""
+    """Records the row blocks it is given (the timings are set by the test, without a timer's noise)."""
 
-    row = None
+    row = row_wide = None
 
-    def set_row_block(self, rows):
-        self.row = rows
+    def set_row_block(self, rows, wide=False):
+        if wide:
+            self.row_wide = rows
+        else:
+            self.row = rows
 
 
 def products_timings(aten_faster: float = 0.0) -> dict[str, dict[str, list[float]]]:
@@ -86,17 +92,21 @@ def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) 
     monkeypatch.delenv(tuning.ENV, raising=False)
     monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
     calls = []
-    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: calls.append(1) or timings(8))
+    narrow_or_wide = {tuning.SHAPES: 8, tuning.WIDE_SHAPES: 12}        # the fastest row block of each
+    monkeypatch.setattr(tuning, "time_row_blocks",
+                        lambda ops, shapes=tuning.SHAPES: calls.append(1) or timings(narrow_or_wide[shapes]))
     monkeypatch.setattr(tuning, "time_products", lambda ops: calls.append(2) or products_timings(0.3))
     library = tmp_path / "reinforge_kernels-abc.so"
     ops = FakeOps()
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
         first = tuning.choose(ops, library)
     assert first["row_block"] == 8 and first["source"] == "timed" and ops.row == 8
+    assert first["row_block_wide"] == 12 and ops.row_wide == 12       # wide products timed apart
     assert first["products"] == {"learner": "aten"}
-    assert sum("row block 8" in r.getMessage() for r in caplog.records) == 1
+    assert sum("row block 8" in r.getMessage() and "12 of wide" in r.getMessage() for r in caplog.records) == 1
     cached = json.loads((tmp_path / "reinforge_kernels-abc.tuning.json").read_text())
     assert cached["row_block"] == 8 and cached["ms"]["8"] == 2.7 and cached["ms"]["6"] == 3.0
+    assert cached["row_block_wide"] == 12 and cached["ms_wide"]["12"] == 2.7
     assert cached["products"] == first["products"] and cached["products_ms"]["learner"] == {"packed": 3.0, "aten": 2.1}
     assert cached["aten_over_packed"] == {"learner": 0.7}
 
@@ -104,19 +114,21 @@ def test_the_choice_is_timed_once_then_read_back(tmp_path, monkeypatch, caplog) 
     ops = FakeOps()
     with caplog.at_level(logging.INFO, logger="reinforge.kernels.tuning"):
         again = tuning.choose(ops, library)
-    assert again["row_block"] == 8 and again["source"] == "cached" and ops.row == 8
+    assert again["row_block"] == 8 and again["source"] == "cached" and ops.row == 8 and ops.row_wide == 12
     assert again["products"] == {"learner": "aten"}
-    assert calls == [1, 2] and not caplog.records
+    assert calls == [1, 1, 2] and not caplog.records
 
 
-def test_a_cache_from_before_the_products_choice_is_timed_again(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("old", [{"row_block": 4, "ms": {}},                        # before the products' choice
+                                 {"row_block": 4, "ms": {}, "products": {"learner": "aten"}}])   # before wide
+def test_a_cache_from_before_a_choice_is_timed_again(tmp_path, monkeypatch, old: dict) -> None:
     monkeypatch.delenv(tuning.ENV, raising=False)
     monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
-    (tmp_path / "k.tuning.json").write_text(json.dumps({"row_block": 4, "ms": {}}))
-    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: timings(None))
+    (tmp_path / "k.tuning.json").write_text(json.dumps(old))
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops, shapes=tuning.SHAPES: timings(None))
     monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings(0.02))   # 2%: noise
     got = tuning.choose(FakeOps(), tmp_path / "k.so")
-    assert got["source"] == "timed" and got["row_block"] == 6
+    assert got["source"] == "timed" and got["row_block"] == 6 and got["row_block_wide"] == 6
     assert got["products"] == {"learner": "packed"}
 
 
@@ -125,9 +137,10 @@ def test_the_default_stays_unless_another_is_clearly_faster(tmp_path, monkeypatc
     monkeypatch.delenv(tuning.ENV, raising=False)
     seconds = timings(faster)
     seconds[4] *= 0.99                          # 1% faster than the default: noise, not a reason to change
-    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: seconds)
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops, shapes=tuning.SHAPES: seconds)
     monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings())
-    assert tuning.choose(FakeOps(), tmp_path / "k.so")["row_block"] == chosen
+    got = tuning.choose(FakeOps(), tmp_path / "k.so")
+    assert got["row_block"] == chosen and got["row_block_wide"] == chosen
 
 
 def test_timing_takes_turns_and_keeps_each_candidates_fastest_pass(kernels, monkeypatch) -> None:  # noqa: F811
@@ -151,9 +164,9 @@ def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeyp
     ops = FakeOps()
     monkeypatch.delenv(tuning.PRODUCTS_ENV, raising=False)
     monkeypatch.setenv(tuning.ENV, "3")
-    assert tuning.choose(ops, tmp_path / "k.so") == {"row_block": 3, "source": tuning.ENV,
+    assert tuning.choose(ops, tmp_path / "k.so") == {"row_block": 3, "row_block_wide": 3, "source": tuning.ENV,
                                                      "products": {"learner": "packed"}}
-    assert ops.row == 3 and not (tmp_path / "k.tuning.json").exists()
+    assert ops.row == 3 and ops.row_wide == 3 and not (tmp_path / "k.tuning.json").exists()
     monkeypatch.setenv(tuning.PRODUCTS_ENV, "aten")
     assert tuning.choose(ops, tmp_path / "k.so")["products"] == {"learner": "aten"}
     monkeypatch.setenv(tuning.PRODUCTS_ENV, "mkl")
@@ -166,7 +179,7 @@ def test_the_environment_forces_a_row_block_and_refuses_others(tmp_path, monkeyp
 
 def test_a_cache_that_cannot_be_written_keeps_the_choice_for_the_process(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.delenv(tuning.ENV, raising=False)
-    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops: timings(4))
+    monkeypatch.setattr(tuning, "time_row_blocks", lambda ops, shapes=tuning.SHAPES: timings(4))
     monkeypatch.setattr(tuning, "time_products", lambda ops: products_timings())
     ops = FakeOps()
     with caplog.at_level(logging.WARNING, logger="reinforge.kernels.tuning"):
