@@ -106,15 +106,16 @@ class MultiplyToolTask(ArithmeticTask):
     # steps (its loss falls from 0.40 to 0.09 between steps 175 and 225), and 300 steps on the same schedule
     # never get there. After 400 steps greedy decoding is right on the held-out problems while sampled pass@1
     # is ~0.47 (the noisy traces' mass on miscopies and guesses), which RL raises; its learning rate is 2x
-    # the default, as only a few of each trajectory's ~70 tokens decide its reward. From that cold start,
-    # held-out pass@1 0.465 -> 0.647-0.664 after 110 RL steps of 8 prompts (seed 0; 0.598 with seed 1), about as
-    # far as 80 steps of 12 prompts (0.639-0.654; seed 1: 0.598) or of 16 (0.649) in less time. Seed 1's
-    # runs lose some greedy accuracy (0.99 -> 0.92-0.94) on the way; 60 steps at 2e-4 did so too.
+    # the default, as only a few of each trajectory's ~70 tokens decide its reward. RL runs 80 steps of 12
+    # prompts: from the cold start of an Intel Xeon (held-out pass@1 0.463), +0.177 / +0.152 / +0.150 with seeds
+    # 0 / 1 / 2 (greedy 0.98-0.99), where 110 steps of 8 (880 prompts against 960, in smaller updates) gave +0.169 with
+    # seed 1 and +0.005 with seed 0, whose last steps left a policy that loops on digits (greedy 1.00 -> 0.77).
+    # On the AMD EPYC 80 x 12 gave +0.174 (seed 0) and +0.133 (seed 1), 110 x 8 +0.182 and +0.133 (BENCHMARKS.md).
     preset: dict[str, Any] = {
         "model": {"max_positions": 160, "added_tokens": list(TAGS)},
         "rollout": {"max_new_tokens": 96, "max_turns": 2},
         "sft": {"steps": 400, "batch_size": 64, "num_examples": 25600, "lr": 1e-3},
-        "train": {"steps": 110, "prompts_per_step": 8, "lr": 1e-4},
+        "train": {"steps": 80, "prompts_per_step": 12, "lr": 1e-4},
         "eval": {"num_prompts": 100, "every": 0},
     }
 
