@@ -29,15 +29,9 @@ from transformers import PreTrainedModel
 from reinforge.learner.logprobs import head_token_stats
 from reinforge.learner.sequences import SequenceBatch, TokenStats
 from reinforge.learner.truncation import Truncation
-from reinforge.models.decoder import (
-    DecoderShape,
-    DecoderWeights,
-    decoder_shape,
-    pass_geometry,
-    rotary_factors,
-    run_pass,
-)
+from reinforge.models.decoder import DecoderShape, DecoderWeights, decoder_shape, run_pass
 from reinforge.models.lora import lora_dropouts
+from reinforge.models.positions import pass_geometry, rotary_factors
 
 OPTION = "train.shared_prefix=false"
 # What one more completion pass costs, in padded token positions: merging two length buckets pays

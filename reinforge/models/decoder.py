@@ -35,6 +35,7 @@ from reinforge.models.compiled_layers import layer_steps
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
+from reinforge.models.positions import allowed_keys
 
 log = logging.getLogger(__name__)
 # Whether `DecoderWeights.logits` may use the 16-bit GEMM with fp32 output (off after it failed once).
@@ -107,6 +108,15 @@ def _interleave_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
     # copy whose backward is a copy too (an index with a permutation cost an index_put per call in the
     # backward: ~2% of a tiny model's RL step, as the learner builds these weights every forward).
     return weight.view(heads, 2, d // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _fused(parts: list[torch.Tensor], spare: dict[tuple[int, ...], list[torch.Tensor]] | None) -> torch.Tensor:
+    """torch.cat(parts) (one fused projection's weight), written into a tensor of its shape from `spare`
+    where one is free and no gradient is recorded (`DecoderWeights.of`)."""
+    free = (spare or {}).get((sum(part.shape[0] for part in parts), *parts[0].shape[1:]))
+    if free and not torch.is_grad_enabled() and (free[-1].dtype, free[-1].device) == (parts[0].dtype, parts[0].device):
+        return torch.cat(parts, out=free.pop())
+    return torch.cat(parts)
 
 
 def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -248,17 +258,7 @@ class DecoderWeights:
         contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
         disabled), differentiable in A and B, so the learner's shared-prompt forward trains them.
         `logits` False: `head` is the head's own weight, not an fp32 copy (545 MB for a bf16 Qwen head, on
-        every call), for a caller that runs only the layers. `spare`: tensors of weights no longer used, by
-        shape (`DecoderWeights.reusable`), that the fused q/k/v and gate/up are written into where no gradient
-        is recorded (the native engine's)."""
-        def fused(parts: list[torch.Tensor]) -> torch.Tensor:
-            shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
-            free = (spare or {}).get(shape)
-            if free and not torch.is_grad_enabled() and (free[-1].dtype, free[-1].device) == (parts[0].dtype,
-                                                                                               parts[0].device):
-                return torch.cat(parts, out=free.pop())
-            return torch.cat(parts)
-
+        every call), for a caller that runs only the layers. `spare`: tensors for `_fused` to write into."""
         def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
             # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
             try:
@@ -307,14 +307,14 @@ class DecoderWeights:
                                         fused_bias[q_out + k_out :]])
             layers.append(LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=fused([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v]),
+                qkv=_fused([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v], spare),
                 qkv_bias=fused_bias,
                 q_norm=_interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
                 k_norm=_interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
                 o=o,
                 o_bias=o_bias,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=None if moe is not None else fused([gate, up]),
+                gate_up=None if moe is not None else _fused([gate, up], spare),
                 down=down,
                 act=None if silu else mlp.act_fn,
                 moe=moe,
@@ -438,36 +438,3 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
 
     at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
     return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend, routes, compiled), keys, values
-
-
-def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:
-    """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys); with a
-    sliding `window` (Mistral) a query sees only its own last `window` positions."""
-    s = geometry.positions
-    t = torch.arange(s, device=geometry.pos0.device)
-    own = t[None, :] <= t[:, None]                                     # [S, S] causal
-    if window is not None:
-        own &= t[:, None] - t[None, :] < window
-    own = own[None].expand(len(geometry.pos0), -1, -1)
-    if geometry.slot is None:
-        return own
-    prefix = torch.arange(prefix_len, device=t.device)[None, None, :] < geometry.pre_len[:, None, None]
-    return torch.cat([prefix.expand(-1, s, -1), own], dim=-1)
-
-
-def pass_geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, slot: torch.Tensor | None = None,
-                  pre_len: torch.Tensor | None = None) -> PassGeometry:
-    """A `PassGeometry` of rows [B] (contiguous, as the kernels read them) with `freqs`' rotary table."""
-    return PassGeometry(positions=positions, rot=torch.view_as_real(freqs).contiguous(), pos0=pos0.contiguous(),
-                        slot=None if slot is None else slot.contiguous(),
-                        pre_len=None if pre_len is None else pre_len.contiguous())
-
-
-def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:
-    """Complex rotary factors of positions 0..length-1, [length, D/2], from the model's own rotary
-    module (so rope scaling variants and attention scaling carry over)."""
-    model = base_model(model)
-    probe = torch.zeros(1, dtype=model.dtype, device=model.device)
-    cos, sin = (t[0].float() for t in model.model.rotary_emb(probe, torch.arange(length, device=model.device)[None]))
-    half = shape.head_dim // 2
-    return torch.complex(cos[:, :half], sin[:, :half])     # HF repeats each frequency twice along D

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from reinforge.models.decoder import DecoderWeights, pass_geometry, run_pass
+from reinforge.models.decoder import DecoderWeights, run_pass
+from reinforge.models.positions import pass_geometry
 from reinforge.rollout.passes import DecodePasses
 from reinforge.rollout.rows import PromptBlock, RowContext
 

@@ -41,14 +41,9 @@ import torch.nn.functional as F
 from reinforge.kernels import HEAD_DIMS, load_cpu_kernels, rms_norm
 from reinforge.models import Policy
 from reinforge.models.attention import additive_mask, attention
-from reinforge.models.decoder import (
-    DecoderWeights,
-    decoder_layers,
-    decoder_shape,
-    pass_geometry,
-    run_pass,
-)
+from reinforge.models.decoder import DecoderWeights, decoder_layers, decoder_shape, run_pass
 from reinforge.models.lora import base_model
+from reinforge.models.positions import pass_geometry
 from reinforge.models.quantize import quantize_weights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reinforge.models.decoder import DecoderWeights, decoder_shape, pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import DecoderWeights, decoder_shape, run_pass
 from reinforge.models.lora import base_model
+from reinforge.models.positions import pass_geometry, rotary_factors
 
 
 def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from reinforge.models.decoder import rotary_factors
 from reinforge.models.lora import base_model
+from reinforge.models.positions import rotary_factors
 from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.continuation import continue_rows
 from reinforge.rollout.graphs import DecodeGraphs

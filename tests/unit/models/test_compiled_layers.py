@@ -14,14 +14,8 @@ import torch
 
 from reinforge.models import build_tiny_qwen2, compiled_layers
 from reinforge.models.compiled_layers import LayerSteps, rope_real
-from reinforge.models.decoder import (
-    DecoderWeights,
-    _rope,
-    decoder_shape,
-    pass_geometry,
-    rotary_factors,
-    run_pass,
-)
+from reinforge.models.decoder import DecoderWeights, _rope, decoder_shape, run_pass
+from reinforge.models.positions import pass_geometry, rotary_factors
 from reinforge.settings import ModelConfig
 
 

@@ -15,8 +15,9 @@ from reinforge.learner.reference import Reference
 from reinforge.learner.routing import moe_routers
 from reinforge.learner.sequences import build_sequences
 from reinforge.models import build_tiny_moe
-from reinforge.models.decoder import DecoderWeights, decoder_shape, pass_geometry, rotary_factors, run_pass
+from reinforge.models.decoder import DecoderWeights, decoder_shape, run_pass
 from reinforge.models.moe import route
+from reinforge.models.positions import pass_geometry, rotary_factors
 from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.native import NativeEngine
 from reinforge.settings import ModelConfig
