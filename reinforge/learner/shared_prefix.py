@@ -166,7 +166,7 @@ def _whole_row_predictors(model: PreTrainedModel, shape: DecoderShape, w: Decode
     """Nothing to share (SFT: one trace per prompt): whole rows in one pass; the hidden state [M, E]
     predicting each valid token (rows[m], cols[m])."""
     starts, width_all = batch.starts, batch.input_ids.shape[1]
-    freqs = rotary_factors(model, shape, width_all)
+    freqs = rotary_factors(model, shape.head_dim, width_all)
     geometry = pass_geometry(freqs, width_all, torch.zeros_like(starts))
     hidden, _, _ = run_pass(shape, w, batch.input_ids, geometry, freqs, padding_idx=pad, compiled=compiled)
     return hidden[rows, starts[rows] + cols - 1]
@@ -189,7 +189,8 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
     span = int(prompt_len.max())
     # A pass runs every row of its bucket to the bucket's longest need, from the row's own start: its
     # positions reach the latest start plus the longest need (past a row's need they are masked padding).
-    freqs = rotary_factors(model, shape, max(span, int(starts.max()) + int(need.max())))  # [positions, D/2] complex
+    # [positions, D/2] complex
+    freqs = rotary_factors(model, shape.head_dim, max(span, int(starts.max()) + int(need.max())))
 
     # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
     geometry = pass_geometry(freqs, span, torch.zeros_like(prompt_len))

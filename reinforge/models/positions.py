@@ -5,16 +5,12 @@ shared-prompt passes and the rollout engine's prefill, continuation and decoding
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import PreTrainedModel
 
 from reinforge.kernels import PassGeometry
 from reinforge.models.lora import base_model
 
-if TYPE_CHECKING:
-    from reinforge.models.decoder import DecoderShape
 
 def allowed_keys(geometry: PassGeometry, prefix_len: int, window: int | None = None) -> torch.Tensor:
     """`PassGeometry` as a boolean mask [B, S, prefix_len + S] over (prefix keys, own keys); with a
@@ -39,11 +35,11 @@ def pass_geometry(freqs: torch.Tensor, positions: int, pos0: torch.Tensor, slot:
                         pre_len=None if pre_len is None else pre_len.contiguous())
 
 
-def rotary_factors(model: PreTrainedModel, shape: DecoderShape, length: int) -> torch.Tensor:
+def rotary_factors(model: PreTrainedModel, head_dim: int, length: int) -> torch.Tensor:
     """Complex rotary factors of positions 0..length-1, [length, D/2], from the model's own rotary
     module (so rope scaling variants and attention scaling carry over)."""
     model = base_model(model)
     probe = torch.zeros(1, dtype=model.dtype, device=model.device)
     cos, sin = (t[0].float() for t in model.model.rotary_emb(probe, torch.arange(length, device=model.device)[None]))
-    half = shape.head_dim // 2
+    half = head_dim // 2
     return torch.complex(cos[:, :half], sin[:, :half])     # HF repeats each frequency twice along D

@@ -31,7 +31,7 @@ def engine_logprobs(weights: DecoderWeights, model: torch.nn.Module, ids: torch.
     the weights included."""
     model = base_model(model)
     shape, s = decoder_shape(model), ids.shape[1]
-    freqs = rotary_factors(model, shape, s)
+    freqs = rotary_factors(model, shape.head_dim, s)
     device = weights.head.device
     geometry = pass_geometry(freqs, s, torch.zeros(1, dtype=torch.long, device=device))
     hidden, _, _ = run_pass(shape, weights, ids.to(device), geometry, freqs, fused=fused, use="engine")

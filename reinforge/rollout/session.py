@@ -365,10 +365,10 @@ class DecodeSession:
                 initial = min(longest, 2 * initial)
             self.cache = KVCache(len(self.weights.layers), self.count, self.engine.shape, initial=initial,
                                  limit=longest, dtype=self.model.dtype, device=self.device, reuse=spare)
-            self.freqs = rotary_factors(self.model, self.engine.shape, longest)
+            self.freqs = rotary_factors(self.model, self.engine.shape.head_dim, longest)
         elif longest > len(self.freqs):   # (the cache's limit may already be past it: its BLAS floor)
             self.cache.limit = max(self.cache.limit, longest)
-            self.freqs = rotary_factors(self.model, self.engine.shape, longest)
+            self.freqs = rotary_factors(self.model, self.engine.shape.head_dim, longest)
 
     def _prefill(self, prompt_ids: list[list[int]]) -> tuple[PromptBlock, torch.Tensor]:
         routes: list[torch.Tensor] | None = None if self.routes is None else []

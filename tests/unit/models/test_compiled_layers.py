@@ -34,7 +34,7 @@ def _pass(policy, ids: torch.Tensor, compiled: bool):
     with respect to the first layer's fused q/k/v weight and the embedding."""
     shape = decoder_shape(policy.model)
     w = DecoderWeights.of(policy.model, logits=False)
-    freqs = rotary_factors(policy.model, shape, ids.shape[1])
+    freqs = rotary_factors(policy.model, shape.head_dim, ids.shape[1])
     geometry = pass_geometry(freqs, ids.shape[1], torch.zeros(ids.shape[0], dtype=torch.long))
     hidden, keys, _ = run_pass(shape, w, ids, geometry, freqs, fused=False, compiled=compiled)
     loss = (hidden * torch.linspace(-1, 1, hidden.shape[-1])).sum() + keys[1].square().sum()

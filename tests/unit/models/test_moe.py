@@ -70,7 +70,7 @@ def test_native_logits_equal_transformers(arch: str) -> None:
     with torch.no_grad():
         reference = model(input_ids=ids).logits                                # [B, S, V]
         shape, w = decoder_shape(model), DecoderWeights.of(model)
-        freqs = rotary_factors(model, shape, ids.shape[1])
+        freqs = rotary_factors(model, shape.head_dim, ids.shape[1])
         hidden, _, _ = run_pass(shape, w, ids, pass_geometry(freqs, ids.shape[1], torch.zeros(2, dtype=torch.long)),
                                 freqs)
         native = hidden.float() @ w.head.t()
