@@ -178,7 +178,7 @@ class DecoderWeights:
     _packed: dict[tuple[bool, bool], list[PackedProjections]] = field(default_factory=dict)
     _packed_head: torch.Tensor | None = None
     # Panels of weights no longer used, by shape, that packing writes into instead of new memory (the native
-    # engine hands over a finished session's, `panels`): at a 0.5B model's widths, first writes to fresh pages
+    # engine hands over a finished session's, `reusable`): at a 0.5B model's widths, first writes to fresh pages
     # cost more than the packing itself.
     spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = field(default_factory=dict)
 

@@ -76,8 +76,9 @@ class NativeEngine:
         # back to the OS in between, and faulting it in again cost ~5% of a rollout here. (GPU
         # allocators keep freed blocks themselves, and the learner may need them.)
         self._spare: KVCache | None = None
-        # Likewise the packed panels of a finished session's weights, which the next session's packing overwrites
-        # (`DecoderWeights.spare_panels`): a 0.5B model's are 1.4 GB of fresh pages at every call otherwise.
+        # Likewise the packed panels and fused projections of a finished session's weights, which the next
+        # session's weights are written into (`DecoderWeights.reusable`): a 0.5B model's are ~2.4 GB of fresh pages
+        # at every call otherwise.
         self._spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = {}
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
