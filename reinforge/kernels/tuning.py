@@ -170,8 +170,7 @@ def _timed(ops: Any, cache: Path) -> dict:
     per_use = time_products(ops)
     ratios = {use: aten_over_packed(s) for use, s in per_use.items()}
     products = {use: "aten" if r < 1 - MARGIN else "packed" for use, r in ratios.items()}
-    choice = {"row_block": fastest, "ms": {str(r): round(s * 1e3, 3) for r, s in seconds.items()},
-              "row_block_wide": fastest_wide, "ms_wide": {str(r): round(s * 1e3, 3) for r, s in wide.items()},
+    choice = {"row_block": fastest, "ms": _ms(seconds), "row_block_wide": fastest_wide, "ms_wide": _ms(wide),
               "products": products, "aten_over_packed": {use: round(r, 3) for use, r in ratios.items()},
               "products_ms": {use: {b: round(sum(t) * 1e3, 3) for b, t in s.items()} for use, s in per_use.items()},
               "threads": torch.get_num_threads()}
@@ -187,6 +186,11 @@ def _timed(ops: Any, cache: Path) -> dict:
              "this CPU, cached in %s", fastest, choice["ms"], fastest_wide, choice["ms_wide"], products,
              choice["aten_over_packed"], cache)
     return dict(choice, source="timed")
+
+
+def _ms(seconds: dict[int, float]) -> dict[str, float]:
+    """Each row block's seconds in ms, as the cached JSON holds them."""
+    return {str(r): round(s * 1e3, 3) for r, s in seconds.items()}
 
 
 def _fastest(seconds: dict[int, float]) -> int:

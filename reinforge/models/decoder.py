@@ -110,13 +110,20 @@ def _interleave_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.view(heads, 2, d // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
+def _take(spare: dict[tuple[int, ...], list[torch.Tensor]] | None, shape: tuple[int, ...],
+          like: torch.Tensor) -> torch.Tensor | None:
+    """A tensor of `shape` and `like`'s dtype and device from `spare` (tensors no longer used, by shape), to be
+    written into; None when there is none."""
+    free = (spare or {}).get(shape)
+    return free.pop() if free and (free[-1].dtype, free[-1].device) == (like.dtype, like.device) else None
+
+
 def _fused(parts: list[torch.Tensor], spare: dict[tuple[int, ...], list[torch.Tensor]] | None) -> torch.Tensor:
     """torch.cat(parts) (one fused projection's weight), written into a tensor of its shape from `spare`
     where one is free and no gradient is recorded (`DecoderWeights.of`)."""
-    free = (spare or {}).get((sum(part.shape[0] for part in parts), *parts[0].shape[1:]))
-    if free and not torch.is_grad_enabled() and (free[-1].dtype, free[-1].device) == (parts[0].dtype, parts[0].device):
-        return torch.cat(parts, out=free.pop())
-    return torch.cat(parts)
+    shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
+    into = None if torch.is_grad_enabled() else _take(spare, shape, parts[0])
+    return torch.cat(parts) if into is None else torch.cat(parts, out=into)
 
 
 def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -185,10 +192,9 @@ class DecoderWeights:
     def _pack(self, ops, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
         """`ops.pack_weight(weight, transposed)`, into a spare tensor of its shape when there is one."""
         n, k = weight.shape[::-1] if transposed else weight.shape
-        spare = self.spare_panels.get(((n + 31) // 32, k, 32))
-        if not spare:
+        into = _take(self.spare_panels, ((n + 31) // 32, k, 32), weight)     # 32-column panels (csrc/gemm.h)
+        if into is None:
             return ops.pack_weight(weight, transposed)
-        into = spare.pop()
         ops.pack_weight_into(into, weight, transposed)
         return into
 
