@@ -10,7 +10,9 @@ the namespace `reinforge_kernels`:
   token of every row: the projections against weights packed once per generation by
   `pack_weight`, everything between them fused, the attention reading each row's keys up to its
   position), `sample` (keyed inverse-CDF sampling, `sample_tokens` with `keyed_uniforms` in one
-  pass; with top-p, the nucleus by a radix select instead of a sort) and `decode_attention`;
+  pass; with top-p, the nucleus by a radix select instead of a sort), `decode_step` (the whole step in
+  one call: embedding, every layer, final norm, head and sampling; csrc/sampling.h holds the sampler's
+  row loop both share) and `decode_attention`;
 - `csrc/learner.cpp`, behind the autograd functions below: `train_layer` (one decoder layer of a
   learner pass, forward and backward one op each, attention over a `PassGeometry`), which
   `models.decoder.run_pass` calls for the engine's prefill and the learner's shared-prompt

@@ -231,9 +231,13 @@ class DecoderWeights:
         head packed on first use and kept with these weights. At a 0.5B model's decoding step (32 rows,
         Qwen's 151,936 tokens) this took half the time of torch's fp32 product on one thread (BENCHMARKS.md);
         the same sums in another order, so the logits agree with `logits` to float rounding."""
+        return ops.packed_matmul(hidden.float().contiguous(), self.packed_head(ops), None, self.head.shape[0], 0)
+
+    def packed_head(self, ops) -> torch.Tensor:
+        """The head as `packed_logits` multiplies by it: packed on first use, kept with these weights."""
         if self._packed_head is None:
             self._packed_head = self._pack(ops, self.head.detach().float().contiguous(), False)
-        return ops.packed_matmul(hidden.float().contiguous(), self._packed_head, None, self.head.shape[0], 0)
+        return self._packed_head
 
     def packed(self, ops, transposed: bool = False, use: str = "learner") -> list[PackedProjections]:
         """Each layer's projections as the CPU kernels' products of `use` read them (csrc/gemm.h, `product`;

@@ -251,3 +251,22 @@ class NativeEngine:
                                       lw.o_bias, lw.post_norm, packed.gate_up, packed.down, rot, cache.k[index],
                                       cache.v[index], positions, shape.num_heads, w.eps, shape.sliding_window or 0)
         return self.head_logits(w, rms_norm(x, w.final_norm, w.eps))
+
+    def _decode_sample(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                       freqs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
+                       params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_decode_fused` and the session's sampling (the fused `sample`: no top-k / min-p) as one call of the CPU
+        kernels (csrc/decode.cpp, `decode_step`): the same tokens and log-probs [live], bit for bit, without the
+        ~30 small torch ops and 6 kernel calls around them, which at the built-in model's size cost as much as
+        its arithmetic. `keys`, `counters`: each row's stream and draw."""
+        cache.reserve(int(positions.max()) + 1)
+        weights = [t for lw, packed in zip(w.layers, w.packed(self.kernels, use="engine"), strict=True)
+                   for t in (lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
+                             lw.post_norm, packed.gate_up, packed.down)]
+        token, logprob = torch.empty(len(tokens), dtype=torch.long), torch.empty(len(tokens))
+        self.kernels.decode_step(token, logprob, tokens, positions, w.embed, weights, cache.k, cache.v,
+                                 torch.view_as_real(freqs), w.final_norm, w.packed_head(self.kernels), w.head.shape[0],
+                                 self.shape.num_heads, w.eps, self.shape.sliding_window or 0,
+                                 0.0 if params.greedy else params.temperature, keys, counters,
+                                 1.0 if params.greedy else params.top_p)
+        return token, logprob

@@ -49,6 +49,12 @@ class DecodePasses(Protocol):
         """One token of each front slot; next-token logits [live, V]."""
         ...
 
+    def _decode_sample(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                       freqs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
+                       params: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_decode` and sampling in one call of the CPU kernels: the next tokens and their log-probs [live]."""
+        ...
+
     def _decode_rows(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                      rot: torch.Tensor, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """`_decode` without host synchronisation (a CUDA graph's body)."""

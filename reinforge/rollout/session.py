@@ -165,7 +165,11 @@ class DecodeSession:
         g, pos = self.generated[:live], self.length[:live]
         step_routes: list[torch.Tensor] | None = None if self.routes is None else []
         out = self._graph_step(live, g, pos) if getattr(self.engine, "graph_mode", None) else None
-        if out is None:
+        if out is None and self._one_call():
+            logits, (token, logprob) = None, self.engine._decode_sample(
+                self.weights, self.cache, self.last[:live], pos, self.freqs, self.keys[:live], g + self.drawn[:live],
+                self.params)
+        elif out is None:
             logits = self.engine._decode(self.weights, self.cache, self.last[:live], pos, self.freqs, step_routes)
             token, logprob = self._sample(logits, self.keys[:live], g + self.drawn[:live])
         else:
@@ -180,6 +184,13 @@ class DecodeSession:
             self.top_ids[rows, g], self.top_logprobs[rows, g] = top
         self.last[:live] = token
         self.generated[:live] += 1
+
+    def _one_call(self) -> bool:
+        """Whether the step decodes and samples in one call of the CPU kernels (`_decode_sample`): the fused
+        decoding step and sampler, a dense model, no logits kept (top-K records) and no top-k / min-p filter."""
+        params = self.params
+        return (self.engine.kernels is not None and self.cache.keys_last and self.routes is None
+                and not params.record_top_k and params.top_k == 0 and params.min_p == 0.0)
 
     def _finished_rows(self, done: torch.Tensor, lengths: list[int], stops: list[bool]) -> list[FinishedRow]:
         """The records of the rows in slots `done` (device), of `lengths` tokens, ended by a stop (`stops`)

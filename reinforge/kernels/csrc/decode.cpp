@@ -22,6 +22,7 @@
 #include "attention.h"
 #include "gemm.h"
 #include "rows.h"
+#include "sampling.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +38,7 @@ using reinforge_kernels::swiglu_rows;
 using reinforge_kernels::product;
 using reinforge_kernels::pack_weight;
 using reinforge_kernels::with_head_dim;
+using reinforge_kernels::sample_rows;
 
 // A [rows, cols] float block in memory: element (r, c) at data[r * stride + c].
 struct Rows {
@@ -156,10 +158,100 @@ void decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_n
 // within `ROW_SPLIT_BYTES`. Every row's sums run in the same order either way: the results are identical.
 constexpr int64_t ROW_SPLIT_BYTES = 4 << 20;
 
-// One decoder layer (pre-norm, SwiGLU MLP) for one new token of each of B rows, x [B, E] updated in
-// place: x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)).
+// One decoder layer's tensors as the decoding step reads them: norms [E], the projections' weights as
+// `product` reads them (gemm.h: packed or plain), biases and Qwen3's per-head q/k norms (null: none), and
+// the layer's cache.
+struct Layer {
+  const float* input_norm;
+  const at::Tensor& qkv_p;
+  const float* qkv_b;
+  const float* q_norm;
+  const float* k_norm;
+  const at::Tensor& o_p;
+  const float* o_b;
+  const float* post_norm;
+  const at::Tensor& gate_up_p;
+  const at::Tensor& down_p;
+  at::Tensor& k_cache;
+  at::Tensor& v_cache;
+};
+
+// The widths of a layer (E model, H and KV heads of D, I the MLP's, N = (H + 2 KV) D of q|k|v) and the
+// step's scratch rows: h [B, E], qkv [B, N], attn [B, H D], gu [B, 2I], act [B, I].
+struct Step {
+  int64_t E, H, KV, D, I, N;
+  float *h, *qkv, *attn, *gu, *act;
+  std::vector<at::Tensor> memory;
+
+  Step(int64_t B, int64_t E_, int64_t H_, int64_t KV_, int64_t D_, int64_t I_, const at::TensorOptions& opts)
+      : E(E_), H(H_), KV(KV_), D(D_), I(I_), N((H_ + 2 * KV_) * D_) {
+    for (int64_t width : {E, N, H * D, 2 * I, I}) memory.push_back(at::empty({B, width}, opts));
+    h = memory[0].data_ptr<float>(), qkv = memory[1].data_ptr<float>(), attn = memory[2].data_ptr<float>();
+    gu = memory[3].data_ptr<float>(), act = memory[4].data_ptr<float>();
+  }
+};
+
+// One decoder layer (pre-norm, SwiGLU MLP) for rows [b0, b1) of x [B, E], in place:
+// x += o(attention(rope(qkv(norm(x))))); x += down(silu(gate) * up)(norm(x)). Row b's rotary factors
+// (cos, sin) per pair are at rot + (rot_at ? rot_at[b] : b) * D; its new key/value go to position pos[b].
+// Inside a parallel region ATen's parallel_for runs its body inline, so the steps below split their work
+// between the threads only when this runs outside one. One copy serves decode_layer and decode_step.
+__attribute__((noinline)) void layer_rows(const Layer& L, const Step& s, float* xp, const float* rot,
+                                          const int64_t* rot_at, const int64_t* pos, int64_t b0, int64_t b1,
+                                          float eps, int64_t window) {
+  const int64_t M = b1 - b0, E = s.E, H = s.H, KV = s.KV, D = s.D, I = s.I, N = s.N;
+  rms_norm_rows(s.h + b0 * E, nullptr, xp + b0 * E, L.input_norm, M, E, eps);
+  product(s.qkv + b0 * N, N, s.h + b0 * E, E, L.qkv_p, L.qkv_b, M, N, E, false);
+  if (L.q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
+    at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t b = r0; b < r1; ++b) {
+        rms_norm_rows(s.qkv + b * N, nullptr, s.qkv + b * N, L.q_norm, H, D, eps);
+        rms_norm_rows(s.qkv + b * N + H * D, nullptr, s.qkv + b * N + H * D, L.k_norm, KV, D, eps);
+      }
+    });
+  }
+  at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {   // rotary of queries and keys: pair times (cos + i sin)
+    for (int64_t b = r0; b < r1; ++b) {
+      const float* cs = rot + (rot_at ? rot_at[b] : b) * D;
+      for (int64_t head = 0; head < H + KV; ++head) {
+        float* v = s.qkv + b * N + head * D;
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const float re = v[2 * i], im = v[2 * i + 1], c = cs[2 * i], sn = cs[2 * i + 1];
+          v[2 * i] = re * c - im * sn;
+          v[2 * i + 1] = re * sn + im * c;
+        }
+      }
+    }
+  });
+  with_head_dim(D, [&](auto d) {
+    attention_rows<decltype(d)::value>(Rows{s.attn, H * D}, Rows{s.qkv, N}, Rows{s.qkv + H * D, N},
+                                       Rows{s.qkv + (H + KV) * D, N}, L.k_cache, L.v_cache, pos, b0, b1, H,
+                                       1.f / std::sqrt((float)D), window);
+  });
+  product(xp + b0 * E, E, s.attn + b0 * H * D, H * D, L.o_p, nullptr, M, E, H * D, true);
+  if (L.o_b)
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t e = 0; e < E; ++e) xp[b * E + e] += L.o_b[e];
+  rms_norm_rows(s.h + b0 * E, nullptr, xp + b0 * E, L.post_norm, M, E, eps);
+  product(s.gu + b0 * 2 * I, 2 * I, s.h + b0 * E, E, L.gate_up_p, nullptr, M, 2 * I, E, false);
+  swiglu_rows(s.act + b0 * I, s.gu + b0 * 2 * I, M, I);
+  product(xp + b0 * E, E, s.act + b0 * I, I, L.down_p, nullptr, M, E, I, true);
+}
+
+const float* data_or_null(const std::optional<at::Tensor>& t) {
+  if (!t || !t->defined() || t->numel() == 0) return nullptr;
+  TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat, "reinforge_kernels: float32 contiguous vectors");
+  return t->data_ptr<float>();
+}
+
+bool split_by_rows(int64_t B, int64_t weight_elements) {   // ROW_SPLIT_BYTES, for a layer of this many weights
+  return at::get_num_threads() > 1 && B > 1 && weight_elements * (int64_t)sizeof(float) <= ROW_SPLIT_BYTES;
+}
+
+int64_t layer_weights(const Layer& L) { return L.qkv_p.numel() + L.o_p.numel() + L.gate_up_p.numel() + L.down_p.numel(); }
+
+// One decoder layer for one new token of each of B rows, x [B, E] updated in place (`layer_rows`).
 // rot [B, D/2, 2]: each row's (cos, sin) per rotary pair. q_norm/k_norm: Qwen3's per-head RMSNorm.
-// qkv_p, o_p, gate_up_p, down_p: the projections' weights as `product` reads them (gemm.h): packed or plain.
 // split_rows: 1 splits the rows between the threads, 0 splits each step's work, -1 chooses (ROW_SPLIT_BYTES).
 void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& qkv_p, const std::optional<at::Tensor>& qkv_b,
                   const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, const at::Tensor& o_p,
@@ -167,182 +259,120 @@ void decode_layer(at::Tensor x, const at::Tensor& input_norm, const at::Tensor& 
                   const at::Tensor& down_p, const at::Tensor& rot, at::Tensor k_cache, at::Tensor v_cache,
                   const at::Tensor& positions, int64_t heads, double eps, int64_t window, int64_t split_rows) {
   const int64_t B = x.size(0), E = x.size(1), KV = k_cache.size(1), D = k_cache.size(2), I = down_p.size(1);
-  const int64_t H = heads, N = (H + 2 * KV) * D;
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x must be contiguous float32");
-  check_cache(k_cache, v_cache, positions, B, H, D);
-  TORCH_CHECK(qkv_p.size(1) == E && o_p.size(1) == H * D && gate_up_p.size(1) == E && rot.is_contiguous() &&
+  check_cache(k_cache, v_cache, positions, B, heads, D);
+  TORCH_CHECK(qkv_p.size(1) == E && o_p.size(1) == heads * D && gate_up_p.size(1) == E && rot.is_contiguous() &&
               rot.size(0) == B && rot.size(1) == D / 2, "decode_layer: weight shapes do not match the cache");
-  for (const std::optional<at::Tensor>* t : {&qkv_b, &o_b})
-    TORCH_CHECK(!*t || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kFloat), "decode_layer: float32 biases");
-  const float epsf = (float)eps;
-  auto h = at::empty({B, E}, x.options());
-  auto qkv = at::empty({B, N}, x.options());
-  auto attn = at::empty({B, H * D}, x.options());
-  auto gu = at::empty({B, 2 * I}, x.options());          // [B, 2I]: gate | up
-  auto act = at::empty({B, I}, x.options());
-  float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
-  float *ap = attn.data_ptr<float>(), *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
-  const float* rp = rot.data_ptr<float>();
-
-  // The layer for rows [b0, b1). Inside a parallel region ATen's parallel_for runs its body inline, so the
-  // steps below split their work between the threads only when this runs outside one (split_rows 0).
-  auto layer = [&](int64_t b0, int64_t b1) {
-    const int64_t M = b1 - b0;
-    rms_norm_rows(hp + b0 * E, nullptr, xp + b0 * E, input_norm.data_ptr<float>(), M, E, epsf);
-    product(qkvp + b0 * N, N, hp + b0 * E, E, qkv_p, qkv_b ? qkv_b->data_ptr<float>() : nullptr, M, N, E, false);
-    if (q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
-      at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {
-        for (int64_t b = r0; b < r1; ++b) {
-          rms_norm_rows(qkvp + b * N, nullptr, qkvp + b * N, q_norm->data_ptr<float>(), H, D, epsf);
-          rms_norm_rows(qkvp + b * N + H * D, nullptr, qkvp + b * N + H * D, k_norm->data_ptr<float>(), KV, D, epsf);
-        }
-      });
-    }
-    at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {   // rotary of queries and keys: pair times (cos + i sin)
-      for (int64_t b = r0; b < r1; ++b) {
-        const float* cs = rp + b * D;
-        for (int64_t head = 0; head < H + KV; ++head) {
-          float* v = qkvp + b * N + head * D;
-          for (int64_t i = 0; i < D / 2; ++i) {
-            const float re = v[2 * i], im = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
-            v[2 * i] = re * c - im * s;
-            v[2 * i + 1] = re * s + im * c;
-          }
-        }
-      }
-    });
-    with_head_dim(D, [&](auto d) {
-      attention_rows<decltype(d)::value>(Rows{ap, H * D}, Rows{qkvp, N}, Rows{qkvp + H * D, N},
-                                         Rows{qkvp + (H + KV) * D, N}, k_cache, v_cache, positions.data_ptr<int64_t>(),
-                                         b0, b1, H, 1.f / std::sqrt((float)D), window);
-    });
-    product(xp + b0 * E, E, ap + b0 * H * D, H * D, o_p, nullptr, M, E, H * D, true);
-    if (o_b) {
-      const float* ob = o_b->data_ptr<float>();
-      for (int64_t b = b0; b < b1; ++b)
-        for (int64_t e = 0; e < E; ++e) xp[b * E + e] += ob[e];
-    }
-    rms_norm_rows(hp + b0 * E, nullptr, xp + b0 * E, post_norm.data_ptr<float>(), M, E, epsf);
-    product(gup + b0 * 2 * I, 2 * I, hp + b0 * E, E, gate_up_p, nullptr, M, 2 * I, E, false);
-    swiglu_rows(actp + b0 * I, gup + b0 * 2 * I, M, I);
-    product(xp + b0 * E, E, actp + b0 * I, I, down_p, nullptr, M, E, I, true);
+  const Layer L{input_norm.data_ptr<float>(), qkv_p, data_or_null(qkv_b), data_or_null(q_norm), data_or_null(k_norm),
+                o_p, data_or_null(o_b), post_norm.data_ptr<float>(), gate_up_p, down_p, k_cache, v_cache};
+  const Step s(B, E, heads, KV, D, I, x.options());
+  float* xp = x.data_ptr<float>();
+  auto rows = [&](int64_t b0, int64_t b1) {
+    layer_rows(L, s, xp, rot.data_ptr<float>(), nullptr, positions.data_ptr<int64_t>(), b0, b1, (float)eps, window);
   };
-  if (split_rows < 0) {
-    const int64_t weights = qkv_p.numel() + o_p.numel() + gate_up_p.numel() + down_p.numel();
-    split_rows = at::get_num_threads() > 1 && B > 1 && weights * (int64_t)sizeof(float) <= ROW_SPLIT_BYTES;
-  }
+  if (split_rows < 0) split_rows = split_by_rows(B, layer_weights(L));
   if (split_rows)
-    at::parallel_for(0, B, 1, layer);
+    at::parallel_for(0, B, 1, rows);
   else
-    layer(0, B);
+    rows(0, B);
 }
 
-// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014), as reinforge.rollout.sampling.mix64.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+void check_sampling(const at::Tensor& tokens, const at::Tensor& logprobs, const at::Tensor& keys,
+                    const at::Tensor& counters, int64_t B, double top_p) {
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&tokens, &keys, &counters})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->size(0) == B, "sample: [B] int64 tensors");
+  TORCH_CHECK(logprobs.scalar_type() == at::kFloat && logprobs.is_contiguous() && logprobs.size(0) == B,
+              "sample: [B] float32 log-probs");
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "sample: top_p must be in (0, 1]");
 }
 
-// A float's bit pattern: for non-negative floats, ordered as the floats are.
-inline uint32_t float_bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
+// The per-layer tensors of decode_step's `weights`, in this order (an empty or absent one: none).
+constexpr int PER_LAYER = 10;   // input_norm, qkv_p, qkv_b, q_norm, k_norm, o_p, o_b, post_norm, gate_up_p, down_p
 
-// The top-p threshold of one row's probabilities p [V]: the smallest float bit pattern t with
-// sum(p_i : bits(p_i) > t) < top_p, so that the nucleus is every token with bits(p_i) >= t: the tokens
-// whose strictly more likely tokens hold less than top_p of the mass (Holtzman et al., arXiv
-// 1904.09751; rollout.sampling.filter_logits), ties at the threshold all kept. Non-negative floats
-// order as their bits, so t is found digit by digit, most significant first (a radix select): one
-// pass per digit builds the mass of each digit value among the tokens that share the digits found
-// so far, and the digit is the lowest value whose higher values, with the mass above the prefix,
-// hold less than top_p. Three passes over the row where a sort takes V log V.
-inline uint32_t nucleus_threshold(const float* p, int64_t V, double top_p, std::vector<double>& mass) {
-  constexpr int SHIFTS[3] = {20, 8, 0}, WIDTHS[3] = {11, 12, 8};     // 31 bits: 11 + 12 + 8
-  uint32_t prefix = 0;          // the digits found so far, in place
-  double above = 0.0;           // the mass of tokens whose bits exceed every value with this prefix
-  for (int level = 0; level < 3; ++level) {
-    const int shift = SHIFTS[level], values = 1 << WIDTHS[level];
-    const uint32_t high = level ? ~0u << (SHIFTS[level - 1]) : 0u;    // the bits fixed already
-    mass.assign(values, 0.0);
-    for (int64_t i = 0; i < V; ++i) {
-      const uint32_t bits = float_bits(p[i]);
-      if ((bits & high) == prefix) mass[(bits >> shift) & (values - 1)] += p[i];   // above it: in `above`
-    }
-    int digit = values - 1;
-    double higher = above;      // mass above digit `digit` within the prefix, plus `above`
-    while (digit > 0 && higher + mass[digit] < top_p) higher += mass[digit--];
-    prefix |= (uint32_t)digit << shift;
-    above = higher;
+// A whole decoding step of B rows, one call (what `decode_layer` per layer, then the final norm, the head
+// and `sample` do in turn; the same numbers, bit for bit): tokens [B] (each row's newest token, embedded by
+// `embed` [V, E]) at positions [B]; layer l's tensors weights[PER_LAYER l ...] and cache k_caches[l],
+// v_caches[l]; rot [L, D/2, 2] the rotary table by position; head: the [V, E] head as `product` reads it.
+// Writes each row's next token and its log-prob into next [B], logprobs [B]. Where the layers' weights are
+// small (ROW_SPLIT_BYTES) and there are threads, each thread runs the whole step for its rows, with no
+// synchronisation until the end; else each part splits its work. Why: at the built-in model's size the
+// decoding step's ~30 small torch ops and 6 kernel calls cost as much as its arithmetic.
+void decode_step(at::Tensor next, at::Tensor logprobs, const at::Tensor& tokens, const at::Tensor& positions,
+                 const at::Tensor& embed, const c10::List<std::optional<at::Tensor>>& weights,
+                 at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& rot, const at::Tensor& final_norm,
+                 const at::Tensor& head, int64_t vocab, int64_t heads, double eps, int64_t window, double temperature,
+                 const at::Tensor& keys, const at::Tensor& counters, double top_p, int64_t split_rows) {
+  const int64_t B = tokens.size(0), V = vocab, E = embed.size(1), layers = k_caches.size();
+  TORCH_CHECK(layers > 0 && (int64_t)weights.size() == PER_LAYER * layers && (int64_t)v_caches.size() == layers,
+              "decode_step: ", PER_LAYER, " weights and a key and value cache per layer");
+  TORCH_CHECK(embed.scalar_type() == at::kFloat && embed.is_contiguous() && embed.dim() == 2 && embed.size(0) >= V,
+              "decode_step: embed must be a contiguous float32 [V, E]");
+  TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.is_contiguous(), "decode_step: tokens must be [B] int64");
+  check_sampling(next, logprobs, keys, counters, B, top_p);
+  const std::vector<std::optional<at::Tensor>> w = weights.vec();
+  const int64_t KV = k_caches[0].size(1), D = k_caches[0].size(2), I = w[9]->size(1);
+  TORCH_CHECK(rot.is_contiguous() && rot.dim() == 3 && rot.size(1) == D / 2 && rot.size(2) == 2,
+              "decode_step: rot must be [L, D/2, 2]");
+  std::vector<at::Tensor> kc(k_caches.begin(), k_caches.end()), vc(v_caches.begin(), v_caches.end());
+  std::vector<Layer> stack;
+  int64_t largest = 0;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::optional<at::Tensor>* t = w.data() + PER_LAYER * l;
+    for (int i : {0, 1, 5, 7, 8, 9}) TORCH_CHECK(t[i] && t[i]->defined(), "decode_step: layer ", l, " lacks weight ", i);
+    check_cache(kc[l], vc[l], positions, B, heads, D);
+    TORCH_CHECK(t[1]->size(1) == E && t[5]->size(1) == heads * D && t[8]->size(1) == E && t[9]->size(1) == I &&
+                kc[l].size(1) == KV && kc[l].size(2) == D, "decode_step: layer ", l, "'s shapes differ from layer 0's");
+    stack.push_back(Layer{t[0]->data_ptr<float>(), *t[1], data_or_null(t[2]), data_or_null(t[3]), data_or_null(t[4]),
+                          *t[5], data_or_null(t[6]), t[7]->data_ptr<float>(), *t[8], *t[9], kc[l], vc[l]});
+    largest = std::max(largest, layer_weights(stack.back()));
   }
-  return prefix;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(pos[b] < rot.size(0), "decode_step: position ", pos[b], " is past the rotary table");
+    TORCH_CHECK(tokens.data_ptr<int64_t>()[b] >= 0 && tokens.data_ptr<int64_t>()[b] < embed.size(0),
+                "decode_step: a token id outside the embedding");
+  }
+  const Step s(B, E, heads, KV, D, I, embed.options());
+  auto x = at::empty({B, E}, embed.options()), logits = at::empty({B, V}, embed.options());
+  float *xp = x.data_ptr<float>(), *lp = logits.data_ptr<float>();
+  const float epsf = (float)eps;
+  auto body = [&](int64_t b0, int64_t b1) {   // embedding, the layers, the final norm
+    for (int64_t b = b0; b < b1; ++b)
+      std::memcpy(xp + b * E, embed.data_ptr<float>() + tokens.data_ptr<int64_t>()[b] * E, sizeof(float) * E);
+    for (const Layer& L : stack) layer_rows(L, s, xp, rot.data_ptr<float>(), pos, pos, b0, b1, epsf, window);
+    rms_norm_rows(xp + b0 * E, nullptr, xp + b0 * E, final_norm.data_ptr<float>(), b1 - b0, E, epsf);
+  };
+  auto tail = [&](int64_t b0, int64_t b1) {   // the head, then sampling
+    product(lp + b0 * V, V, xp + b0 * E, E, head, nullptr, b1 - b0, V, E, false);
+    at::parallel_for(b0, b1, 16, [&](int64_t r0, int64_t r1) {
+      sample_rows(next.data_ptr<int64_t>(), logprobs.data_ptr<float>(), lp, V, r0, r1, temperature,
+                  keys.data_ptr<int64_t>(), counters.data_ptr<int64_t>(), top_p);
+    });
+  };
+  if (split_rows < 0) split_rows = split_by_rows(B, largest);
+  const bool head_split = split_rows && split_by_rows(B, head.numel());
+  if (split_rows) {
+    at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      body(b0, b1);
+      if (head_split) tail(b0, b1);
+    });
+  } else {
+    body(0, B);
+  }
+  if (!head_split) tail(0, B);
 }
 
-// One token per row of fp32 logits [B, V] with no top-k / min-p filter, as
-// reinforge.rollout.sampling.sample_tokens with keyed_uniforms: temperature > 0 draws from
-// softmax(logits / T) by inverting its CDF (accumulated in double, as torch's cumsum) at the
-// uniform of draw `counters[b]` of stream `keys[b]`; temperature 0 takes the argmax (first of
-// ties) with the untempered log-prob. top_p < 1: from the nucleus (`nucleus_threshold`),
-// renormalised, with the log-prob under it. tokens [B] int64 and logprobs [B] float32 are written.
+// One token per row of fp32 logits [B, V] (`sample_rows`, sampling.h): tokens [B] int64 and
+// logprobs [B] float32 are written.
 void sample(at::Tensor tokens, at::Tensor logprobs, const at::Tensor& logits, double temperature,
             const at::Tensor& keys, const at::Tensor& counters, double top_p) {
   const int64_t B = logits.size(0), V = logits.size(1);
   TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.device().is_cpu(),
               "sample: logits must be contiguous float32 on the CPU");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&tokens, &keys, &counters})
-    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->size(0) == B, "sample: [B] int64 tensors");
-  TORCH_CHECK(logprobs.scalar_type() == at::kFloat && logprobs.is_contiguous() && logprobs.size(0) == B);
-  const float* lp = logits.data_ptr<float>();
-  const int64_t* kp = keys.data_ptr<int64_t>();
-  const int64_t* cp = counters.data_ptr<int64_t>();
-  int64_t* tp = tokens.data_ptr<int64_t>();
-  float* op = logprobs.data_ptr<float>();
-  const bool greedy = temperature <= 0;
-  const float t = greedy ? 1.f : (float)temperature;
-  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "sample: top_p must be in (0, 1]");
+  check_sampling(tokens, logprobs, keys, counters, B, top_p);
   at::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> scores(V), cdf(V);
-    std::vector<double> mass;
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* row = lp + b * V;
-      int64_t best = 0;
-      for (int64_t i = 0; i < V; ++i) {
-        scores[i] = t == 1.f ? row[i] : row[i] / t;
-        if (scores[i] > scores[best]) best = i;
-      }
-      const float top = scores[best];
-      float sum = 0.f;
-      for (int64_t i = 0; i < V; ++i) sum += expf(scores[i] - top);
-      const float log_total = top + logf(sum);
-      if (greedy) {
-        tp[b] = best;
-        op[b] = scores[best] - log_total;
-        continue;
-      }
-      double acc = 0.0;
-      float log_kept = 0.f;     // log of the nucleus's mass: 0 without top-p
-      if (top_p < 1.0) {
-        for (int64_t i = 0; i < V; ++i) cdf[i] = expf(scores[i] - log_total);      // the probabilities
-        const uint32_t threshold = nucleus_threshold(cdf.data(), V, top_p, mass);
-        for (int64_t i = 0; i < V; ++i) {
-          if (float_bits(cdf[i]) >= threshold) acc += (double)cdf[i];
-          cdf[i] = (float)acc;
-        }
-        log_kept = logf((float)acc);
-      } else {
-        for (int64_t i = 0; i < V; ++i) {
-          acc += (double)expf(scores[i] - log_total);
-          cdf[i] = (float)acc;
-        }
-      }
-      const uint64_t z = mix64((uint64_t)kp[b] + (uint64_t)(cp[b] + 1) * 0x9E3779B97F4A7C15ull);
-      const float u = (float)(z >> 40) * 0x1p-24f * cdf[V - 1];
-      const int64_t token = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), V - 1);
-      tp[b] = token;
-      op[b] = scores[token] - log_total - log_kept;
-    }
+    sample_rows(tokens.data_ptr<int64_t>(), logprobs.data_ptr<float>(), logits.data_ptr<float>(), V, b0, b1,
+                temperature, keys.data_ptr<int64_t>(), counters.data_ptr<int64_t>(), top_p);
   });
 }
 
@@ -363,6 +393,10 @@ TORCH_LIBRARY(reinforge_kernels, m) {
         "Tensor o_p, Tensor? o_b, Tensor post_norm, Tensor gate_up_p, Tensor down_p, Tensor rot, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor positions, int heads, float eps, int window, int split_rows=-1) -> ()",
         &decode_layer);
+  m.def("decode_step(Tensor(a!) next, Tensor(b!) logprobs, Tensor tokens, Tensor positions, Tensor embed, "
+        "Tensor?[] weights, Tensor(c!)[] k_caches, Tensor(d!)[] v_caches, Tensor rot, Tensor final_norm, Tensor head, "
+        "int vocab, int heads, float eps, int window, float temperature, Tensor keys, Tensor counters, "
+        "float top_p=1.0, int split_rows=-1) -> ()", &decode_step);
   m.def("sample(Tensor(a!) tokens, Tensor(b!) logprobs, Tensor logits, float temperature, Tensor keys, "
         "Tensor counters, float top_p=1.0) -> ()", &sample);
 }

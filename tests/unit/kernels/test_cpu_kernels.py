@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from reinforge.models.attention import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.rollout.sampling import filter_logits, keyed_uniforms, sample_tokens
+from reinforge.rollout.session import DecodeSession
 
 
 @pytest.fixture(scope="module")
@@ -244,38 +246,67 @@ def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, t
 
 
 class _SplitRows:
-    """The kernels with decode_layer's split_rows forced to `mode` (1: each thread runs the whole layer for
-    its rows; 0: the threads split each step's work)."""
+    """The kernels with decode_layer's and decode_step's split_rows forced to `mode` (1: each thread runs the
+    whole layer, or step, for its rows; 0: the threads split each part's work); `calls` counts the ops called."""
 
     def __init__(self, ops, mode: int):
-        self.ops, self.mode = ops, mode
+        self.ops, self.mode, self.calls = ops, mode, Counter()
 
     def __getattr__(self, name: str):
-        if name == "decode_layer":
-            return lambda *args: self.ops.decode_layer(*args, self.mode)
+        self.calls[name] += 1
+        if name in ("decode_layer", "decode_step"):
+            return lambda *args: getattr(self.ops, name)(*args, self.mode)
         return getattr(self.ops, name)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_decoding_splits_rows_or_work_between_threads_with_identical_numbers(kernels, name: str) -> None:
-    """The two ways decode_layer uses its threads run every row's sums in the same order: the same tokens and
-    the same log-probs bit for bit, on two threads (on one, both run the layer once over all rows)."""
-    policy = CASES[name]()
-    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+def _rollouts(policy: Policy, ops, params: SamplingParams, one_call: bool, monkeypatch) -> list:
+    """The rollout of PROMPTS x 4 on two threads with split_rows 0 and 1, the step in one call (`decode_step`)
+    or op by op (`decode_layer` per layer, the packed head, `sample`)."""
+    if not one_call:
+        monkeypatch.setattr(DecodeSession, "_one_call", lambda self: False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         rollouts = []
         for mode in (0, 1):
             engine = NativeEngine(policy, cpu_kernels=True)
-            engine.kernels = _SplitRows(kernels, mode)
+            engine.kernels = _SplitRows(ops, mode)
             rollouts.append(engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(3)))
+            assert engine.kernels.calls["decode_step" if one_call else "decode_layer"] > 0
+            assert engine.kernels.calls["decode_layer" if one_call else "decode_step"] == 0
     finally:
         torch.set_num_threads(threads)
-    by_work, by_rows = rollouts
-    assert len(set(by_rows.lengths.tolist())) > 1          # rows ended at different steps: the batch shrank
-    assert torch.equal(by_rows.completion_ids, by_work.completion_ids)
-    assert torch.equal(by_rows.sampler_logprobs, by_work.sampler_logprobs)
+        monkeypatch.undo()
+    return rollouts
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decoding_splits_rows_or_work_between_threads_with_identical_numbers(kernels, name: str, monkeypatch) -> None:
+    """The two ways decode_layer and decode_step use their threads run every row's sums in the same order: the
+    same tokens and log-probs bit for bit, on two threads (on one, both run the layer once over all rows)."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    for one_call in (False, True):
+        by_work, by_rows = _rollouts(CASES[name](), kernels, params, one_call, monkeypatch)
+        assert len(set(by_rows.lengths.tolist())) > 1          # rows ended at different steps: the batch shrank
+        assert torch.equal(by_rows.completion_ids, by_work.completion_ids)
+        assert torch.equal(by_rows.sampler_logprobs, by_work.sampler_logprobs)
+
+
+@pytest.mark.parametrize("greedy,temperature,top_p", [(True, 1.0, 1.0), (False, 1.0, 1.0), (False, 0.7, 0.8)])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_step_in_one_call_samples_what_the_step_op_by_op_samples(kernels, name: str, greedy: bool,
+                                                                     temperature: float, top_p: float,
+                                                                     monkeypatch) -> None:
+    """decode_step (the embedding, every layer, the final norm, the head and the sampler in one call) gives the
+    tokens and log-probs of the step op by op, bit for bit, with rows split and with work split."""
+    policy = CASES[name]()
+    params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=temperature, top_p=top_p)
+    one_call = _rollouts(policy, kernels, params, True, monkeypatch)
+    op_by_op = _rollouts(policy, kernels, params, False, monkeypatch)
+    assert len(set(one_call[0].lengths.tolist())) > 1
+    for a, b in zip(one_call, op_by_op, strict=True):
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
 
 
 def test_a_new_generation_packs_into_the_last_ones_memory_and_samples_the_new_weights(kernels) -> None:
