@@ -39,18 +39,29 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text, in one call of the tokenizer (a call per text costs ~50 us of overhead)."""
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
     def prompt(self, messages: list[Message]) -> list[int]:
         """The opening messages with the generation prompt."""
+        return self.encode(self.prompt_text(messages))
+
+    def prompt_text(self, messages: list[Message]) -> str:
         if not self.templated:
-            return self.encode("\n".join(str(m["content"]) for m in messages))
-        return self.encode(self._template(messages, generation_prompt=True))
+            return "\n".join(str(m["content"]) for m in messages)
+        return self._template(messages, generation_prompt=True)
 
     def reply(self, before: list[Message], after: list[Message], turn_ids: list[int]) -> list[int]:
         """The tokens after the model's turn (`turn_ids`, the last message of `before`) when the reply
         extends the conversation from `before` to `after`, through the next turn's generation prompt."""
+        return self.encode(self.reply_text(before, after, turn_ids))
+
+    def reply_text(self, before: list[Message], after: list[Message], turn_ids: list[int]) -> str:
+        """The text `reply` tokenizes (of `turn_ids`, only whether the last is an end token matters)."""
         reply = after[len(before):]
         if not self.templated:
-            return self.encode("".join(_plain(m) for m in reply))
+            return "".join(_plain(m) for m in reply)
         probe = [*before[:-1], {**before[-1], "content": _SENTINEL}]
         closed = self._template(probe, generation_prompt=False)
         opened = self._template(probe + reply, generation_prompt=True)
@@ -65,7 +76,7 @@ class Renderer:
             end = self.tokenizer.decode([turn_ids[-1]])
             if trailer.startswith(end):
                 trailer = trailer[len(end):]
-        return self.encode(trailer)
+        return trailer
 
     def ignores_tools(self) -> bool:
         """Whether the chat template renders a conversation the same with and without the tools' schemas:
@@ -92,24 +103,46 @@ def trace_tokens(renderer: Renderer, opening: list[Message], turns: list[Message
     """A teacher's conversation as the rollout would hold it: (prompt ids, completion ids, loss mask).
     Each model turn is its content's tokens and `eos_id` (trained on); each run of other messages is the
     reply the renderer writes after the turn before it (context only)."""
-    prompt = renderer.prompt(opening)
-    completion: list[int] = []
-    trained: list[float] = []
-    messages, last_turn, at = list(opening), [], 0
+    return trace_tokens_many(renderer, [(opening, turns)], eos_id)[0]
+
+
+def trace_tokens_many(renderer: Renderer, conversations: list[tuple[list[Message], list[Message]]],
+                      eos_id: int) -> list[tuple[list[int], list[int], list[float]]]:
+    """`trace_tokens` of each (opening, turns), every text of every conversation tokenized in one call: an SFT
+    set of tool episodes is tens of thousands of conversations of a few texts each."""
+    pieces = [_trace_texts(renderer, opening, turns, eos_id) for opening, turns in conversations]
+    ids = iter(renderer.encode_many([text for texts in pieces for text, _ in texts]))
+    traces = []
+    for texts in pieces:
+        prompt = next(ids)
+        completion: list[int] = []
+        trained: list[float] = []
+        for _, turn in texts[1:]:
+            part = next(ids) + ([eos_id] if turn else [])
+            completion += part
+            trained += [1.0 if turn else 0.0] * len(part)
+        traces.append((prompt, completion, trained))
+    return traces
+
+
+def _trace_texts(renderer: Renderer, opening: list[Message], turns: list[Message],
+                 eos_id: int) -> list[tuple[str, bool]]:
+    """The texts a trace's tokens are made of, in order, each with whether it is a model turn (its tokens and
+    `eos_id`, trained on): the prompt first, then the turns and the replies between them."""
+    texts = [(renderer.prompt_text(opening), False)]
+    messages, at, turned = list(opening), 0, False
     while at < len(turns):
         if turns[at]["role"] == "assistant":
-            last_turn = renderer.encode(str(turns[at]["content"])) + [eos_id]
+            texts.append((str(turns[at]["content"]), True))
             messages.append(turns[at])
-            completion += last_turn
-            trained += [1.0] * len(last_turn)
-            at += 1
+            turned, at = True, at + 1
             continue
         end = at
         while end < len(turns) and turns[end]["role"] != "assistant":
             end += 1
-        reply = renderer.reply(messages, messages + list(turns[at:end]), last_turn)
+        # the turn before it ends with eos_id: all `reply_text` reads of the turn's tokens
+        texts.append((renderer.reply_text(messages, messages + list(turns[at:end]), [eos_id] if turned else []),
+                      False))
         messages += list(turns[at:end])
-        completion += reply
-        trained += [0.0] * len(reply)
         at = end
-    return prompt, completion, trained
+    return texts

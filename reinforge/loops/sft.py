@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.agents.render import Renderer, trace_tokens
+from reinforge.agents.render import Renderer, trace_tokens_many
 from reinforge.data.chat import Conversation
 from reinforge.learner import (
     build_optimizer,
@@ -52,14 +52,15 @@ def tokenize_traces(policy: Policy, examples: list[SFTExample], chat_template: s
     rollout holds it (the tools' results in the context, out of the loss), a plain one as a pair."""
     prompts, completions = tokenize_pairs(policy, examples, chat_template)
     masks = [[1.0] * len(c) for c in completions]
-    for i, e in enumerate(examples):
-        if e.turns:
-            if renderer is None:
-                raise ValueError("a multi-turn SFT trace needs the agent renderer (rollout.tools or task.environment)")
-            opening = e.prompt.as_list() if isinstance(e.prompt, Conversation) else [{"role": "user",
-                                                                                        "content": str(e.prompt)}]
-            prompts[i], completions[i], masks[i] = trace_tokens(renderer, opening, list(e.turns),
-                                                                policy.tokenizer.eos_token_id)
+    multi = [i for i, e in enumerate(examples) if e.turns]
+    if multi and renderer is None:
+        raise ValueError("a multi-turn SFT trace needs the agent renderer (rollout.tools or task.environment)")
+    conversations = [(e.prompt.as_list() if isinstance(e.prompt, Conversation)
+                      else [{"role": "user", "content": str(e.prompt)}], list(e.turns))
+                     for e in (examples[i] for i in multi)]
+    traces = trace_tokens_many(renderer, conversations, policy.tokenizer.eos_token_id) if multi else []
+    for i, (prompt, completion, mask) in zip(multi, traces, strict=True):
+        prompts[i], completions[i], masks[i] = prompt, completion, mask
     return prompts, completions, masks
 
 

@@ -11,7 +11,7 @@ import torch
 from conftest import byte_bpe
 from repo_paths import TESTS
 
-from reinforge.agents.render import Renderer
+from reinforge.agents.render import Renderer, trace_tokens_many
 from reinforge.agents.rollout import AgentEngine, agent_metrics, turn_decoder
 from reinforge.agents.setup import build_agent
 from reinforge.agents.tools import ToolBox
@@ -110,3 +110,31 @@ def test_a_template_that_ignores_tools_is_a_warning_at_start(tokenizer, capsys, 
         "of rollout.tools), so the model is never shown its tools; rollout.tool_parser=hermes will find only the "
         "calls it makes unprompted: use a model whose chat template renders tools, or describe the tools and their "
         "call format in prompt.system"] if warned else [])
+
+
+@pytest.mark.parametrize("template", [TOOLS_TEMPLATE, None])
+def test_teacher_traces_tokenized_together_are_the_renderers_turns_and_replies(tokenizer, template) -> None:
+    """trace_tokens_many (every text of every trace in one tokenizer call) gives each trace as the rollout holds
+    it: the renderer's prompt, each model turn's tokens and eos (trained on), the renderer's reply after it."""
+    tokenizer.chat_template = template
+    renderer = Renderer(tokenizer, "auto", [{"name": "add"}], [tokenizer.eos_token_id])
+    eos = tokenizer.eos_token_id
+    conversations = [
+        ([{"role": "user", "content": f"What is {a} + {b}?"}],
+         [{"role": "assistant", "content": _call(a, b)}, {"role": "tool", "content": str(a + b)},
+          {"role": "assistant", "content": f"The answer is {a + b}."}][:turns])
+        for a, b, turns in [(12, 30, 3), (1, 2, 1), (7, 8, 2), (40, 2, 3)]]
+    traces = trace_tokens_many(renderer, conversations, eos)
+    for (opening, turns), (prompt, completion, trained) in zip(conversations, traces, strict=True):
+        expected, mask, messages = [], [], list(opening)
+        for m in turns:
+            if m["role"] == "assistant":
+                part, on = renderer.encode(m["content"]) + [eos], 1.0
+            else:
+                part, on = renderer.reply(messages, [*messages, m], [eos]), 0.0
+            expected, mask, messages = expected + part, mask + [on] * len(part), [*messages, m]
+        assert prompt == renderer.prompt(opening)
+        assert completion == expected and trained == mask
+    # the templated trace's reply renders the tool's turn and opens the assistant's next one
+    if template:
+        assert tokenizer.decode(traces[0][1]).count("<|tool|>42<|im_end|><|assistant|>") == 1
