@@ -93,7 +93,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--vllm", action="store_true", help="add vLLM (rollout.engine=vllm; .venv-vllm's python)")
-    parser.add_argument("--vllm-memory", type=float, default=0.1, help="vLLM's gpu_memory_utilization")
+    parser.add_argument("--vllm-memory", type=float, default=None,
+                        help="vLLM's gpu_memory_utilization (on a CPU its share of the machine's memory); default 0.1, "
+                             "0.35 at the 0.5B shape, whose fp32 weights alone are ~2 GB of it")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -105,7 +107,8 @@ def main() -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from reinforge.rollout.vllm_engine import VLLMEngine
 
-        engines["vllm"] = VLLMEngine(policy, gpu_memory_utilization=args.vllm_memory)
+        memory = args.vllm_memory if args.vllm_memory is not None else 0.35 if args.shape != "builtin" else 0.1
+        engines["vllm"] = VLLMEngine(policy, gpu_memory_utilization=memory)
     fixed = scenario(engines, prompts, 32, args.rounds)
     with torch.no_grad():       # every engine reads it (vLLM's copy: published by its next generate)
         policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= args.eos_scale

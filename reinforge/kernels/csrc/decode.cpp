@@ -68,13 +68,7 @@ void attend(const float* __restrict q, float scale, const float* __restrict kt, 
   float top = scores[start];
 #pragma omp simd reduction(max : top)
   for (int64_t i = start + 1; i < end; ++i) top = std::max(top, scores[i]);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = start; i < end; ++i) {
-    const float e = expf(scores[i] - top);
-    scores[i] = e;
-    sum += e;
-  }
+  const float sum = reinforge_kernels::exp_shifted(scores + start, end - start, top);
   float acc[D];
   reinforge_kernels::weighted_rows<D>(acc, scores + start, vv + start * D, end - start);
   const float inv = 1.f / sum;
@@ -92,7 +86,7 @@ void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor& k_cach
   float* vc = v_cache.data_ptr<float>();
   const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
   at::parallel_for(b_begin, b_end, 8, [&](int64_t b0, int64_t b1) {
-    std::vector<float> scores(C);
+    std::vector<float> scores(C + 16);   // exp_shifted's room past any start
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t p = pos[b];
       const int64_t start = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;

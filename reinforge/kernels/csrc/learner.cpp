@@ -31,6 +31,8 @@
 namespace {
 
 using reinforge_kernels::axpy;
+using reinforge_kernels::exp_shifted;
+using reinforge_kernels::padded;
 using reinforge_kernels::product;
 using reinforge_kernels::scores8;
 using reinforge_kernels::weighted_rows;
@@ -211,7 +213,7 @@ void attention_forward(const Geometry& g, const float* q, const float* k, const 
   const int64_t G = g.H / g.KV;
   at::parallel_for(0, g.B * g.KV, 4, [&](int64_t i0, int64_t i1) {
     KeyBlock<D> kb;
-    std::vector<float> p((size_t)(g.Lp + g.S + 8));
+    std::vector<float> p((size_t)padded(g.Lp + g.S));
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / g.KV, kvh = i % g.KV;
       kb.gather(g, b, kvh, k, v, pk, pv, false);
@@ -223,12 +225,7 @@ void attention_forward(const Geometry& g, const float* q, const float* k, const 
           scores8<D>(p.data(), qs, kb.kt.data(), kb.L8, n);
           float top = p[0];
           for (int64_t j = 1; j < n; ++j) top = std::max(top, p[j]);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < n; ++j) {
-            p[j] = expf(p[j] - top);
-            sum += p[j];
-          }
+          const float sum = exp_shifted(p.data(), n, top);
           float acc[D];
           weighted_rows<D>(acc, p.data(), kb.v.data(), n);
           const float inv = 1.f / sum;
@@ -265,37 +262,40 @@ void attention_backward(const Geometry& g, const float* q, const float* k, const
     for (int64_t b = 0; b < g.B; ++b) order[b] = b;
   }
   const int64_t groups = (int64_t)first.size() - 1;
-  const int64_t Lmax8 = (g.Lp + g.S + 7) / 8 * 8;
+  const int64_t Lmax = padded(g.Lp + g.S);
   at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
     KeyBlock<D> kb;
-    // per (row, head): the softmax P and ds = P (dout . v - delta) of every query [S, L8] (read only
-    // where the query sees the key), and the scaled queries [S, D]
-    std::vector<float> P((size_t)(g.S * Lmax8)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
+    // per (row, head): the softmax P and ds = P (dout . v - delta) of every query [S, padded(L)] (read
+    // only where the query sees the key), and the scaled queries [S, D]
+    std::vector<float> P((size_t)(g.S * Lmax)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t group = i / g.KV, kvh = i % g.KV;
       for (int64_t r = first[group]; r < first[group + 1]; ++r) {
         const int64_t b = order[r];
         kb.gather(g, b, kvh, k, v, pk, pv, true);
-        const int64_t L8 = kb.L8;
+        const int64_t L8 = kb.L8, Lr = padded(kb.L);
         dkb.assign(kb.L * D, 0.f);
         dvb.assign(kb.L * D, 0.f);
         for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
           const float* dO = dout + (b * g.S * g.H + h) * D;     // query t's at dO + t * H * D
           for (int64_t t = 0; t < g.S; ++t) {     // P, ds and dq, a query at a time
             const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
-            float* p = &P[t * L8];
-            float* ds = &DS[t * L8];
+            float* p = &P[t * Lr];
+            float* ds = &DS[t * Lr];
             float* qs = &QS[t * D];
             const float* dot_ = dout + at * D;
             for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
             const float delta = dot<D>(dot_, out + at * D), m = lse[at];
             scores8<D>(p, qs, kb.kt.data(), L8, n);
             scores8<D>(ds, dot_, kb.vt.data(), L8, n);
+            for (int64_t j = 0; j < n; j += 16)     // 16 at a time, as exp_shifted
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) {
-              p[j] = expf(p[j] - m);
-              ds[j] = p[j] * (ds[j] - delta);
-            }
+              for (int i = 0; i < 16; ++i) {
+                const bool seen = j + i < n;
+                const float e = expf(seen ? p[j + i] - m : 0.f);
+                p[j + i] = seen ? e : 0.f;
+                ds[j + i] = seen ? e * (ds[j + i] - delta) : 0.f;
+              }
             float dqa[D];
             weighted_rows<D>(dqa, ds, kb.k.data(), n);
             for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
@@ -308,7 +308,7 @@ void attention_backward(const Geometry& g, const float* q, const float* k, const
             int64_t t = t0;
             for (; t + 2 <= g.S; t += 2)
               for (int u = 0; u < 2; ++u) {
-                const float dsj = DS[(t + u) * L8 + j], pj = P[(t + u) * L8 + j];
+                const float dsj = DS[(t + u) * Lr + j], pj = P[(t + u) * Lr + j];
                 const float* qt = &QS[(t + u) * D];
                 const float* ot = dO + (t + u) * g.H * D;
 #pragma omp simd
@@ -318,8 +318,8 @@ void attention_backward(const Geometry& g, const float* q, const float* k, const
                 }
               }
             for (; t < g.S; ++t) {
-              axpy<D>(ak[0], DS[t * L8 + j], &QS[t * D]);
-              axpy<D>(av[0], P[t * L8 + j], dO + t * g.H * D);
+              axpy<D>(ak[0], DS[t * Lr + j], &QS[t * D]);
+              axpy<D>(av[0], P[t * Lr + j], dO + t * g.H * D);
             }
 #pragma omp simd
             for (int d = 0; d < D; ++d) {
