@@ -25,7 +25,9 @@ the `fixed_length` scenario's; the last line is one JSON object.
 `--shape qwen2.5-0.5b --device cuda --dtype bfloat16` runs the same on a GPU with a random-init
 Qwen2.5-0.5B-shaped model (train_throughput.py's `build_policy`; the char tokenizer encodes the
 prompts, and the ids past its vocabulary decode to nothing). At that vocabulary a random model
-almost never samples <eos>, so both scenarios run every row to its limit.
+almost never samples <eos>, so both scenarios run every row to its limit. On a CPU that shape runs 16
+prompts x 2 samples by default (`--prompts`, `--group-size`): `generate` keeps every step's scores, at
+151,936 tokens 10 GB for 256 rows of 64 steps.
 
 `--vllm` adds vLLM (rollout.engine=vllm) as a third engine in the same alternation; run it with the
 vLLM environment's python (`make vllm-env`, then `.venv-vllm/bin/python benchmarks/rollout_throughput.py
@@ -48,10 +50,8 @@ from reinforge.models import resolve_device
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
 from reinforge.tasks import build_task
 
-PROMPTS, GROUP_SIZE = 32, 8
 
-
-def scenario(engines: dict, prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
+def scenario(engines: dict, prompts: list[str], group_size: int, max_new_tokens: int, rounds: int) -> dict:
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     lengths: dict[str, list[float]] = {name: [] for name in engines}
@@ -59,7 +59,7 @@ def scenario(engines: dict, prompts: list[str], max_new_tokens: int, rounds: int
         for name, engine in engines.items():
             torch.manual_seed(round_)
             start = time.perf_counter()
-            rollout = engine.generate(prompts, GROUP_SIZE, params)
+            rollout = engine.generate(prompts, group_size, params)
             seconds = time.perf_counter() - start
             if round_:
                 rates[name].append(float(rollout.completion_mask.sum()) / seconds)
@@ -96,12 +96,19 @@ def main() -> None:
     parser.add_argument("--vllm-memory", type=float, default=None,
                         help="vLLM's gpu_memory_utilization (on a CPU its share of the machine's memory); default 0.1, "
                              "0.35 at the 0.5B shape, whose fp32 weights alone are ~2 GB of it")
+    parser.add_argument("--prompts", type=int, default=None, help="default 32; 16 at the 0.5B shape on a CPU")
+    parser.add_argument("--group-size", type=int, default=None, help="default 8; 2 at the 0.5B shape on a CPU")
     args = parser.parse_args()
+    # transformers' generate keeps every step's scores: at the 0.5B shape's 151,936 tokens, 256 rows x 64 steps
+    # are 10 GB of them, which with vLLM's reservation outgrows a 24 GB machine; on a CPU that shape runs 32 rows
+    small = args.shape != "builtin" and args.device == "cpu"
+    n_prompts = args.prompts or (16 if small else 32)
+    group_size = args.group_size or (2 if small else 8)
     torch.set_num_threads(args.threads)
 
     policy = build_policy(args.shape, DTYPES[args.dtype], resolve_device(args.device), seed=0)
     config = policy.model.config
-    prompts = [e.prompt for e in build_task("arithmetic").train_split(PROMPTS)]
+    prompts = [e.prompt for e in build_task("arithmetic").train_split(n_prompts)]
     engines = {"hf": HFEngine(policy), "native": NativeEngine(policy)}
     if args.vllm:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -109,10 +116,10 @@ def main() -> None:
 
         memory = args.vllm_memory if args.vllm_memory is not None else 0.35 if args.shape != "builtin" else 0.1
         engines["vllm"] = VLLMEngine(policy, gpu_memory_utilization=memory)
-    fixed = scenario(engines, prompts, 32, args.rounds)
+    fixed = scenario(engines, prompts, group_size, 32, args.rounds)
     with torch.no_grad():       # every engine reads it (vLLM's copy: published by its next generate)
         policy.model.get_output_embeddings().weight[policy.tokenizer.eos_token_id] *= args.eos_scale
-    long_tail = scenario(engines, prompts, 64, args.rounds)
+    long_tail = scenario(engines, prompts, group_size, 64, args.rounds)
     print(json.dumps({
         "native_tokens_per_s": fixed["native_tokens_per_s"],
         "hf_tokens_per_s": fixed["hf_tokens_per_s"],
@@ -121,7 +128,7 @@ def main() -> None:
            if args.vllm else {}),
         "fixed_length": fixed,
         "long_tail": long_tail,
-        "prompts": PROMPTS, "group_size": GROUP_SIZE, "threads": args.threads, "rounds": args.rounds,
+        "prompts": n_prompts, "group_size": group_size, "threads": args.threads, "rounds": args.rounds,
         "model": {"shape": args.shape, "hidden": config.hidden_size, "layers": config.num_hidden_layers,
                   "vocab": config.vocab_size}, "device": str(policy.model.device), "dtype": args.dtype,
         "torch": torch.__version__, "transformers": transformers.__version__,
