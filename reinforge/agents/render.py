@@ -140,7 +140,7 @@ def _trace_texts(renderer: Renderer, opening: list[Message], turns: list[Message
         end = at
         while end < len(turns) and turns[end]["role"] != "assistant":
             end += 1
-        # the turn before it ends with eos_id: all `reply_text` reads of the turn's tokens
+        # the turn before the reply ends with eos_id, which is all `reply_text` reads of a turn's tokens
         texts.append((renderer.reply_text(messages, messages + list(turns[at:end]), [eos_id] if turned else []),
                       False))
         messages += list(turns[at:end])
