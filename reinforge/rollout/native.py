@@ -49,6 +49,7 @@ from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
 from reinforge.rollout.rows import FinishedRow, rows_to_rollout
+from reinforge.rollout.sampling import kernel_sampling
 from reinforge.rollout.session import DecodeSession
 from reinforge.rollout.stopping import stop_string_end
 
@@ -264,9 +265,9 @@ class NativeEngine:
                    for t in (lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
                              lw.post_norm, packed.gate_up, packed.down)]
         token, logprob = torch.empty(len(tokens), dtype=torch.long), torch.empty(len(tokens))
+        temperature, top_p = kernel_sampling(params)
         self.kernels.decode_step(token, logprob, tokens, positions, w.embed, weights, cache.k, cache.v,
                                  torch.view_as_real(freqs), w.final_norm, w.packed_head(self.kernels), w.head.shape[0],
-                                 self.shape.num_heads, w.eps, self.shape.sliding_window or 0,
-                                 0.0 if params.greedy else params.temperature, keys, counters,
-                                 1.0 if params.greedy else params.top_p)
+                                 self.shape.num_heads, w.eps, self.shape.sliding_window or 0, temperature, keys,
+                                 counters, top_p)
         return token, logprob

@@ -43,6 +43,12 @@ def filter_logits(scores: torch.Tensor, top_k: int, top_p: float, min_p: float =
     return scores
 
 
+def kernel_sampling(params: SamplingParams) -> tuple[float, float]:
+    """(temperature, top_p) as the CPU kernels' sampler reads them (csrc/sampling.h): greedy is temperature 0,
+    with no nucleus."""
+    return (0.0, 1.0) if params.greedy else (params.temperature, params.top_p)
+
+
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
                   uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of fp32 logits [B, V], inverting each row's CDF at `uniforms` [B] when

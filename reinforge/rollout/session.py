@@ -32,7 +32,14 @@ from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.passes import DecodePasses
 from reinforge.rollout.rows import FinishedRow, PromptBlock, RowContext, WaitingRow
-from reinforge.rollout.sampling import draw_group_keys, keyed_uniforms, row_keys, sample_tokens, sampler_top_k
+from reinforge.rollout.sampling import (
+    draw_group_keys,
+    kernel_sampling,
+    keyed_uniforms,
+    row_keys,
+    sample_tokens,
+    sampler_top_k,
+)
 from reinforge.rollout.stop_flags import StopFlags
 
 
@@ -333,8 +340,9 @@ class DecodeSession:
         if kernels is None or params.top_k > 0 or params.min_p > 0.0 or logits.device.type != "cpu":
             return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
         tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
-        kernels.sample(tokens, logprobs, logits.contiguous(), 0.0 if params.greedy else params.temperature,
-                       keys.contiguous(), counters.contiguous(), 1.0 if params.greedy else params.top_p)
+        temperature, top_p = kernel_sampling(params)
+        kernels.sample(tokens, logprobs, logits.contiguous(), temperature, keys.contiguous(), counters.contiguous(),
+                       top_p)
         return tokens, logprobs
 
     def _top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
