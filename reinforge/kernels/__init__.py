@@ -50,7 +50,7 @@ from reinforge.kernels.tuning import choose
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).parent / "csrc" / "decode.cpp", Path(__file__).parent / "csrc" / "learner.cpp")
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("decode.cpp", "step.cpp", "learner.cpp"))
 # Head dims the kernel is compiled for (its per-head accumulators are sized at compile time).
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
 # -ffast-math lets the softmax's expf vectorise (glibc's libmvec); it is given to the compile only,

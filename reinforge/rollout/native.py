@@ -48,7 +48,7 @@ from reinforge.models.quantize import quantize_weights
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
-from reinforge.rollout.rows import FinishedRow, rows_to_rollout
+from reinforge.rollout.rows import FinishedRow, LoopRows, rows_to_rollout
 from reinforge.rollout.sampling import kernel_sampling
 from reinforge.rollout.session import DecodeSession
 from reinforge.rollout.stopping import stop_string_end
@@ -126,9 +126,8 @@ class NativeEngine:
                                version=policy_version)
         session.add(prompt_ids, group_size, tags=range(n_rows), group_keys=group_keys)
         rows: list[FinishedRow | None] = [None] * n_rows
-        while session.busy:
-            for row in session.step():
-                rows[row.tag] = row
+        for row in session.run():
+            rows[row.tag] = row
         self.release(session)
         return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
                                tokenizer, policy_version)
@@ -257,17 +256,33 @@ class NativeEngine:
                        freqs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
                        params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """`_decode_fused` and the session's sampling (the fused `sample`: no top-k / min-p) as one call of the CPU
-        kernels (csrc/decode.cpp, `decode_step`): the same tokens and log-probs [live], bit for bit, without the
+        kernels (csrc/step.cpp, `decode_step`): the same tokens and log-probs [live], bit for bit, without the
         ~30 small torch ops and 6 kernel calls around them (~6% of the built-in model's 64-row generation).
         `keys`, `counters`: each row's stream and draw."""
         cache.reserve(int(positions.max()) + 1)
+        token, logprob = torch.empty(len(tokens), dtype=torch.long), torch.empty(len(tokens))
+        temperature, top_p = kernel_sampling(params)
+        self.kernels.decode_step(token, logprob, tokens, positions, *self._step_model(w, cache, freqs),
+                                 temperature, keys, counters, top_p)
+        return token, logprob
+
+    def _decode_loop(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor, rows: LoopRows,
+                     params: SamplingParams) -> int:
+        """The session's live rows decoded to their ends in one call of the CPU kernels (csrc/step.cpp,
+        `decode_loop`): what `_decode_sample` and the session's bookkeeping do step after step, bit for bit,
+        with the records written into `rows`' tensors in place. Returns the steps it ran."""
+        live = rows.live
+        cache.reserve(int((rows.length[:live] + params.max_new_tokens - rows.generated[:live]).max()))
+        temperature, top_p = kernel_sampling(params)
+        return self.kernels.decode_loop(rows.tokens, rows.logprobs, rows.last, rows.length, rows.generated, rows.drawn,
+                                        rows.keys, rows.eos, params.max_new_tokens, live,
+                                        *self._step_model(w, cache, freqs), temperature, top_p)
+
+    def _step_model(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor) -> tuple:
+        """The decoder's arguments of the one-call ops (`decode_step`, `decode_loop`), embedding to sliding window."""
         weights = [t for lw, packed in zip(w.layers, w.packed(self.kernels, use="engine"), strict=True)
                    for t in (lw.input_norm, packed.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, packed.o, lw.o_bias,
                              lw.post_norm, packed.gate_up, packed.down)]
-        token, logprob = torch.empty(len(tokens), dtype=torch.long), torch.empty(len(tokens))
-        temperature, top_p = kernel_sampling(params)
-        self.kernels.decode_step(token, logprob, tokens, positions, w.embed, weights, cache.k, cache.v,
-                                 torch.view_as_real(freqs), w.final_norm, w.packed_head(self.kernels), w.head.shape[0],
-                                 self.shape.num_heads, w.eps, self.shape.sliding_window or 0, temperature, keys,
-                                 counters, top_p)
-        return token, logprob
+        return (w.embed, weights, cache.k, cache.v, torch.view_as_real(freqs), w.final_norm,
+                w.packed_head(self.kernels), w.head.shape[0], self.shape.num_heads, w.eps,
+                self.shape.sliding_window or 0)

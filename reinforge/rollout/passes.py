@@ -13,6 +13,7 @@ import torch
 from reinforge.models import Policy
 from reinforge.models.decoder import DecoderShape, DecoderWeights
 from reinforge.rollout.kv_cache import KVCache
+from reinforge.rollout.rows import LoopRows
 
 
 class DecodePasses(Protocol):
@@ -53,6 +54,11 @@ class DecodePasses(Protocol):
                        freqs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
                        params: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """`_decode` and sampling in one call of the CPU kernels: the next tokens and their log-probs [live]."""
+        ...
+
+    def _decode_loop(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor, rows: LoopRows,
+                     params: Any) -> int:
+        """The live rows decoded to their ends in one call of the CPU kernels, `rows` advanced in place; the steps."""
         ...
 
     def _decode_rows(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,

@@ -44,6 +44,22 @@ class FinishedRow:
     routes: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class LoopRows:
+    """A session's live rows as the engine's one-call generation (`_decode_loop`) reads and advances them in
+    place: the session's tensors of the same names (rollout/session.py) and its end-of-sequence ids."""
+
+    tokens: torch.Tensor        # [slots, max_new + 1] long, each row's tokens so far
+    logprobs: torch.Tensor      # [slots, max_new + 1] float, their sampler log-probs
+    last: torch.Tensor          # [slots] long, each row's newest token (not yet cached)
+    length: torch.Tensor        # [slots] long, positions in its cache
+    generated: torch.Tensor     # [slots] long, its tokens so far
+    drawn: torch.Tensor         # [slots] long, its stream's draws before this turn
+    keys: torch.Tensor          # [slots] long, its sampling stream
+    eos: torch.Tensor           # [n] long, the ids that end a row
+    live: int                   # the rows in slots 0..live-1
+
+
 @dataclass
 class PromptBlock:
     """Prompts prefilled together: their keys/values per layer [P, kv_heads, width, D]."""

@@ -11,6 +11,8 @@ ranks split a batch; whoever splits a call's prompts draws their keys as the eng
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from reinforge.rollout.base import SamplingParams
@@ -47,6 +49,20 @@ def kernel_sampling(params: SamplingParams) -> tuple[float, float]:
     """(temperature, top_p) as the CPU kernels' sampler reads them (csrc/sampling.h): greedy is temperature 0,
     with no nucleus."""
     return (0.0, 1.0) if params.greedy else (params.temperature, params.top_p)
+
+
+def keyed_sample(logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, counters: torch.Tensor,
+                 kernels: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and sampler log-probs [B] of logits [B, V] at draw `counters` of streams `keys`: `sample_tokens`
+    with `keyed_uniforms`, or the fused CPU op of `kernels` (csrc/sampling.h) without top-k / min-p (with top-p
+    it finds the nucleus by a radix select, where `filter_logits` sorts: the same set but for tokens tied at its
+    edge, which the op all keeps)."""
+    if kernels is None or params.top_k > 0 or params.min_p > 0.0 or logits.device.type != "cpu":
+        return sample_tokens(logits, params, uniforms=keyed_uniforms(keys, counters))
+    tokens, logprobs = torch.empty(len(logits), dtype=torch.long), torch.empty(len(logits))
+    temperature, top_p = kernel_sampling(params)
+    kernels.sample(tokens, logprobs, logits.contiguous(), temperature, keys.contiguous(), counters.contiguous(), top_p)
+    return tokens, logprobs
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,

@@ -246,24 +246,31 @@ def test_without_kernels_the_engine_falls_back_to_pytorch(monkeypatch, caplog, t
 
 
 class _SplitRows:
-    """The kernels with decode_layer's and decode_step's split_rows forced to `mode` (1: each thread runs the
-    whole layer, or step, for its rows; 0: the threads split each part's work); `calls` counts the ops called."""
+    """The kernels with the split_rows of decode_layer, decode_step and decode_loop forced to `mode` (1: each
+    thread runs the whole layer, or step, for its rows; 0: the threads split each part's work); `calls` counts
+    the ops called."""
 
     def __init__(self, ops, mode: int):
         self.ops, self.mode, self.calls = ops, mode, Counter()
 
     def __getattr__(self, name: str):
         self.calls[name] += 1
-        if name in ("decode_layer", "decode_step"):
+        if name in ("decode_layer", "decode_step", "decode_loop"):
             return lambda *args: getattr(self.ops, name)(*args, self.mode)
         return getattr(self.ops, name)
 
 
-def _rollouts(policy: Policy, ops, params: SamplingParams, one_call: bool, monkeypatch) -> list:
-    """The rollout of PROMPTS x 4 on two threads with split_rows 0 and 1, the step in one call (`decode_step`)
-    or op by op (`decode_layer` per layer, the packed head, `sample`)."""
-    if not one_call:
+# How the native engine's CPU kernels run a generation: each step op by op (`decode_layer` per layer, the packed
+# head, `sample`), each step in one call (`decode_step`), or the rows to their ends in one call (`decode_loop`).
+WAYS = {"op_by_op": "decode_layer", "step": "decode_step", "loop": "decode_loop"}
+
+
+def _rollouts(policy: Policy, ops, params: SamplingParams, way: str, monkeypatch) -> list:
+    """The rollout of PROMPTS x 4 on two threads with split_rows 0 and 1, the kernels run `way` (WAYS)."""
+    if way == "op_by_op":
         monkeypatch.setattr(DecodeSession, "_one_call", lambda self: False)
+    if way == "step":
+        monkeypatch.setattr(DecodeSession, "_loops", lambda self: False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -272,8 +279,7 @@ def _rollouts(policy: Policy, ops, params: SamplingParams, one_call: bool, monke
             engine = NativeEngine(policy, cpu_kernels=True)
             engine.kernels = _SplitRows(ops, mode)
             rollouts.append(engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(3)))
-            assert engine.kernels.calls["decode_step" if one_call else "decode_layer"] > 0
-            assert engine.kernels.calls["decode_layer" if one_call else "decode_step"] == 0
+            assert {op for op in WAYS.values() if engine.kernels.calls[op]} == {WAYS[way]}
     finally:
         torch.set_num_threads(threads)
         monkeypatch.undo()
@@ -282,11 +288,12 @@ def _rollouts(policy: Policy, ops, params: SamplingParams, one_call: bool, monke
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_decoding_splits_rows_or_work_between_threads_with_identical_numbers(kernels, name: str, monkeypatch) -> None:
-    """The two ways decode_layer and decode_step use their threads run every row's sums in the same order: the
-    same tokens and log-probs bit for bit, on two threads (on one, both run the layer once over all rows)."""
+    """The two ways decode_layer, decode_step and decode_loop use their threads run every row's sums in the same
+    order: the same tokens and log-probs bit for bit, on two threads (on one, both run the layer once over all
+    rows)."""
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
-    for one_call in (False, True):
-        by_work, by_rows = _rollouts(CASES[name](), kernels, params, one_call, monkeypatch)
+    for way in WAYS:
+        by_work, by_rows = _rollouts(CASES[name](), kernels, params, way, monkeypatch)
         assert len(set(by_rows.lengths.tolist())) > 1          # rows ended at different steps: the batch shrank
         assert torch.equal(by_rows.completion_ids, by_work.completion_ids)
         assert torch.equal(by_rows.sampler_logprobs, by_work.sampler_logprobs)
@@ -294,19 +301,51 @@ def test_decoding_splits_rows_or_work_between_threads_with_identical_numbers(ker
 
 @pytest.mark.parametrize("greedy,temperature,top_p", [(True, 1.0, 1.0), (False, 1.0, 1.0), (False, 0.7, 0.8)])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_step_in_one_call_samples_what_the_step_op_by_op_samples(kernels, name: str, greedy: bool,
-                                                                     temperature: float, top_p: float,
-                                                                     monkeypatch) -> None:
-    """decode_step (the embedding, every layer, the final norm, the head and the sampler in one call) gives the
-    tokens and log-probs of the step op by op, bit for bit, with rows split and with work split."""
+def test_the_step_and_the_generation_in_one_call_sample_what_the_step_op_by_op_samples(
+        kernels, name: str, greedy: bool, temperature: float, top_p: float, monkeypatch) -> None:
+    """decode_step (the embedding, every layer, the final norm, the head and the sampler in one call) and
+    decode_loop (every step to the rows' ends, and the session's records, in one call) give the tokens, log-probs
+    and ends of the step op by op, bit for bit, with rows split and with work split."""
     policy = CASES[name]()
     params = SamplingParams(max_new_tokens=12, greedy=greedy, temperature=temperature, top_p=top_p)
-    one_call = _rollouts(policy, kernels, params, True, monkeypatch)
-    op_by_op = _rollouts(policy, kernels, params, False, monkeypatch)
-    assert len(set(one_call[0].lengths.tolist())) > 1
-    for a, b in zip(one_call, op_by_op, strict=True):
-        assert torch.equal(a.completion_ids, b.completion_ids)
-        assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
+    op_by_op = _rollouts(policy, kernels, params, "op_by_op", monkeypatch)
+    assert len(set(op_by_op[0].lengths.tolist())) > 1
+    for way in ("step", "loop"):
+        for a, b in zip(_rollouts(policy, kernels, params, way, monkeypatch), op_by_op, strict=True):
+            assert torch.equal(a.completion_ids, b.completion_ids)
+            assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
+            assert torch.equal(a.truncated, b.truncated) and a.texts == b.texts
+
+
+@pytest.mark.parametrize("slots", [12, 5])
+def test_a_session_run_in_one_call_records_what_its_steps_record(kernels, slots: int) -> None:
+    """`DecodeSession.run` decodes the live rows to their ends in one call (decode_loop) once no row waits for a
+    slot: every row's tokens, log-probs, weight versions, end and kept context (ids, draws, keys and values) are
+    those of the session stepped to its end. With 5 slots for 12 rows, the rows that wait are stepped first."""
+    policy = CASES["qwen2"]()
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    ids = [policy.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def finished(run: bool) -> tuple[list, int]:
+        engine = NativeEngine(policy, cpu_kernels=True)
+        engine.kernels = _SplitRows(kernels, -1)
+        session = engine.session(params, slots, torch.Generator().manual_seed(1), version=5, keep_context=True)
+        session.add(ids, 12 // len(ids), tags=range(12))
+        rows = []
+        while session.busy:
+            rows += session.run() if run else session.step()
+        return sorted(rows, key=lambda row: row.tag), engine.kernels.calls["decode_loop"]
+
+    (looped, loops), (stepped, none) = finished(True), finished(False)
+    assert loops == 1 and none == 0 and len({len(row.tokens) for row in looped}) > 1
+    for a, b in zip(looped, stepped, strict=True):
+        assert a.tag == b.tag and a.truncated == b.truncated
+        for field in ("tokens", "logprobs", "versions"):
+            assert torch.equal(getattr(a, field), getattr(b, field))
+        assert set(a.versions.tolist()) == {5}
+        ca, cb = a.context, b.context
+        assert (ca.ids, ca.cached, ca.key, ca.drawn) == (cb.ids, cb.cached, cb.key, cb.drawn)
+        assert all(torch.equal(x, y) for x, y in zip(ca.keys + ca.values, cb.keys + cb.values, strict=True))
 
 
 def test_a_new_generation_packs_into_the_last_ones_memory_and_samples_the_new_weights(kernels) -> None:
