@@ -15,6 +15,8 @@ from transformers import MistralConfig, MistralForCausalLM
 from unit.rollout.test_native_engine import MODELS, PROMPTS, eos_prone, qwen2
 
 from reinforge.kernels import load_cpu_kernels, rms_norm, swiglu
+from reinforge.learner import build_sequences
+from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.models import Policy
 from reinforge.models.attention import additive_mask, attention
 from reinforge.models.tokenizer import build_char_tokenizer
@@ -346,6 +348,38 @@ def test_a_session_run_in_one_call_records_what_its_steps_record(kernels, slots:
         ca, cb = a.context, b.context
         assert (ca.ids, ca.cached, ca.key, ca.drawn) == (cb.ids, cb.cached, cb.key, cb.drawn)
         assert all(torch.equal(x, y) for x, y in zip(ca.keys + ca.values, cb.keys + cb.values, strict=True))
+
+
+def test_a_learner_layer_split_by_rows_between_threads_gives_the_numbers_of_one_thread(kernels) -> None:
+    """train_layer_forward runs the whole layer per thread for its rows where every thread has rows, else each
+    part over all rows: the engine's prefill (packed products, whose rows sum alike) gives the same keys, values
+    and logits bit for bit on two threads (5 rows split) as on one; the learner's forward and gradients (ATen's
+    products where this machine chose them) agree to float rounding."""
+    policy = CASES["qwen2"]()
+    engine = NativeEngine(policy, cpu_kernels=True)
+    ids = [policy.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def passes(threads: int) -> list[torch.Tensor]:
+        torch.set_num_threads(threads)
+        session = engine.session(SamplingParams(max_new_tokens=4), slots=len(ids))
+        session._make_room(max(map(len, ids)))
+        block, logits = session._prefill(ids)
+        policy.model.zero_grad(set_to_none=True)
+        batch = build_sequences(ids, torch.tensor([[5, 6, 7]] * len(ids)), torch.ones(len(ids), 3), 0)
+        stats = completion_token_stats_shared(policy.model, batch, torch.arange(len(ids)))
+        stats.logprobs.sum().backward()
+        grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+        return [*block.keys, *block.values, logits], [stats.logprobs.detach(), *grads]
+
+    threads = torch.get_num_threads()
+    try:
+        (engine_one, learner_one), (engine_two, learner_two) = passes(1), passes(2)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(engine_one, engine_two, strict=True))
+    assert len(learner_one) > 10
+    for a, b in zip(learner_one, learner_two, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_new_generation_packs_into_the_last_ones_memory_and_samples_the_new_weights(kernels) -> None:
