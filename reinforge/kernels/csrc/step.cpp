@@ -3,9 +3,10 @@
 // (`decode_loop`: steps until every row has ended, each row's tokens recorded as it goes).
 //
 // Why: around a step of the built-in model the session's own work in Python (which rows ended, the records of
-// the new tokens, the arguments of the next call) took ~0.45 ms, a third as long as the step's arithmetic
-// (8 prompts x 8 rows x 16 tokens, Intel Xeon). The ~30 small torch ops and 6 kernel calls that one call per
-// step replaced were ~6% of that generation (28.4 -> 26.8 ms, BENCHMARKS.md).
+// the new tokens, the arguments of the next call) took ~0.45 ms, ~40% of the step's time in the kernels (8
+// prompts x 8 rows x 16 tokens, Intel Xeon): a generation took 36.6 ms stepping, 29.8 ms in one call. The ~30
+// small torch ops and 6 kernel calls that one call per step replaced were ~6% of it (28.4 -> 26.8 ms,
+// BENCHMARKS.md).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
