@@ -94,16 +94,25 @@ inline void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor&
   });
 }
 
-inline void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions, int64_t B,
-                 int64_t H, int64_t D) {
+// The caches' layout (float32 CPU, k [slots >= B, kv, D, C] and v [slots >= B, kv, C, D] with contiguous blocks, kv
+// dividing H); returns C, the positions a slot holds.
+inline int64_t check_cache_layout(const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t B, int64_t H,
+                                  int64_t D) {
   for (const at::Tensor* t : {&k_cache, &v_cache})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(), "reinforge_kernels: float32 CPU caches only");
   const int64_t KV = k_cache.size(1), C = k_cache.size(3);
   TORCH_CHECK(KV > 0 && H % KV == 0 && k_cache.size(0) >= B && k_cache.size(2) == D && k_cache.stride(3) == 1 &&
               k_cache.stride(2) == C, "reinforge_kernels: k_cache must be [slots, kv, D, C] with contiguous [D, C] blocks");
-  TORCH_CHECK(v_cache.size(0) >= B && v_cache.size(1) == KV && v_cache.size(2) == C && v_cache.size(3) == D &&
-              v_cache.stride(3) == 1 && v_cache.stride(2) == D,
+  TORCH_CHECK(v_cache.size(0) >= B && v_cache.size(1) == KV && v_cache.size(2) == C &&
+              v_cache.size(3) == D && v_cache.stride(3) == 1 && v_cache.stride(2) == D,
               "reinforge_kernels: v_cache must be [slots, kv, C, D] with contiguous [C, D] blocks");
+  return C;
+}
+
+// The layout (check_cache_layout) and positions [B] int64 inside the cache.
+inline void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions, int64_t B,
+                        int64_t H, int64_t D) {
+  const int64_t C = check_cache_layout(k_cache, v_cache, B, H, D);
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.size(0) == B,
               "reinforge_kernels: positions must be [B] int64");
   const int64_t* pos = positions.data_ptr<int64_t>();

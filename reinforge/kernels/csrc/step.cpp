@@ -26,6 +26,7 @@
 
 namespace {
 
+using reinforge_kernels::check_cache_layout;
 using reinforge_kernels::check_sampling;
 using reinforge_kernels::data_or_null;
 using reinforge_kernels::Layer;
@@ -71,14 +72,10 @@ struct Decoder {
       const std::optional<at::Tensor>* t = w.data() + PER_LAYER * l;
       for (int i : {0, 1, 5, 7, 8, 9})
         TORCH_CHECK(t[i] && t[i]->defined(), "decode_step: layer ", l, " lacks weight ", i);
-      for (const at::Tensor* c : {&kc[l], &vc[l]})
-        TORCH_CHECK(c->scalar_type() == at::kFloat && c->device().is_cpu(), "decode_step: float32 CPU caches only");
-      TORCH_CHECK(kc[l].size(1) == KV && kc[l].size(2) == D && kc[l].stride(3) == 1 &&
-                  kc[l].stride(2) == kc[l].size(3) && vc[l].size(0) == kc[l].size(0) && vc[l].size(1) == KV &&
-                  vc[l].size(2) == kc[l].size(3) &&
-                  vc[l].size(3) == D && vc[l].stride(3) == 1 && vc[l].stride(2) == D && H % KV == 0 &&
-                  kc[l].size(0) == kc[0].size(0) && kc[l].size(3) == kc[0].size(3),
-                  "decode_step: layer ", l, "'s caches must be [slots, kv, D, C] and [slots, kv, C, D] as layer 0's");
+      check_cache_layout(kc[l], vc[l], 0, H, D);
+      TORCH_CHECK(kc[l].size(1) == KV && kc[l].size(0) == kc[0].size(0) && vc[l].size(0) == kc[0].size(0) &&
+                  kc[l].size(3) == kc[0].size(3),
+                  "decode_step: layer ", l, "'s caches differ from layer 0's");
       TORCH_CHECK(t[1]->size(1) == E && t[5]->size(1) == H * D && t[8]->size(1) == E && t[9]->size(1) == I,
                   "decode_step: layer ", l, "'s shapes differ from layer 0's");
       stack.push_back(Layer{t[0]->data_ptr<float>(), *t[1], data_or_null(t[2]), data_or_null(t[3]), data_or_null(t[4]),
