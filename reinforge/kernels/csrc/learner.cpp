@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "gemm.h"
+#include "learner_attention.h"
 #include "rows.h"
 
 #include <algorithm>
@@ -30,12 +31,10 @@
 
 namespace {
 
-using reinforge_kernels::axpy;
-using reinforge_kernels::exp_shifted;
-using reinforge_kernels::padded;
+using reinforge_kernels::attention_backward;
+using reinforge_kernels::attention_forward;
+using reinforge_kernels::Geometry;
 using reinforge_kernels::product;
-using reinforge_kernels::scores8;
-using reinforge_kernels::weighted_rows;
 using reinforge_kernels::with_head_dim;
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -158,185 +157,6 @@ at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) { return 
 //   - its own keys 0..t (causal). Rows are right-padded, so a real query never sees a padded key;
 //     padded queries see real and padded keys, and nothing reads them (their gradient is 0).
 // Queries and keys are in the interleaved rotary layout (pairs 2i, 2i + 1), as in decode.cpp.
-
-struct Geometry {
-  int64_t B, S, H, KV, Lp;
-  const int64_t* slot;      // [B], or null: no prefix
-  const int64_t* pre_len;   // [B], or null
-  float scale;
-  int64_t prefix(int64_t b) const { return slot ? pre_len[b] : 0; }
-};
-
-template <int D>
-inline float dot(const float* __restrict a, const float* __restrict b) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int d = 0; d < D; ++d) s += a[d] * b[d];
-  return s;
-}
-
-// The keys and values one (row, kv head) attends over, gathered: its prefix's pre_len keys, then its
-// own S, as rows [L, D] and transposed [D, L8] (L8: L rounded up to 8, zero-filled), so that a
-// query's scores are D vector FMAs per 8 keys (as decode.cpp's attend).
-template <int D>
-struct KeyBlock {
-  int64_t n_pre = 0, L = 0, L8 = 0;
-  std::vector<float> k, v, kt, vt;
-  void gather(const Geometry& g, int64_t b, int64_t kvh, const float* kp, const float* vp, const float* pk,
-              const float* pv, bool transposed_values) {
-    const int64_t step = g.KV * D;
-    n_pre = g.prefix(b);
-    L = n_pre + g.S;
-    L8 = (L + 7) / 8 * 8;
-    k.resize(L * D);
-    v.resize(L * D);
-    kt.assign(D * L8, 0.f);
-    if (transposed_values) vt.assign(D * L8, 0.f);
-    for (int64_t j = 0; j < L; ++j) {
-      const int64_t off = j < n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - n_pre) * step;
-      const float* kr = (j < n_pre ? pk : kp) + off + kvh * D;
-      const float* vr = (j < n_pre ? pv : vp) + off + kvh * D;
-      std::memcpy(&k[j * D], kr, sizeof(float) * D);
-      std::memcpy(&v[j * D], vr, sizeof(float) * D);
-      for (int d = 0; d < D; ++d) kt[d * L8 + j] = kr[d];
-      if (transposed_values)
-        for (int d = 0; d < D; ++d) vt[d * L8 + j] = vr[d];
-    }
-  }
-};
-
-// out [B, S, H, D] = softmax(scale q k^T) v over the keys of Geometry, for rows b in [b_begin, b_end); lse
-// [B, S, H] the log of each softmax's normaliser (for the backward's recomputation).
-template <int D>
-void attention_forward(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
-                       const float* pv, float* out, float* lse, int64_t b_begin, int64_t b_end) {
-  const int64_t G = g.H / g.KV;
-  at::parallel_for(b_begin * g.KV, b_end * g.KV, 4, [&](int64_t i0, int64_t i1) {
-    KeyBlock<D> kb;
-    std::vector<float> p((size_t)padded(g.Lp + g.S));
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / g.KV, kvh = i % g.KV;
-      kb.gather(g, b, kvh, k, v, pk, pv, false);
-      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-        for (int64_t t = 0; t < g.S; ++t) {
-          const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
-          float qs[D];
-          for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
-          scores8<D>(p.data(), qs, kb.kt.data(), kb.L8, n);
-          float top = p[0];
-          for (int64_t j = 1; j < n; ++j) top = std::max(top, p[j]);
-          const float sum = exp_shifted(p.data(), n, top);
-          float acc[D];
-          weighted_rows<D>(acc, p.data(), kb.v.data(), n);
-          const float inv = 1.f / sum;
-          for (int d = 0; d < D; ++d) out[at * D + d] = acc[d] * inv;
-          lse[at] = top + logf(sum);
-        }
-    }
-  });
-}
-
-// The gradients of attention_forward: dq [B, S, H, D] (written), dk, dv [B, S, kv, D] and dpk, dpv
-// [P, Lp, kv, D] (added to). With p the softmax, delta = dout . out:
-//   dv_j += p_j dout;  ds_j = p_j (dout . v_j - delta);  dq = scale sum_j ds_j k_j;  dk_j += scale ds_j q.
-// Work is split by (prefix slot, kv head), or (row, kv head) with no prefix, so that no two
-// threads add to the same key.
-template <int D>
-void attention_backward(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
-                        const float* pv, const float* out, const float* lse, const float* dout, float* dq, float* dk,
-                        float* dv, float* dpk, float* dpv) {
-  const int64_t G = g.H / g.KV, step = g.KV * D;
-  // rows of each group: a prefix slot's rows, or each row alone
-  std::vector<int64_t> order(g.B), first;
-  if (g.slot) {
-    int64_t P = 0;
-    for (int64_t b = 0; b < g.B; ++b) P = std::max(P, g.slot[b] + 1);
-    first.assign(P + 1, 0);
-    for (int64_t b = 0; b < g.B; ++b) ++first[g.slot[b] + 1];
-    for (int64_t s = 0; s < P; ++s) first[s + 1] += first[s];
-    std::vector<int64_t> fill(first.begin(), first.end() - 1);
-    for (int64_t b = 0; b < g.B; ++b) order[fill[g.slot[b]]++] = b;
-  } else {
-    first.resize(g.B + 1);
-    for (int64_t b = 0; b <= g.B; ++b) first[b] = b;
-    for (int64_t b = 0; b < g.B; ++b) order[b] = b;
-  }
-  const int64_t groups = (int64_t)first.size() - 1;
-  const int64_t Lmax = padded(g.Lp + g.S);
-  at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
-    KeyBlock<D> kb;
-    // per (row, head): the softmax P and ds = P (dout . v - delta) of every query [S, padded(L)] (read
-    // only where the query sees the key), and the scaled queries [S, D]
-    std::vector<float> P((size_t)(g.S * Lmax)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t group = i / g.KV, kvh = i % g.KV;
-      for (int64_t r = first[group]; r < first[group + 1]; ++r) {
-        const int64_t b = order[r];
-        kb.gather(g, b, kvh, k, v, pk, pv, true);
-        const int64_t L8 = kb.L8, Lr = padded(kb.L);
-        dkb.assign(kb.L * D, 0.f);
-        dvb.assign(kb.L * D, 0.f);
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-          const float* dO = dout + (b * g.S * g.H + h) * D;     // query t's at dO + t * H * D
-          for (int64_t t = 0; t < g.S; ++t) {     // P, ds and dq, a query at a time
-            const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
-            float* p = &P[t * Lr];
-            float* ds = &DS[t * Lr];
-            float* qs = &QS[t * D];
-            const float* dot_ = dout + at * D;
-            for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
-            const float delta = dot<D>(dot_, out + at * D), m = lse[at];
-            scores8<D>(p, qs, kb.kt.data(), L8, n);
-            scores8<D>(ds, dot_, kb.vt.data(), L8, n);
-            for (int64_t j = 0; j < n; j += 16)     // 16 at a time, as exp_shifted
-#pragma omp simd
-              for (int i = 0; i < 16; ++i) {
-                const bool seen = j + i < n;
-                const float e = expf(seen ? p[j + i] - m : 0.f);
-                p[j + i] = seen ? e : 0.f;
-                ds[j + i] = seen ? e * (ds[j + i] - delta) : 0.f;
-              }
-            float dqa[D];
-            weighted_rows<D>(dqa, ds, kb.k.data(), n);
-            for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
-          }
-          // dk_j += sum_t ds[t, j] qs_t; dv_j += sum_t P[t, j] dout_t: a key at a time, over the
-          // queries that see it (all for a prefix key, t >= its position for an own key)
-          for (int64_t j = 0; j < kb.L; ++j) {
-            const int64_t t0 = j < kb.n_pre ? 0 : j - kb.n_pre;
-            float ak[2][D] = {}, av[2][D] = {};
-            int64_t t = t0;
-            for (; t + 2 <= g.S; t += 2)
-              for (int u = 0; u < 2; ++u) {
-                const float dsj = DS[(t + u) * Lr + j], pj = P[(t + u) * Lr + j];
-                const float* qt = &QS[(t + u) * D];
-                const float* ot = dO + (t + u) * g.H * D;
-#pragma omp simd
-                for (int d = 0; d < D; ++d) {
-                  ak[u][d] += dsj * qt[d];
-                  av[u][d] += pj * ot[d];
-                }
-              }
-            for (; t < g.S; ++t) {
-              axpy<D>(ak[0], DS[t * Lr + j], &QS[t * D]);
-              axpy<D>(av[0], P[t * Lr + j], dO + t * g.H * D);
-            }
-#pragma omp simd
-            for (int d = 0; d < D; ++d) {
-              dkb[j * D + d] += ak[0][d] + ak[1][d];
-              dvb[j * D + d] += av[0][d] + av[1][d];
-            }
-          }
-        }
-        for (int64_t j = 0; j < kb.L; ++j) {
-          const int64_t off = j < kb.n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - kb.n_pre) * step;
-          axpy<D>((j < kb.n_pre ? dpk : dk) + off + kvh * D, 1.f, &dkb[j * D]);
-          axpy<D>((j < kb.n_pre ? dpv : dv) + off + kvh * D, 1.f, &dvb[j * D]);
-        }
-      }
-    }
-  });
-}
 
 // Rotary of `heads` heads of token row `src` (stride between heads D) into dst, by (cos, sin)
 // pairs cs [D/2, 2]; inverse: the transposed rotation (the backward).

@@ -72,6 +72,9 @@ MODELS = {
     # Widths that are not multiples of the fused layer's 32-column weight panels (qkv 120, o and
     # down 40, gate_up 176), forward and backward.
     "qwen2_odd_widths": lambda micro: qwen2(micro, hidden_size=40, num_heads=5, num_kv_heads=5, intermediate_size=88),
+    # The fused attention's blocks with a head dim of one 16-float vector (the built-in model's), with GQA; qwen2
+    # and qwen2_gqa give it four and two vectors (64, 32), qwen2_odd_widths its per-query path (8).
+    "qwen2_head_dim_16": lambda micro: qwen2(micro, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96),
     # Untied head: the head and the embedding get separate gradients.
     "llama": lambda micro: from_config(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=False),
     "qwen3": lambda micro: from_config(Qwen3ForCausalLM, Qwen3Config, head_dim=16, tie_word_embeddings=True),
