@@ -235,6 +235,12 @@ VERL_NAMES: dict[str, Synonym] = {
     "actor_rollout_ref.actor.optim.weight_decay": Synonym("train.weight_decay", VERL),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": Synonym("train.warmup_steps", VERL),
     "actor_rollout_ref.actor.ppo_epochs": Synonym("train.ppo_epochs", VERL),
+    "actor_rollout_ref.actor.use_rollout_log_probs": Synonym(
+        "train.old_logprobs", VERL, "train.old_logprobs=rollout takes pi_old from the sampler's log-probs",
+        {"True": "train.old_logprobs=rollout", "False": "train.old_logprobs=recompute"}),
+    "actor_rollout_ref.rollout.calculate_log_probs": Synonym(
+        None, VERL, "reinforge's engines always return the sampler's log-probs (train.old_logprobs=rollout uses "
+        "them as pi_old; objective.correction corrects with them)"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": Synonym(
         "train.mini_batches",
         VERL,

@@ -142,6 +142,7 @@ class UpdateSettings:
     mini_batches: int = 1
     grad_clip: float = 1.0
     temperature: float = 1.0                 # the sampler's: log-probs of the tempered distribution
+    old_logprobs: str = "recompute"          # pi_old: the learner's ("recompute") or the sampler's ("rollout")
     forward: ForwardPlan = field(default_factory=ForwardPlan)
     # L_max of the Dr. GRPO normaliser; pass it under data-parallel ranks, or it is each rank's own padded width
     max_length: int | None = None
@@ -150,7 +151,7 @@ class UpdateSettings:
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
         return cls(
             ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
-            temperature=rollout.temperature, forward=ForwardPlan.from_config(train, rollout),
+            temperature=rollout.temperature, old_logprobs=train.old_logprobs, forward=ForwardPlan.from_config(train, rollout),
             max_length=rollout.max_new_tokens,
         )
 

@@ -260,13 +260,18 @@ class Learner:
         # 3. pi_old (the learner's own view of the rollout, fixed over all epochs) and the reference.
         #    With no KL in the reward, the update takes pi_old itself before its first optimizer step,
         #    the first mini-batch's from that step's own forward (less forward work; TRL does the same
-        #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL).
+        #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL). With
+        #    train.old_logprobs=rollout it is the sampler's log-probs, and no forward runs for it.
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
                                     loss_mask=rollout.loss_mask, routes=rollout.routes, top_ids=rollout.sampler_top_ids)
-        old_logprobs = (dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
-                        if self.old_before_update else None)
+        if self.update.old_logprobs == "rollout":    # the sampler's own (train.old_logprobs), 0 off its tokens
+            old_logprobs = rollout.sampler_logprobs
+        elif self.old_before_update:
+            old_logprobs = dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))
+        else:
+            old_logprobs = None
         ref_logprobs = (dp.rowwise(sequences, lambda rows: state.reference.logprobs(rows, temperature, forward))
                         if state.reference is not None else None)
         # 4. advantage (whole groups are here; the learner only consumes A): group-relative, or the

@@ -101,6 +101,18 @@ class TrainConfig(Section):
     mini_batches: int = Field(
         2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches."
     )
+    old_logprobs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description=(
+            "pi_old, the policy each PPO-style ratio and clip are taken against. recompute: the learner's own "
+            "log-probs of the batch at the weights that sampled it (from the update's first forward, or a no-grad "
+            "forward before it where a later mini-batch or a KL in the reward needs them). rollout: the sampling "
+            "engine's log-probs of its own tokens, with no forward (verl's actor.use_rollout_log_probs, slime's "
+            "--use-rollout-logprobs): the ratio is then to the policy that sampled, so an importance correction "
+            "(objective.correction) sees a ratio of 1, and an engine whose numbers are not the learner's (bf16 "
+            "kernels, int8 weights, an older policy) moves the ratio off 1 before any update."
+        ),
+    )
     micro_batch_size: int = Field(
         256,
         gt=0,

@@ -97,6 +97,7 @@ def test_other_frameworks_names_give_the_full_key(override: str, key: str) -> No
         ),
         ("actor_rollout_ref.actor.kl_loss_type=low_var_kl",
          "did you mean 'objective.kl_estimator=k3 objective.kl_clamp=10'?"),
+        ("actor_rollout_ref.actor.use_rollout_log_probs=True", "did you mean 'train.old_logprobs=rollout'?"),
     ],
 )
 def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str) -> None:
@@ -125,6 +126,7 @@ def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str
             "train.mini_batches = data.train_batch_size / ppo_mini_batch_size",
         ),
         ("warmup_ratio=0.1", "a number of optimizer steps, not a fraction of the run"),
+        ("actor_rollout_ref.rollout.calculate_log_probs=True", "reinforge's engines always return the sampler's log-probs"),
     ],
 )
 def test_no_equivalent_and_different_meaning_say_so(override: str, message: str) -> None:
