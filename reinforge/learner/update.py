@@ -151,7 +151,8 @@ class UpdateSettings:
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig) -> UpdateSettings:
         return cls(
             ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, grad_clip=train.grad_clip,
-            temperature=rollout.temperature, old_logprobs=train.old_logprobs, forward=ForwardPlan.from_config(train, rollout),
+            temperature=rollout.temperature, old_logprobs=train.old_logprobs,
+            forward=ForwardPlan.from_config(train, rollout),
             max_length=rollout.max_new_tokens,
         )
 

@@ -126,7 +126,8 @@ def test_a_value_that_picks_a_part_names_the_setting(override: str, message: str
             "train.mini_batches = data.train_batch_size / ppo_mini_batch_size",
         ),
         ("warmup_ratio=0.1", "a number of optimizer steps, not a fraction of the run"),
-        ("actor_rollout_ref.rollout.calculate_log_probs=True", "reinforge's engines always return the sampler's log-probs"),
+        ("actor_rollout_ref.rollout.calculate_log_probs=True",
+         "reinforge's engines always return the sampler's log-probs"),
     ],
 )
 def test_no_equivalent_and_different_meaning_say_so(override: str, message: str) -> None:

@@ -25,16 +25,16 @@ from reinforge.tasks import Example
 SHIFT = 0.25   # what the sampler's log-probs are moved by, off the learner's own
 
 
-def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int) -> tuple[dict, list[torch.Tensor]]:
+def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int) -> tuple[dict, torch.Tensor]:
     """One GRPO learner step on 2 prompts x 4 completions whose sampler log-probs are the policy's own + shift;
-    the step's metrics and the weights after it."""
+    the step's metrics and how it moved the weights (all of them, flat)."""
     cfg = build_config([*micro_overrides, f"train.old_logprobs={mode}", f"train.mini_batches={mini_batches}",
                         "train.group_size=4"])
     policy = build_tiny_qwen2(cfg.model, seed=0)
     examples = [Example("2+2=", "4", {}), Example("1+3=", "4", {})]
     prompts = [tuple(policy.tokenizer(e.prompt)["input_ids"]) for e in examples]
-    rows = [Trajectory(prompts[p], (Segment.sampled(torch.tensor([5 + k, 6, 7 + p, 8][: 2 + k]), torch.zeros(2 + k), 0),),
-                       truncated=False, group=p) for p in range(2) for k in range(3)]
+    rows = [Trajectory(prompts[p], (Segment.sampled(torch.tensor([5 + k, 6, 7 + p, 8][: 2 + k]), torch.zeros(2 + k),
+                                                    0),), truncated=False, group=p) for p in range(2) for k in range(3)]
     rows += [Trajectory(prompts[p], (Segment.sampled(torch.tensor([9, 10, 11]), torch.zeros(3), 0),), truncated=False,
                         group=p) for p in range(2)]
     rows.sort(key=lambda t: t.group)
@@ -45,16 +45,17 @@ def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int) ->
                               policy.tokenizer.pad_token_id)
         own = token_logprobs(policy.model, seq, 1.0, ForwardPlan())
     rollout.sampler_logprobs = (own + shift) * rollout.completion_mask
-    scores = Scores(rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]), valid=torch.ones(8, dtype=torch.bool),
-                    correct=torch.tensor([True, False, False, True, False, True, True, False]))
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    scores = Scores(rewards=rewards, valid=torch.ones(8, dtype=torch.bool), correct=rewards > 0)
     spec = resolve_spec("grpo")
     learner = Learner(policy, spec, UpdateSettings.from_config(cfg.train, cfg.rollout),
                       SamplingParams.from_config(cfg.rollout), DataParallel(None, policy.model),
                       cfg.train.max_nonfinite_steps)
     state = RLState.start(cfg.train, 0, policy.model, examples, spec,
                           build_credit(cfg.train, cfg.critic, policy.model, spec))
+    before = torch.cat([p.detach().flatten() for p in policy.model.parameters()])
     metrics = learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(8, dtype=torch.bool), {}))
-    return metrics, [p.detach().clone() for p in policy.model.parameters()]
+    return metrics, torch.cat([p.detach().flatten() for p in policy.model.parameters()]) - before
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
@@ -67,10 +68,14 @@ def test_rollout_takes_the_samplers_log_probs_and_recompute_the_learners(micro_o
 
 
 def test_on_policy_both_give_the_same_update(micro_overrides) -> None:
+    """The sampler's log-probs here are the plain forward's, the learner's its fused shared-prompt forward's: the
+    same to float rounding, which Adam's first step (g / (|g| + eps)) can lift to a few hundredths of the step on
+    a weight whose gradient is near eps. Shifted by SHIFT, the sampler's log-probs clip most tokens and move the
+    weights otherwise."""
     _, rollout = learner_step(micro_overrides, "rollout", 0.0, 2)
     _, recompute = learner_step(micro_overrides, "recompute", 0.0, 2)
-    for a, b in zip(rollout, recompute, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    # and the sampler's log-probs matter under rollout: shifted, the same step moves the weights otherwise
+    size = float(recompute.abs().max())
+    gap = (rollout - recompute).abs()
+    assert size > 1e-5 and float(gap.max()) < 0.1 * size and float(gap.mean()) < 1e-3 * float(recompute.abs().mean())
     _, shifted = learner_step(micro_overrides, "rollout", SHIFT, 2)
-    assert max(float((a - b).abs().max()) for a, b in zip(shifted, rollout, strict=True)) > 1e-4
+    assert float((shifted - rollout).abs().max()) > 0.1 * size
