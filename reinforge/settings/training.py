@@ -109,8 +109,9 @@ class TrainConfig(Section):
             "forward before it where a later mini-batch or a KL in the reward needs them). rollout: the sampling "
             "engine's log-probs of its own tokens, with no forward (verl's actor.use_rollout_log_probs, slime's "
             "--use-rollout-logprobs): the ratio is then to the policy that sampled, so an importance correction "
-            "(objective.correction) sees a ratio of 1, and an engine whose numbers are not the learner's (bf16 "
-            "kernels, int8 weights, an older policy) moves the ratio off 1 before any update."
+            "(objective.correction) sees a ratio of 1 and the sampler-learner mismatch metrics read 0 (the weight-sync "
+            "probe, train.weight_sync.verify, still compares them), and an engine whose numbers are not the learner's "
+            "(bf16 kernels, int8 weights, an older policy) moves the ratio off 1 before any update."
         ),
     )
     micro_batch_size: int = Field(
