@@ -121,85 +121,104 @@ struct RowGroups {
   }
 };
 
+// One thread's scratch in the backward: per (row, head) the softmax P and ds = P (dout . v - delta) of every query
+// [S, padded(Lp + S)] (read only where the query sees the key), the scaled queries [S, D], and the row's key and
+// value gradients dkb, dvb [L, D], summed over its heads.
+struct BackwardScratch {
+  std::vector<float> P, DS, QS, dkb, dvb;
+};
+
+// The backward's work, split by (row group, kv head) so that no two threads add to the same key: for each row b
+// of a group, its keys and values gathered (values transposed too), dkb and dvb zeroed, `heads(b, kvh, kb,
+// scratch)` adding its heads' gradients into them, then dkb, dvb added to dk, dv (its own keys) or dpk, dpv (its
+// prefix's).
+template <int D, typename F>
+void backward_by_row_groups(const Geometry& g, const RowGroups& rg, const float* k, const float* v, const float* pk,
+                            const float* pv, float* dk, float* dv, float* dpk, float* dpv, F&& heads) {
+  const int64_t step = g.KV * D, groups = (int64_t)rg.first.size() - 1, Lmax = padded(g.Lp + g.S);
+  at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
+    KeyBlock<D> kb;
+    BackwardScratch s;
+    s.P.resize((size_t)(g.S * Lmax));
+    s.DS.resize(s.P.size());
+    s.QS.resize((size_t)(g.S * D));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t group = i / g.KV, kvh = i % g.KV;
+      for (int64_t r = rg.first[group]; r < rg.first[group + 1]; ++r) {
+        const int64_t b = rg.order[r];
+        kb.gather(g, b, kvh, k, v, pk, pv, true);
+        s.dkb.assign(kb.L * D, 0.f);
+        s.dvb.assign(kb.L * D, 0.f);
+        heads(b, kvh, kb, s);
+        for (int64_t j = 0; j < kb.L; ++j) {
+          const int64_t off = j < kb.n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - kb.n_pre) * step;
+          axpy<D>((j < kb.n_pre ? dpk : dk) + off + kvh * D, 1.f, &s.dkb[j * D]);
+          axpy<D>((j < kb.n_pre ? dpv : dv) + off + kvh * D, 1.f, &s.dvb[j * D]);
+        }
+      }
+    }
+  });
+}
+
 // attention_backward a query at a time: the head dims that are not whole 16-float vectors.
 template <int D>
 void attention_backward_per_query(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
                                   const float* pv, const float* out, const float* lse, const float* dout, float* dq,
                                   float* dk, float* dv, float* dpk, float* dpv, const RowGroups& rg) {
-  const std::vector<int64_t>& order = rg.order;
-  const std::vector<int64_t>& first = rg.first;
-  const int64_t G = g.H / g.KV, step = g.KV * D;
-  const int64_t groups = (int64_t)first.size() - 1;
-  const int64_t Lmax = padded(g.Lp + g.S);
-  at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
-    KeyBlock<D> kb;
-    // per (row, head): the softmax P and ds = P (dout . v - delta) of every query [S, padded(L)] (read
-    // only where the query sees the key), and the scaled queries [S, D]
-    std::vector<float> P((size_t)(g.S * Lmax)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t group = i / g.KV, kvh = i % g.KV;
-      for (int64_t r = first[group]; r < first[group + 1]; ++r) {
-        const int64_t b = order[r];
-        kb.gather(g, b, kvh, k, v, pk, pv, true);
-        const int64_t Lt = kb.Lt, Lr = padded(kb.L);
-        dkb.assign(kb.L * D, 0.f);
-        dvb.assign(kb.L * D, 0.f);
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-          const float* dO = dout + (b * g.S * g.H + h) * D;     // query t's at dO + t * H * D
-          for (int64_t t = 0; t < g.S; ++t) {     // P, ds and dq, a query at a time
-            const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
-            float* p = &P[t * Lr];
-            float* ds = &DS[t * Lr];
-            float* qs = &QS[t * D];
-            const float* dot_ = dout + at * D;
-            for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
-            const float delta = dot<D>(dot_, out + at * D), m = lse[at];
-            scores8<D>(p, qs, kb.kt.data(), Lt, n);
-            scores8<D>(ds, dot_, kb.vt.data(), Lt, n);
-            for (int64_t j = 0; j < n; j += 16)     // 16 at a time, as exp_shifted
+  const int64_t G = g.H / g.KV;
+  backward_by_row_groups<D>(g, rg, k, v, pk, pv, dk, dv, dpk, dpv, [&](int64_t b, int64_t kvh,
+                                                                       const KeyBlock<D>& kb, BackwardScratch& s) {
+    std::vector<float> &P = s.P, &DS = s.DS, &QS = s.QS, &dkb = s.dkb, &dvb = s.dvb;
+    const int64_t Lt = kb.Lt, Lr = padded(kb.L);
+    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const float* dO = dout + (b * g.S * g.H + h) * D;     // query t's at dO + t * H * D
+      for (int64_t t = 0; t < g.S; ++t) {     // P, ds and dq, a query at a time
+        const int64_t at = (b * g.S + t) * g.H + h, n = kb.n_pre + t + 1;
+        float* p = &P[t * Lr];
+        float* ds = &DS[t * Lr];
+        float* qs = &QS[t * D];
+        const float* dot_ = dout + at * D;
+        for (int d = 0; d < D; ++d) qs[d] = q[at * D + d] * g.scale;
+        const float delta = dot<D>(dot_, out + at * D), m = lse[at];
+        scores8<D>(p, qs, kb.kt.data(), Lt, n);
+        scores8<D>(ds, dot_, kb.vt.data(), Lt, n);
+        for (int64_t j = 0; j < n; j += 16)     // 16 at a time, as exp_shifted
 #pragma omp simd
-              for (int i = 0; i < 16; ++i) {
-                const bool seen = j + i < n;
-                const float e = expf(seen ? p[j + i] - m : 0.f);
-                p[j + i] = seen ? e : 0.f;
-                ds[j + i] = seen ? e * (ds[j + i] - delta) : 0.f;
-              }
-            float dqa[D];
-            weighted_rows<D>(dqa, ds, kb.k.data(), n);
-            for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
+          for (int i = 0; i < 16; ++i) {
+            const bool seen = j + i < n;
+            const float e = expf(seen ? p[j + i] - m : 0.f);
+            p[j + i] = seen ? e : 0.f;
+            ds[j + i] = seen ? e * (ds[j + i] - delta) : 0.f;
           }
-          // dk_j += sum_t ds[t, j] qs_t; dv_j += sum_t P[t, j] dout_t: a key at a time, over the
-          // queries that see it (all for a prefix key, t >= its position for an own key)
-          for (int64_t j = 0; j < kb.L; ++j) {
-            const int64_t t0 = j < kb.n_pre ? 0 : j - kb.n_pre;
-            float ak[2][D] = {}, av[2][D] = {};
-            int64_t t = t0;
-            for (; t + 2 <= g.S; t += 2)
-              for (int u = 0; u < 2; ++u) {
-                const float dsj = DS[(t + u) * Lr + j], pj = P[(t + u) * Lr + j];
-                const float* qt = &QS[(t + u) * D];
-                const float* ot = dO + (t + u) * g.H * D;
-#pragma omp simd
-                for (int d = 0; d < D; ++d) {
-                  ak[u][d] += dsj * qt[d];
-                  av[u][d] += pj * ot[d];
-                }
-              }
-            for (; t < g.S; ++t) {
-              axpy<D>(ak[0], DS[t * Lr + j], &QS[t * D]);
-              axpy<D>(av[0], P[t * Lr + j], dO + t * g.H * D);
-            }
+        float dqa[D];
+        weighted_rows<D>(dqa, ds, kb.k.data(), n);
+        for (int d = 0; d < D; ++d) dq[at * D + d] = dqa[d] * g.scale;
+      }
+      // dk_j += sum_t ds[t, j] qs_t; dv_j += sum_t P[t, j] dout_t: a key at a time, over the
+      // queries that see it (all for a prefix key, t >= its position for an own key)
+      for (int64_t j = 0; j < kb.L; ++j) {
+        const int64_t t0 = j < kb.n_pre ? 0 : j - kb.n_pre;
+        float ak[2][D] = {}, av[2][D] = {};
+        int64_t t = t0;
+        for (; t + 2 <= g.S; t += 2)
+          for (int u = 0; u < 2; ++u) {
+            const float dsj = DS[(t + u) * Lr + j], pj = P[(t + u) * Lr + j];
+            const float* qt = &QS[(t + u) * D];
+            const float* ot = dO + (t + u) * g.H * D;
 #pragma omp simd
             for (int d = 0; d < D; ++d) {
-              dkb[j * D + d] += ak[0][d] + ak[1][d];
-              dvb[j * D + d] += av[0][d] + av[1][d];
+              ak[u][d] += dsj * qt[d];
+              av[u][d] += pj * ot[d];
             }
           }
+        for (; t < g.S; ++t) {
+          axpy<D>(ak[0], DS[t * Lr + j], &QS[t * D]);
+          axpy<D>(av[0], P[t * Lr + j], dO + t * g.H * D);
         }
-        for (int64_t j = 0; j < kb.L; ++j) {
-          const int64_t off = j < kb.n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - kb.n_pre) * step;
-          axpy<D>((j < kb.n_pre ? dpk : dk) + off + kvh * D, 1.f, &dkb[j * D]);
-          axpy<D>((j < kb.n_pre ? dpv : dv) + off + kvh * D, 1.f, &dvb[j * D]);
+#pragma omp simd
+        for (int d = 0; d < D; ++d) {
+          dkb[j * D + d] += ak[0][d] + ak[1][d];
+          dvb[j * D + d] += av[0][d] + av[1][d];
         }
       }
     }
@@ -330,59 +349,42 @@ template <int D>
 void attention_backward_blocked(const Geometry& g, const float* q, const float* k, const float* v, const float* pk,
                                 const float* pv, const float* out, const float* lse, const float* dout, float* dq,
                                 float* dk, float* dv, float* dpk, float* dpv, const RowGroups& rg) {
-  const std::vector<int64_t>& order = rg.order;
-  const std::vector<int64_t>& first = rg.first;
-  const int64_t G = g.H / g.KV, step = g.KV * D, HD = g.H * D;
-  const int64_t groups = (int64_t)first.size() - 1, Lmax = padded(g.Lp + g.S);
-  at::parallel_for(0, groups * g.KV, 1, [&](int64_t i0, int64_t i1) {
-    KeyBlock<D> kb;
-    std::vector<float> P((size_t)(g.S * Lmax)), DS(P.size()), QS((size_t)(g.S * D)), dkb, dvb;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t group = i / g.KV, kvh = i % g.KV;
-      for (int64_t rr = first[group]; rr < first[group + 1]; ++rr) {
-        const int64_t b = order[rr];
-        kb.gather(g, b, kvh, k, v, pk, pv, true);
-        const int64_t Lt = kb.Lt, L = kb.L, n_pre = kb.n_pre;
-        dkb.assign(L * D, 0.f);
-        dvb.assign(L * D, 0.f);
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-          const int64_t base = (b * g.S * g.H + h) * D;    // query t's rows of q, out, dout, dq at base + t * HD
-          for (int64_t t = 0; t < g.S; ++t)
-            for (int d = 0; d < D; ++d) QS[t * D + d] = q[base + t * HD + d] * g.scale;
-          scores_rows<D>(P.data(), Lt, QS.data(), D, kb.kt.data(), Lt, g.S, n_pre);
-          scores_rows<D>(DS.data(), Lt, dout + base, HD, kb.vt.data(), Lt, g.S, n_pre);
-          for (int64_t t = 0; t < g.S; ++t) {
-            const int64_t at = (b * g.S + t) * g.H + h, n = n_pre + t + 1;
-            const float m = lse[at];
-            float delta = 0.f;
-            for (int d = 0; d < D; ++d) delta += dout[at * D + d] * out[at * D + d];
-            float* p = &P[t * Lt];
-            float* ds = &DS[t * Lt];
-            for (int64_t j = 0; j < padded(n); j += 16)
+  const int64_t G = g.H / g.KV, HD = g.H * D;
+  backward_by_row_groups<D>(g, rg, k, v, pk, pv, dk, dv, dpk, dpv, [&](int64_t b, int64_t kvh,
+                                                                       const KeyBlock<D>& kb, BackwardScratch& s) {
+    std::vector<float> &P = s.P, &DS = s.DS, &QS = s.QS, &dkb = s.dkb, &dvb = s.dvb;
+    const int64_t Lt = kb.Lt, L = kb.L, n_pre = kb.n_pre;
+    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const int64_t base = (b * g.S * g.H + h) * D;    // query t's rows of q, out, dout, dq at base + t * HD
+      for (int64_t t = 0; t < g.S; ++t)
+        for (int d = 0; d < D; ++d) QS[t * D + d] = q[base + t * HD + d] * g.scale;
+      scores_rows<D>(P.data(), Lt, QS.data(), D, kb.kt.data(), Lt, g.S, n_pre);
+      scores_rows<D>(DS.data(), Lt, dout + base, HD, kb.vt.data(), Lt, g.S, n_pre);
+      for (int64_t t = 0; t < g.S; ++t) {
+        const int64_t at = (b * g.S + t) * g.H + h, n = n_pre + t + 1;
+        const float m = lse[at];
+        float delta = 0.f;
+        for (int d = 0; d < D; ++d) delta += dout[at * D + d] * out[at * D + d];
+        float* p = &P[t * Lt];
+        float* ds = &DS[t * Lt];
+        for (int64_t j = 0; j < padded(n); j += 16)
 #pragma omp simd
-              for (int u = 0; u < 16; ++u) {
-                const bool seen = j + u < n;
-                const float e = expf(seen ? p[j + u] - m : 0.f);
-                p[j + u] = seen ? e : 0.f;
-                ds[j + u] = seen ? e * (ds[j + u] - delta) : 0.f;
-              }
-            std::fill(p + padded(n), p + Lt, 0.f);
-            std::fill(ds + padded(n), ds + Lt, 0.f);
+          for (int u = 0; u < 16; ++u) {
+            const bool seen = j + u < n;
+            const float e = expf(seen ? p[j + u] - m : 0.f);
+            p[j + u] = seen ? e : 0.f;
+            ds[j + u] = seen ? e * (ds[j + u] - delta) : 0.f;
           }
-          // dq_t = scale sum_j ds[t, j] k_j over the keys t sees (n_pre + t + 1 of them; ds is 0 past them)
-          weighted_rows_blocked<D>(dq + base, HD, DS.data(), Lt, 1, kb.k.data(), D, g.S, -L, n_pre, L, false);
-          for (int64_t t = 0; t < g.S; ++t)
-            for (int d = 0; d < D; ++d) dq[base + t * HD + d] *= g.scale;
-          // dk_j += sum_t ds[t, j] qs_t, dv_j += sum_t P[t, j] dout_t over the queries that see key j (t >= j - n_pre)
-          weighted_rows_blocked<D>(dkb.data(), D, DS.data(), 1, Lt, QS.data(), D, L, -n_pre, g.S, g.S, true);
-          weighted_rows_blocked<D>(dvb.data(), D, P.data(), 1, Lt, dout + base, HD, L, -n_pre, g.S, g.S, true);
-        }
-        for (int64_t j = 0; j < L; ++j) {
-          const int64_t off = j < n_pre ? g.slot[b] * g.Lp * step + j * step : (b * g.S + j - n_pre) * step;
-          axpy<D>((j < n_pre ? dpk : dk) + off + kvh * D, 1.f, &dkb[j * D]);
-          axpy<D>((j < n_pre ? dpv : dv) + off + kvh * D, 1.f, &dvb[j * D]);
-        }
+        std::fill(p + padded(n), p + Lt, 0.f);
+        std::fill(ds + padded(n), ds + Lt, 0.f);
       }
+      // dq_t = scale sum_j ds[t, j] k_j over the keys t sees (n_pre + t + 1 of them; ds is 0 past them)
+      weighted_rows_blocked<D>(dq + base, HD, DS.data(), Lt, 1, kb.k.data(), D, g.S, -L, n_pre, L, false);
+      for (int64_t t = 0; t < g.S; ++t)
+        for (int d = 0; d < D; ++d) dq[base + t * HD + d] *= g.scale;
+      // dk_j += sum_t ds[t, j] qs_t, dv_j += sum_t P[t, j] dout_t over the queries that see key j (t >= j - n_pre)
+      weighted_rows_blocked<D>(dkb.data(), D, DS.data(), 1, Lt, QS.data(), D, L, -n_pre, g.S, g.S, true);
+      weighted_rows_blocked<D>(dvb.data(), D, P.data(), 1, Lt, dout + base, HD, L, -n_pre, g.S, g.S, true);
     }
   });
 }
