@@ -18,7 +18,8 @@ RL step ("rl"):
   curation        BatchCollector.collect: prompts drawn, group filters, rows selected and joined
   batch_building  build_sequences, and every (micro-)batch's rows cut and moved (SequenceBatch.rows / .to)
   old_logprobs    pi_old: the learner's no-grad forward where the loop takes it before the update
-                  (the first mini-batch takes it from its own training forward: that is `forward`)
+                  (the first mini-batch takes it from its own training forward: that is `forward`); 0 where
+                  the sampler's log-probs are taken (train.old_logprobs=auto with the native engine, or rollout)
   reference       the reference model's log-probs (and an EMA reference's update); 0 without a KL term
   advantages      the credit assignment (group estimator, or the critic's GAE)
   forward         the learner's training forwards (token_stats in policy_update)

@@ -16,8 +16,10 @@ What each side runs:
     train.mini_batches = 2                        steps_per_generation = 2, per_device_train_batch_size
                                                   = 128 completions, gradient_accumulation_steps = 1
                                                   (two optimizer steps per generation, the second on
-                                                  samples one update stale: both sides compute pi_old
-                                                  with an extra forward after generation)
+                                                  samples one update stale: TRL computes pi_old with
+                                                  an extra forward after generation, reinforge takes
+                                                  its engine's log-probs, the learner's to rounding:
+                                                  train.old_logprobs=auto)
     train.ppo_epochs = 1                          num_iterations = 1
     train.lr 5e-5, warmup 0, constant             learning_rate, lr_scheduler_type=constant
     AdamW betas (0.9, 0.99), weight_decay 0       optim=adamw_torch, adam_beta1/2, weight_decay

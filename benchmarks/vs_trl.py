@@ -20,8 +20,10 @@ The same loss. reinforge's `dr_grpo` recipe against TRL `loss_type="dr_grpo"`,
   KL         none on either side (recipe kl_coef 0; TRL beta 0 loads no reference model).
 `grpo` would need overrides on both sides to agree (its recipe has a k3 KL of 0.04, and its std
 epsilon is 1e-6 where TRL's is 1e-4); `dr_grpo` matches with no override at all.
-Both take pi_old = pi.detach() from the update's own forward, since each batch gets exactly one
-optimizer step, and both compute the per-token entropy in the loss forward (for metrics).
+Neither runs a forward for pi_old, since each batch gets exactly one optimizer step: TRL takes
+pi.detach() from the update's own forward, reinforge the sampler's log-probs (`train.old_logprobs=auto`:
+its native engine's are the learner's to float rounding); both compute the per-token entropy in the loss
+forward (for metrics).
 reinforge additionally runs each prompt once for its 8 completions in that forward
 (`train.shared_prefix`) and samples with its native engine (`rollout.engine`); `--engine hf
 --no-shared-prefix` measures it without either.

@@ -109,7 +109,10 @@ class AgentEngine:
                 self._decode_continuing(plays, group_size, group_keys, params, policy_version, generator, pool)
             else:
                 self._decode_lockstep(plays, params, policy_version, generator, pool)
-        return self._rollout(plays, environments, policy_version)
+        rollout = self._rollout(plays, environments, policy_version)
+        # Every model turn was sampled with the whole episode so far as its context, the tokens the learner reads.
+        rollout.logprobs_exact = hasattr(self.engine, "exact_logprobs") and self.engine.exact_logprobs(params)
+        return rollout
 
     # ---------------------------------------------------------------- decoding
 

@@ -142,7 +142,7 @@ class UpdateSettings:
     mini_batches: int = 1
     grad_clip: float = 1.0
     temperature: float = 1.0                 # the sampler's: log-probs of the tempered distribution
-    old_logprobs: str = "recompute"          # pi_old: the learner's ("recompute") or the sampler's ("rollout")
+    old_logprobs: str = "auto"    # pi_old: "recompute" (the learner), "rollout" (the sampler), "auto" (loops/rl.py)
     forward: ForwardPlan = field(default_factory=ForwardPlan)
     # L_max of the Dr. GRPO normaliser; pass it under data-parallel ranks, or it is each rank's own padded width
     max_length: int | None = None

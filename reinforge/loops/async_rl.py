@@ -141,6 +141,8 @@ class StreamSource:
             taken.append((example, group))
         self.taken.extend(group for _, group in taken)
         rollout = concat_rollouts([group.rollout for _, group in taken])
+        # The sampler's log-probs are pi_old's only for tokens of the weights the learner holds now
+        rollout.logprobs_exact = rollout.logprobs_exact and rollout.policy_version == self.version
         return [example for example, _ in taken], rollout
 
     def publish(self, model: torch.nn.Module) -> float:

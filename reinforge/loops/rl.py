@@ -223,6 +223,13 @@ class SyncBatches:
         return self.clock.timings(float(batch.rollout.lengths.sum()) if batch.rollout is not None else None)
 
 
+def sampler_is_pi_old(mode: str, rollout: Rollout) -> bool:
+    """Whether pi_old is taken from the sampler's log-probs (train.old_logprobs): always under `rollout`, never
+    under `recompute`, and under `auto` where they are the learner's own at its current weights to float rounding
+    (`Rollout.logprobs_exact`). A no-grad forward over the batch would then only repeat them."""
+    return rollout.logprobs_exact if mode == "auto" else mode == "rollout"
+
+
 class Learner:
     """Steps 3-5 of an RL step: from a curated batch to an update of the policy (and critic,
     reference, KL coefficient).
@@ -261,12 +268,13 @@ class Learner:
         #    With no KL in the reward, the update takes pi_old itself before its first optimizer step,
         #    the first mini-batch's from that step's own forward (less forward work; TRL does the same
         #    with num_iterations=1). It is also decoupled PPO's proximal policy (AReaL). With
-        #    train.old_logprobs=rollout it is the sampler's log-probs, and no forward runs for it.
+        #    train.old_logprobs=rollout it is the sampler's log-probs, and no forward runs for it; with
+        #    auto (the default) too where those are the learner's own to rounding (`sampler_is_pi_old`).
         #    Environment tokens of a multi-turn rollout are in the input, not in the loss (loss_mask).
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
                                     loss_mask=rollout.loss_mask, routes=rollout.routes, top_ids=rollout.sampler_top_ids)
-        if self.update.old_logprobs == "rollout":    # the sampler's own (train.old_logprobs), 0 off its tokens
+        if sampler_is_pi_old(self.update.old_logprobs, rollout):   # 0 off the sampler's tokens
             old_logprobs = rollout.sampler_logprobs
         elif self.old_before_update:
             old_logprobs = dp.rowwise(sequences, lambda rows: token_logprobs(self.model, rows, temperature, forward))

@@ -74,6 +74,12 @@ class Rollout:
     # [N, S, layers, k] long, MoE models sampled by the native engine: the experts each token (prompt, then
     # completion, as build_sequences lays rows out) went to in each MoE layer; -1 where not recorded. None: none.
     routes: torch.Tensor | None = None
+    # True where `sampler_logprobs` are the learner's own log-probs up to float rounding at the weights it holds
+    # when it trains on the rows: the engine sampled in this process from the learner's fp32 weights, unquantised,
+    # drawing from the whole tempered softmax (no top-k / top-p / min-p, not greedy), and no update came between.
+    # A source that hands over rows sampled before the learner's latest update clears it (loops/async_rl.py).
+    # train.old_logprobs=auto takes pi_old from them.
+    logprobs_exact: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -138,6 +144,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         sampler_top_ids=None if rollout.sampler_top_ids is None else rollout.sampler_top_ids[rows],
         sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
         routes=None if rollout.routes is None else rollout.routes[rows],
+        logprobs_exact=rollout.logprobs_exact,
     )
 
 
@@ -173,6 +180,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         sampler_top_ids=_cat_top([p.sampler_top_ids for p in parts], width),
         sampler_top_logprobs=_cat_top([p.sampler_top_logprobs for p in parts], width),
         routes=_concat_routes([p.routes for p in parts], [p.num_rows for p in parts]),
+        logprobs_exact=all(p.logprobs_exact for p in parts),
     )
 
 

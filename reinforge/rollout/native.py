@@ -129,8 +129,18 @@ class NativeEngine:
         for row in session.run():
             rows[row.tag] = row
         self.release(session)
-        return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
-                               tokenizer, policy_version)
+        rollout = rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
+                                  tokenizer, policy_version)
+        rollout.logprobs_exact = self.exact_logprobs(params)
+        return rollout
+
+    def exact_logprobs(self, params: SamplingParams) -> bool:
+        """Whether the log-probs this engine samples with under `params` are the learner's own to float rounding
+        (`Rollout.logprobs_exact`): the live model's fp32 weights, unquantised, the whole tempered softmax (the
+        learner's log-probs are of that, not of a top-k / top-p / min-p subset or the greedy argmax), and no MoE
+        router, whose near-ties could send a token to other experts than the learner's forward does."""
+        return (self.quantization == "none" and base_model(self.policy.model).dtype == torch.float32
+                and not self.moe_layers and not params.greedy and not params.truncates)
 
     def decoder_weights(self) -> DecoderWeights:
         """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as

@@ -189,6 +189,7 @@ class LocalSampler(SamplerThread):
         self.params, self.slots, self.version = params, slots, 0
         self.session = engine.session(params, slots=slots, version=0)
         self.fused = engine.kernels is not None     # the probe runs the kernels the decoder runs
+        self.exact = engine.exact_logprobs(params)   # Rollout.logprobs_exact of its groups
         self._decoder(engine)
         self.partial: dict[int, dict[int, FinishedRow]] = {}
         self.prompts: dict[int, list[int]] = {}
@@ -310,14 +311,17 @@ class LocalSampler(SamplerThread):
             if len(self.partial[seq]) == self.group_size:
                 samples = self.partial.pop(seq)
                 out.append(finished_group(seq, [samples[k] for k in range(self.group_size)], self.prompts.pop(seq),
-                                          self.tokenizer))
+                                          self.tokenizer, self.exact))
         return out
 
 
-def finished_group(seq: int, rows: list[FinishedRow], prompt_ids: list[int], tokenizer) -> FinishedGroup:
-    """One request's rows (in sample order) as a FinishedGroup."""
+def finished_group(seq: int, rows: list[FinishedRow], prompt_ids: list[int], tokenizer,
+                   exact: bool = False) -> FinishedGroup:
+    """One request's rows (in sample order) as a FinishedGroup; `exact`: its log-probs are the learner's to
+    rounding at its policy version, the oldest of its tokens' (`Rollout.logprobs_exact`)."""
     rollout = rows_to_rollout(rows, [prompt_ids] * len(rows), len(rows), tokenizer,
                               policy_version=min(int(r.versions.min()) for r in rows))
+    rollout.logprobs_exact = exact
     versions = torch.zeros_like(rollout.completion_ids)
     for i, row in enumerate(rows):
         versions[i, : len(row.versions)] = row.versions

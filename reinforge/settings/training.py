@@ -101,8 +101,8 @@ class TrainConfig(Section):
     mini_batches: int = Field(
         2, gt=0, description="Optimizer steps per pass: the rollout batch is split into this many mini-batches."
     )
-    old_logprobs: Literal["recompute", "rollout"] = Field(
-        "recompute",
+    old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
+        "auto",
         description=(
             "pi_old, the policy each PPO-style ratio and clip are taken against. recompute: the learner's own "
             "log-probs of the batch at the weights that sampled it (from the update's first forward, or a no-grad "
@@ -111,7 +111,11 @@ class TrainConfig(Section):
             "--use-rollout-logprobs): the ratio is then to the policy that sampled, so an importance correction "
             "(objective.correction) sees a ratio of 1 and the sampler-learner mismatch metrics read 0 (the weight-sync "
             "probe, train.weight_sync.verify, still compares them), and an engine whose numbers are not the learner's "
-            "(bf16 kernels, int8 weights, an older policy) moves the ratio off 1 before any update."
+            "(bf16 kernels, int8 weights, an older policy) moves the ratio off 1 before any update. auto: rollout "
+            "for a batch whose sampler log-probs are the learner's own to float rounding (the native engine in this "
+            "process on the learner's fp32 weights, unquantised, sampling the whole tempered softmax: no top-k / "
+            "top-p / min-p, no MoE router; no update since: not an asynchronous batch's stale rows), else recompute. "
+            "It saves the no-grad forward that would only repeat them."
         ),
     )
     micro_batch_size: int = Field(

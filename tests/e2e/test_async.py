@@ -106,6 +106,11 @@ def test_staleness_never_exceeds_eta_with_random_lengths(micro_overrides, in_fli
     for r in records:
         assert r.metrics["async/too_stale_total"] == 0
         assert sum(r.metrics[f"async/staleness_{k}"] for k in range(eta + 1)) == pytest.approx(1.0)
+    # train.old_logprobs=auto: pi_old is the sampler's (no sampler-learner mismatch at all) only in a batch sampled
+    # wholly at the learner's weights; a stale row's sampler log-probs are an older policy's, and pi_old recomputed
+    steps = [(r.metrics["async/staleness_max"], r.metrics["mismatch_abs_diff_mean"]) for r in records]
+    assert {max_stale > 0 for max_stale, _ in steps} == {True, False}, steps
+    assert all((gap == 0.0) == (max_stale == 0) for max_stale, gap in steps), steps
 
 
 def test_filtered_groups_are_replaced_under_active_refill(micro_overrides):

@@ -260,7 +260,7 @@ def test_gpu_check_a_part_over_its_budget_fails_alone(monkeypatch, capsys):
 
 def test_step_profile_splits_each_step_into_parts_that_add_up():
     out = run_script("step_profile.py", "--steps", "2", "--warmup", "1", "--threads", "1", "sft.num_examples=256",
-                     "sft.batch_size=16", "train.prompts_per_step=4")
+                     "sft.batch_size=16", "train.prompts_per_step=4", "train.old_logprobs=recompute")
     parts = {"rl": ["generation", "prefill", "rewards", "curation", "batch_building", "old_logprobs", "reference",
                     "advantages", "forward", "loss", "backward", "optimizer", "critic", "weight_sync", "update_other",
                     "rest"],
@@ -275,7 +275,8 @@ def test_step_profile_splits_each_step_into_parts_that_add_up():
         assert len(step["steps_s"]) == 2 and step["step_seconds"] == min(step["steps_s"])
     rl = {name: part["seconds"] for name, part in out["rl"]["parts"].items()}
     # The default recipe (grpo) computes each of these every step: a k3 KL against a fixed reference, pi_old
-    # of the second of 2 mini-batches before the update. It has no critic, and the weight-sync probe of an
+    # of the second of 2 mini-batches before the update (recomputed: by default the engine's log-probs are
+    # taken, train.old_logprobs=auto). It has no critic, and the weight-sync probe of an
     # engine reading the trained tensors runs after the first update (warm-up) and every 10th, not here.
     assert all(rl[name] > 0 for name in parts["rl"] if name not in ("critic", "weight_sync", "rest"))
     assert rl["critic"] == 0.0 and rl["weight_sync"] == 0.0

@@ -16,6 +16,7 @@ from reinforge.agents.episode import EpisodeLimits
 from reinforge.agents.render import Renderer, trace_tokens
 from reinforge.agents.rollout import AgentEngine, agent_metrics
 from reinforge.agents.tools import ToolBox
+from reinforge.learner import build_sequences, completion_token_stats
 from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout.base import Rollout, SamplingParams, environment_returns
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
@@ -190,6 +191,13 @@ def test_native_continuation_gives_the_rollout_of_re_prefilling_each_turn(cpu_ke
     torch.testing.assert_close(fast.sampler_logprobs, slow.sampler_logprobs, atol=1e-5, rtol=0)
     assert [e.result.turns for e in fast.episodes] == [3] * 9
     assert float(fast.loss_mask.sum()) < float(fast.completion_mask.sum())   # replies in, out of the loss
+    # Each turn's log-probs are the learner's over the whole episode (train.old_logprobs=auto relies on it)
+    seq = build_sequences(fast.prompt_ids, fast.completion_ids, fast.completion_mask, policy.tokenizer.pad_token_id,
+                          loss_mask=fast.loss_mask)
+    with torch.no_grad():
+        learner = completion_token_stats(policy.model, seq, 1.0).logprobs
+    assert fast.logprobs_exact and slow.logprobs_exact
+    torch.testing.assert_close(learner * fast.loss_mask, fast.sampler_logprobs, atol=1e-4, rtol=0)
 
 
 def test_reward_by_turns_reads_the_rewards_as_scored() -> None:

@@ -1,9 +1,12 @@
-"""train.old_logprobs: pi_old recomputed by the learner (the default) or taken from the sampler's log-probs.
+"""train.old_logprobs: pi_old recomputed by the learner, taken from the sampler's log-probs, or (auto, the default)
+taken from them where the engine says they are the learner's own at the current weights.
 
 A GRPO learner step on rows whose sampler log-probs are known: with `rollout` the update's pi_old is exactly
 the sampler's (the sampler-learner mismatch it reports is 0 whatever the sampler said), with `recompute` it is
 the learner's own (the mismatch is what the sampler's log-probs were shifted by); and where the sampler's
-log-probs are the learner's, both updates move the weights alike.
+log-probs are the learner's, both updates move the weights alike. `auto` follows `rollout` only for a batch
+marked `logprobs_exact` (the engine's claim, tests/unit/rollout/test_native_engine.py; an asynchronous batch's
+stale rows clear it, tests/e2e/test_async.py).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from reinforge.tasks import Example
 SHIFT = 0.25   # what the sampler's log-probs are moved by, off the learner's own
 
 
-def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int) -> tuple[dict, torch.Tensor]:
-    """One GRPO learner step on 2 prompts x 4 completions whose sampler log-probs are the policy's own + shift;
-    the step's metrics and how it moved the weights (all of them, flat)."""
+def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int,
+                 exact: bool = False) -> tuple[dict, torch.Tensor]:
+    """One GRPO learner step on 2 prompts x 4 completions whose sampler log-probs are the policy's own + shift,
+    marked `exact`; the step's metrics and how it moved the weights (all of them, flat)."""
     cfg = build_config([*micro_overrides, f"train.old_logprobs={mode}", f"train.mini_batches={mini_batches}",
                         "train.group_size=4"])
     policy = build_tiny_qwen2(cfg.model, seed=0)
@@ -45,6 +49,7 @@ def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int) ->
                               policy.tokenizer.pad_token_id)
         own = token_logprobs(policy.model, seq, 1.0, ForwardPlan())
     rollout.sampler_logprobs = (own + shift) * rollout.completion_mask
+    rollout.logprobs_exact = exact
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     scores = Scores(rewards=rewards, valid=torch.ones(8, dtype=torch.bool), correct=rewards > 0)
     spec = resolve_spec("grpo")
@@ -79,3 +84,16 @@ def test_on_policy_both_give_the_same_update(micro_overrides) -> None:
     assert size > 1e-5 and float(gap.max()) < 0.1 * size and float(gap.mean()) < 1e-3 * float(recompute.abs().mean())
     _, shifted = learner_step(micro_overrides, "rollout", SHIFT, 2)
     assert float((shifted - rollout).abs().max()) > 0.1 * size
+
+
+def test_auto_takes_the_samplers_log_probs_only_where_they_are_marked_exact(micro_overrides) -> None:
+    """The shift stands for what an engine's log-probs could be off by: `auto` takes them (mismatch 0) only from
+    a batch marked exact, and recomputes pi_old otherwise."""
+    trusted, _ = learner_step(micro_overrides, "auto", SHIFT, 2, exact=True)
+    assert trusted["mismatch_log_ratio_mean"] == 0.0
+    recomputed, _ = learner_step(micro_overrides, "auto", SHIFT, 2, exact=False)
+    assert recomputed["mismatch_log_ratio_mean"] == pytest.approx(-SHIFT, abs=1e-5)
+    # rollout and recompute do not look at the mark
+    assert learner_step(micro_overrides, "recompute", SHIFT, 2, exact=True)[0]["mismatch_log_ratio_mean"] == \
+        pytest.approx(-SHIFT, abs=1e-5)
+    assert learner_step(micro_overrides, "rollout", SHIFT, 2)[0]["mismatch_log_ratio_mean"] == 0.0

@@ -91,6 +91,7 @@ def test_sampler_logprobs_equal_learner_logprobs(name: str, temperature: float) 
     with torch.no_grad():
         learner = completion_token_stats(policy.model, seq, temperature).logprobs
     assert rollout.completion_mask.sum() > 40
+    assert rollout.logprobs_exact     # what the engine claims, and train.old_logprobs=auto relies on
     torch.testing.assert_close(learner, rollout.sampler_logprobs, atol=1e-4, rtol=0)
     for row, text in enumerate(rollout.texts):
         kept = rollout.completion_ids[row][rollout.completion_mask[row].bool()].tolist()
@@ -98,6 +99,26 @@ def test_sampler_logprobs_equal_learner_logprobs(name: str, temperature: float) 
         # A truncated row ran to the limit without <eos>; an ended row ends on <eos>.
         assert bool(rollout.truncated[row]) == (kept[-1] != policy.tokenizer.eos_token_id)
         assert not rollout.truncated[row] or len(kept) == 8
+
+
+def test_logprobs_are_called_exact_only_where_they_are_of_the_learners_distribution() -> None:
+    """train.old_logprobs=auto takes pi_old from the sampler only where `logprobs_exact`: a filtered or greedy
+    draw's log-probs are of another distribution than the learner's tempered softmax, int8 weights and bf16
+    arithmetic move them off it by far more than float rounding."""
+    policy = qwen2()
+    assert NativeEngine(policy).generate(PROMPTS[:2], 2, SamplingParams(temperature=0.7)).logprobs_exact
+    for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5), SamplingParams(min_p=0.05),
+                   SamplingParams(greedy=True)):
+        rollout = NativeEngine(policy).generate(PROMPTS[:2], 2, params)
+        assert not rollout.logprobs_exact, params
+    params = SamplingParams(max_new_tokens=6)
+    int8 = NativeEngine(policy, quantization="int8").generate(PROMPTS, 2, params)
+    assert not int8.logprobs_exact
+    seq = build_sequences(int8.prompt_ids, int8.completion_ids, int8.completion_mask, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = completion_token_stats(policy.model, seq, 1.0).logprobs
+    assert float((learner - int8.sampler_logprobs).abs().max()) > 1e-3    # not rounding: the flag is needed
+    assert not NativeEngine(qwen2(dtype="bfloat16")).generate(PROMPTS[:2], 2, params).logprobs_exact
 
 
 def test_continuous_batching_returns_every_sample_once() -> None:
