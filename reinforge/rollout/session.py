@@ -209,20 +209,22 @@ class DecodeSession:
     def _finished_rows(self, done: torch.Tensor, lengths: list[int], stops: list[bool]) -> list[FinishedRow]:
         """The records of the rows in slots `done` (device), of `lengths` tokens, ended by a stop (`stops`)
         or by max_new_tokens: copies, read before the slots are reused."""
-        # One gather per field (a copy: the slots are about to be reused), then views of its rows.
-        # unbind: every row's view in one op, not a select per row and field
-        tokens, logprobs, versions = (state[done].cpu().unbind(0) for state in (self.tokens, self.logprobs,
-                                                                               self.versions))
+        # One gather per field (a copy: the slots are about to be reused), then each row's tokens as views of
+        # its kept positions, split in one op (a slice per row and field was most of this at 256 rows)
+        width = max(lengths, default=0)
+        kept = (torch.arange(width) < torch.tensor(lengths, dtype=torch.long)[:, None]).flatten()
+        tokens, logprobs, versions = (state[done, :width].cpu().flatten()[kept].split(lengths)
+                                      for state in (self.tokens, self.logprobs, self.versions))
         top_ids, top_lps = ((None, None) if self.top_ids is None
                             else (self.top_ids[done].cpu(), self.top_logprobs[done].cpu()))
         routes = None if self.routes is None else self.routes[done].cpu()
         finished = []
         for i, (slot, n, stop) in enumerate(zip(done.tolist(), lengths, stops, strict=True)):
-            context = self._context(slot, tokens[i][:n].tolist()) if self.keep_context else None
+            context = self._context(slot, tokens[i].tolist()) if self.keep_context else None
             prompt_routes = self.prompt_routes[slot]
             row_routes = (None if routes is None or prompt_routes is None
                           else torch.cat([prompt_routes.cpu(), routes[i, :n]]))
-            finished.append(FinishedRow(self.tags[slot], tokens[i][:n], logprobs[i][:n], versions[i][:n],
+            finished.append(FinishedRow(self.tags[slot], tokens[i], logprobs[i], versions[i],
                                         truncated=not stop, context=context, routes=row_routes,
                                         top_ids=None if top_ids is None else top_ids[i, :n],
                                         top_logprobs=None if top_lps is None else top_lps[i, :n]))

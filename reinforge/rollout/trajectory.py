@@ -141,20 +141,24 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         if t.schema != SCHEMA_VERSION:
             raise ValueError(f"trajectory schema {t.schema} is not this reader's ({SCHEMA_VERSION}): "
                              "the producer runs another reinforge version")
-    width = max([sum(len(s.token_ids) for s in t.segments) for t in trajectories] + [1])
+    # Each segment's size read once, as an int (a tensor's len() is a Python call: at 256 rows, reading
+    # them for the width, the columns and the environment's tokens was a third of collating)
+    segments = [(i, s) for i, t in enumerate(trajectories) for s in t.segments]
+    counts = [s.token_ids.shape[0] for _, s in segments]
+    lengths = [0] * len(trajectories)                 # each row's completion tokens
+    starts = [0] * len(segments)                      # each segment's first column in its row
+    for k, ((i, _), n) in enumerate(zip(segments, counts, strict=True)):
+        starts[k] = lengths[i]
+        lengths[i] += n
+    width = max([*lengths, 1])
     completion_ids = torch.full((len(trajectories), width), pad_id, dtype=torch.long)
     completion_mask = torch.zeros(len(trajectories), width)
     loss_mask = torch.zeros(len(trajectories), width)
     sampler_logprobs = torch.zeros(len(trajectories), width)
     # Every segment's tokens written in one indexed store per field: a store per segment was ~700 small
     # ops at an RL batch's 64 rows (~3 ms of a tiny model's 0.1 s step, benchmarks/vs_trl.py).
-    segments = [(i, s) for i, t in enumerate(trajectories) for s in t.segments]
     if segments:
-        sizes = torch.tensor([len(s.token_ids) for _, s in segments], dtype=torch.long)
-        starts = [0] * len(segments)                  # each segment's first column in its row
-        for k in range(1, len(segments)):
-            if segments[k][0] == segments[k - 1][0]:
-                starts[k] = starts[k - 1] + len(segments[k - 1][1].token_ids)
+        sizes = torch.tensor(counts, dtype=torch.long)
         offsets = sizes.cumsum(0) - sizes             # each segment's first token in the flat order
         rows = torch.tensor([i for i, _ in segments], dtype=torch.long).repeat_interleave(sizes)
         shift = torch.tensor(starts, dtype=torch.long) - offsets      # column minus flat index, per segment
@@ -164,12 +168,12 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, policy_version: int
         completion_mask[rows, cols] = 1.0
         loss_mask[rows[trained], cols[trained]] = 1.0
         sampler_logprobs[rows[trained], cols[trained]] = torch.cat([s.sampler_logprobs for _, s in segments])[trained]
-    multi_turn = any(t.environment_tokens for t in trajectories)
+    multi_turn = any(n and not s.trained for (_, s), n in zip(segments, counts, strict=True))
     top_ids, top_logprobs = _collate_top(trajectories, width)
     recorded = [t.routes for t in trajectories if t.routes is not None]
     routes = None
     if recorded:   # right-padded like build_sequences' input rows (prompt then completion), -1 where not recorded
-        length = max(len(t.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories)
+        length = max(len(t.prompt_ids) + n for t, n in zip(trajectories, lengths, strict=True))
         routes = torch.full((len(trajectories), length, *recorded[0].shape[1:]), -1, dtype=torch.long)
         for i, t in enumerate(trajectories):
             if t.routes is not None:
