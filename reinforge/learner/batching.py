@@ -46,12 +46,13 @@ def plan_micro_batches(lengths: torch.Tensor, max_rows: int, max_tokens: int | N
         for row, group in enumerate(groups.tolist()):
             members.setdefault(group, []).append(row)
         units = [rows[i : i + max_rows] for rows in members.values() for i in range(0, len(rows), max_rows)]
-    longest = [max(int(lengths[r]) for r in unit) for unit in units]
+    length = lengths.tolist()   # ints: a tensor read per row took 0.54 ms a call at 256 rows, this 0.14
+    longest = [max(length[r] for r in unit) for unit in units]
     cost = None
     if prompt_lengths is not None:
         if groups is None:
             raise ValueError("prompt_lengths counts each group's prompt once: pass groups too")
-        length, prompt = lengths.tolist(), prompt_lengths.tolist()
+        prompt = prompt_lengths.tolist()
         cost = [max(prompt[r] for r in unit) + sum(length[r] - prompt[r] for r in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -longest[u])     # stable: ties keep their order
     plans: list[list[int]] = []
