@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from reinforge.models import build_tiny_qwen2
+from reinforge.models.tokenizer import build_char_tokenizer
 from reinforge.rollout import HFEngine, NativeEngine, SamplingParams
+from reinforge.rollout.rows import FinishedRow, rows_to_rollout
 from reinforge.rollout.trajectory import SCHEMA_VERSION, Segment, Trajectory, collate, split
 from reinforge.settings import ModelConfig
 
@@ -79,3 +81,25 @@ def test_an_engines_rollout_splits_into_trajectories_and_collates_back_bit_for_b
     assert torch.equal(back.sampler_logprobs, rollout.sampler_logprobs[:, :width])
     assert torch.equal(back.truncated, rollout.truncated) and torch.equal(back.group_ids, rollout.group_ids)
     assert back.prompt_ids == rollout.prompt_ids and back.texts == rollout.texts and back.pad_id == rollout.pad_id
+
+
+def test_finished_rows_padded_directly_are_what_collate_makes_of_them() -> None:
+    """rows_to_rollout pads plain rows (no top-K, no routes) itself: every field must equal `collate` of the same
+    rows as single-turn trajectories, for rows of mixed lengths, an empty one included."""
+    tok = build_char_tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    lengths = [3, 0, 5, 1, 5, 2]
+    rows = [FinishedRow(tag=r, tokens=torch.randint(3, 30, (n,), generator=gen), logprobs=-torch.rand(n, generator=gen),
+                        versions=torch.full((n,), 4), truncated=n == 5) for r, n in enumerate(lengths)]
+    prompts = [[5, 6], [5, 6], [5, 6], [7], [7], [7]]
+    direct = rows_to_rollout(rows, prompts, 3, tok, policy_version=4)
+    trajectories = [Trajectory(tuple(p), (Segment.sampled(row.tokens, row.logprobs, row.versions),), row.truncated,
+                               r // 3) for r, (row, p) in enumerate(zip(rows, prompts, strict=True))]
+    via = collate(trajectories, tok.pad_token_id, 4, lambda ids: tok.batch_decode(ids, skip_special_tokens=True))
+    for field in ("completion_ids", "completion_mask", "sampler_logprobs", "truncated", "group_ids"):
+        a, b = getattr(direct, field), getattr(via, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
+    assert direct.completion_ids.shape == (6, 5) and direct.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    assert (direct.prompt_ids, direct.texts, direct.pad_id, direct.policy_version, direct.loss_mask) == \
+        (via.prompt_ids, via.texts, via.pad_id, via.policy_version, via.loss_mask)
+    assert len(set(direct.texts)) == 6 and direct.texts[1] == ""
