@@ -129,10 +129,8 @@ class NativeEngine:
         for row in session.run():
             rows[row.tag] = row
         self.release(session)
-        rollout = rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
-                                  tokenizer, policy_version)
-        rollout.logprobs_exact = self.exact_logprobs(params)
-        return rollout
+        return rows_to_rollout(rows, [ids for ids in prompt_ids for _ in range(group_size)], group_size,
+                               tokenizer, policy_version, exact=self.exact_logprobs(params))
 
     def exact_logprobs(self, params: SamplingParams) -> bool:
         """Whether the log-probs this engine samples with under `params` are the learner's own to float rounding

@@ -86,33 +86,40 @@ class WaitingRow:
 
 
 def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_size: int, tokenizer,
-                    policy_version: int) -> Rollout:
+                    policy_version: int, exact: bool = False) -> Rollout:
     """Finished rows, in order (row r is sample r % G of prompt r // G): single-turn trajectories,
-    collated into the right-padded batch view. Rows without top-K or routing records (an RL batch's usual
-    rows) are padded in one masked store per field, to what `collate` makes of them: a `Trajectory` per row
-    took half of this at 256 rows."""
-    def decode(ids: torch.Tensor) -> list[str]:
-        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+    collated into the right-padded batch view; `exact`: its `Rollout.logprobs_exact`. Rows without top-K or
+    routing records (an RL batch's usual rows) are padded in one masked store per field, to what `collate`
+    makes of them: a `Trajectory` per row took half of this at 256 rows."""
+    if rows and all(row.top_ids is None and row.routes is None for row in rows):
+        rollout = _padded_rows(rows, prompt_ids, group_size, tokenizer, policy_version)
+    else:
+        trajectories = [
+            Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions,
+                                                                         row.top_ids, row.top_logprobs),),
+                       truncated=row.truncated, group=r // group_size, routes=row.routes)
+            for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
+        ]
+        rollout = collate(trajectories, tokenizer.pad_token_id or 0, policy_version,
+                          lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
+    rollout.logprobs_exact = exact
+    return rollout
 
+
+def _padded_rows(rows: list[FinishedRow], prompt_ids: list[list[int]], group_size: int, tokenizer,
+                 policy_version: int) -> Rollout:
+    """`collate` of plain single-turn rows (no top-K or routing records), without a record per row."""
     pad_id = tokenizer.pad_token_id or 0
     prompts = [list(ids) for _, ids in zip(rows, prompt_ids, strict=True)]
-    if rows and all(row.top_ids is None and row.routes is None for row in rows):
-        lengths = torch.tensor([row.tokens.shape[0] for row in rows], dtype=torch.long)
-        width = max(int(lengths.max()), 1)
-        kept = torch.arange(width) < lengths[:, None]                         # [N, width]
-        completion_ids = torch.full(kept.shape, pad_id, dtype=torch.long)
-        completion_ids[kept] = torch.cat([row.tokens for row in rows]).long()
-        sampler_logprobs = torch.zeros(kept.shape)
-        sampler_logprobs[kept] = torch.cat([row.logprobs for row in rows]).float()
-        return Rollout(prompt_ids=prompts, completion_ids=completion_ids, pad_id=pad_id,
-                       completion_mask=kept.float(), sampler_logprobs=sampler_logprobs,
-                       truncated=torch.tensor([row.truncated for row in rows], dtype=torch.bool),
-                       group_ids=torch.arange(len(rows)) // group_size, policy_version=policy_version,
-                       texts=decode(completion_ids))
-    trajectories = [
-        Trajectory(prompt_ids=tuple(ids), segments=(Segment.sampled(row.tokens, row.logprobs, row.versions,
-                                                                     row.top_ids, row.top_logprobs),),
-                   truncated=row.truncated, group=r // group_size, routes=row.routes)
-        for r, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
-    ]
-    return collate(trajectories, pad_id, policy_version, decode)
+    lengths = torch.tensor([row.tokens.shape[0] for row in rows], dtype=torch.long)
+    width = max(int(lengths.max()), 1)
+    kept = torch.arange(width) < lengths[:, None]                         # [N, width]
+    completion_ids = torch.full(kept.shape, pad_id, dtype=torch.long)
+    completion_ids[kept] = torch.cat([row.tokens for row in rows]).long()
+    sampler_logprobs = torch.zeros(kept.shape)
+    sampler_logprobs[kept] = torch.cat([row.logprobs for row in rows]).float()
+    return Rollout(prompt_ids=prompts, completion_ids=completion_ids, pad_id=pad_id,
+                   completion_mask=kept.float(), sampler_logprobs=sampler_logprobs,
+                   truncated=torch.tensor([row.truncated for row in rows], dtype=torch.bool),
+                   group_ids=torch.arange(len(rows)) // group_size, policy_version=policy_version,
+                   texts=tokenizer.batch_decode(completion_ids, skip_special_tokens=True))

@@ -320,8 +320,7 @@ def finished_group(seq: int, rows: list[FinishedRow], prompt_ids: list[int], tok
     """One request's rows (in sample order) as a FinishedGroup; `exact`: its log-probs are the learner's to
     rounding at its policy version, the oldest of its tokens' (`Rollout.logprobs_exact`)."""
     rollout = rows_to_rollout(rows, [prompt_ids] * len(rows), len(rows), tokenizer,
-                              policy_version=min(int(r.versions.min()) for r in rows))
-    rollout.logprobs_exact = exact
+                              policy_version=min(int(r.versions.min()) for r in rows), exact=exact)
     versions = torch.zeros_like(rollout.completion_ids)
     for i, row in enumerate(rows):
         versions[i, : len(row.versions)] = row.versions
