@@ -207,10 +207,12 @@ class GroupSource(Protocol):
 
 class SampleNow:
     """The synchronous source: the next prompts of the pool, sampled now by the engine with the
-    current weights, drawing from `generator`."""
+    current weights, drawing from `generator`. `keep_activations`: an engine that can (the native one) keeps
+    the decoding's activations for the learner's first backward (models/replay.py) in these calls only, not in
+    the engine's other calls (evaluation)."""
 
     def __init__(self, pool: PromptStream, engine: RolloutEngine, group_size: int, sampling: SamplingParams,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, keep_activations: bool = False):
         self.pool, self.engine, self.group_size, self.sampling, self.generator = (
             pool,
             engine,
@@ -218,11 +220,18 @@ class SampleNow:
             sampling,
             generator,
         )
+        self.keep_activations = keep_activations and hasattr(engine, "keep_activations")
 
     def draw(self, n: int, policy_version: int) -> tuple[list[Example], Rollout]:
         examples = self.pool.next(n)
-        return examples, self.engine.generate([e.prompt for e in examples], self.group_size, self.sampling,
-                                              policy_version=policy_version, generator=self.generator)
+        if self.keep_activations:
+            self.engine.keep_activations = True
+        try:
+            return examples, self.engine.generate([e.prompt for e in examples], self.group_size, self.sampling,
+                                                  policy_version=policy_version, generator=self.generator)
+        finally:
+            if self.keep_activations:
+                self.engine.keep_activations = False
 
     def release(self, n: int) -> None:
         """Nothing to do: the synchronous source samples on demand."""

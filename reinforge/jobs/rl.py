@@ -167,7 +167,10 @@ def _sync_step(cfg: Config, policy: Policy, engine: RolloutEngine, task: Task, s
     engine, score = dp.rollout_parts(engine, score)
     if dp.group is not None:
         names.append("rank 0's rewards on every rank")
-    source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng)
+    # The engine keeps its activations for the learner's first backward (models/replay.py) where the learner can
+    # take them: the shared-prompt forward, on the weights the engine reads (not a data-parallel rank's copy).
+    source = SampleNow(state.pool, engine, tc.group_size, sampling, generator=state.sampler_rng,
+                       keep_activations=tc.reuse_activations and tc.shared_prefix and dp.group is None)
     collector = BatchCollector(cfg.curation, state.pool, source, score, tc.prompts_per_step, tc.group_size)
     policy.model.train()
     if state.step == 0:

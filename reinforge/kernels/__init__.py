@@ -245,6 +245,54 @@ class _TrainLayer(torch.autograd.Function):
         )
 
 
+@dataclass(frozen=True)
+class LayerRecord:
+    """One decoder layer's activations at a pass's tokens [B, S] as the rollout engine's decoding kept them
+    (csrc/decode_layer.h, `Record`), each contiguous in the layout `_TrainLayer` saves for its backward:
+    q [B, S, H, D] and k, v [B, S, kv, D] rotated, attn [B S, H D], lse [B, S, H], x_mid and x_out [B S, E],
+    gate_up [B S, 2I]."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn: torch.Tensor
+    lse: torch.Tensor
+    x_mid: torch.Tensor
+    gate_up: torch.Tensor
+    x_out: torch.Tensor
+
+
+class _ReplayLayer(_TrainLayer):
+    """`_TrainLayer` whose forward is the rollout's: on-policy, at the weights that sampled the tokens, the layer's
+    activations were computed by the engine's decoding already (the same operations, equal to float rounding), so
+    the forward hands back the record and keeps it for the backward, which is `_TrainLayer`'s."""
+
+    @staticmethod
+    def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv, packs,
+                geometry: PassGeometry, heads: int, kv_heads: int, eps: float, record: LayerRecord):
+        r = record
+        ctx.save_for_backward(x, r.q, r.k, r.v, r.attn, r.lse, r.x_mid, r.gate_up, input_norm, post_norm, pk, pv)
+        ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = geometry, packs[1], heads, kv_heads, eps
+        ctx.biases = (qkv_b is not None, o_b is not None)
+        ctx.set_materialize_grads(False)
+        return r.x_out, r.k, r.v
+
+    @staticmethod
+    def backward(ctx, dx_out, dk, dv):
+        return (*_TrainLayer.backward(ctx, dx_out, dk, dv), None)
+
+
+def replay_layer(x: torch.Tensor, layer, packs: tuple[Any, Any], geometry: PassGeometry,
+                 prefix: tuple[torch.Tensor, torch.Tensor] | None, heads: int, kv_heads: int, eps: float,
+                 record: LayerRecord) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`train_layer` with the forward taken from `record` (see `_ReplayLayer`): x [B S, E] is the layer's input
+    (the embedding, or the previous layer's recorded output), whose gradient the backward returns."""
+    pk, pv = prefix if prefix is not None else (None, None)
+    return _ReplayLayer.apply(x.contiguous(), layer.input_norm, layer.qkv, layer.qkv_bias, layer.o, layer.o_bias,
+                              layer.post_norm, layer.gate_up, layer.down, pk, pv, packs, geometry, heads, kv_heads,
+                              eps, record)
+
+
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
     """Whether `train_layer` runs this layer (a `models.decoder.LayerWeights`) on x: CPU fp32, SiLU
     MLP, no per-head q/k norm, a compiled head dim, and the kernels built."""

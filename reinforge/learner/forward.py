@@ -34,6 +34,8 @@ class ForwardPlan:
     truncation: Truncation | None = None
     routing_replay: bool = False              # MoE: route as the sampler did (learner/routing.py)
     compile: bool = False                     # CUDA, shared prefix: torch.compile the layers (compiled_layers.py)
+    # Shared prefix: replay the rollout engine's activations where they are the model's (models/replay.py)
+    reuse_activations: bool = False
 
     @classmethod
     def from_config(cls, train: TrainConfig, rollout: RolloutConfig | None = None) -> ForwardPlan:
@@ -43,13 +45,15 @@ class ForwardPlan:
                       if rollout is not None and train.truncated_logprobs else None)
         return cls(micro_batch_size=train.micro_batch_size, micro_batch_tokens=train.micro_batch_tokens,
                    chunk_size=train.logprob_chunk_size, shared_prefix=train.shared_prefix, truncation=truncation,
-                   routing_replay=train.routing_replay, compile=train.compile)
+                   routing_replay=train.routing_replay, compile=train.compile,
+                   reuse_activations=train.reuse_activations)
 
     def for_reference(self) -> ForwardPlan:
         """This plan for the reference model's log-probs: the full distribution (learner/truncation.py)
         and the reference's own routing (an MoE reference is not forced onto the policy's sampled
-        experts, learner/routing.py): the KL penalty is to the reference's own distribution."""
-        return replace(self, truncation=None, routing_replay=False)
+        experts, learner/routing.py): the KL penalty is to the reference's own distribution. Nor does it replay
+        the policy's activations (a LoRA reference runs the policy's own parameters)."""
+        return replace(self, truncation=None, routing_replay=False, reuse_activations=False)
 
     def micro_batches(self, batch: SequenceBatch, rows: torch.Tensor | None = None,
                       device: torch.device | str | None = None) -> list[torch.Tensor]:
@@ -87,7 +91,8 @@ def _token_stats(model: PreTrainedModel, batch: SequenceBatch, temperature: floa
             )
         return completion_token_stats_shared(model, batch, batch.group_ids, temperature,
                                              chunk_size=plan.chunk_size or 1024, fp32_head=plan.fp32_head,
-                                             truncation=plan.truncation, compile=plan.compile)
+                                             truncation=plan.truncation, compile=plan.compile,
+                                             activations=batch.activations if plan.reuse_activations else None)
     if plan.chunk_size > 0:
         return completion_token_stats_chunked(
             model, batch, temperature, chunk_size=plan.chunk_size, fp32_head=plan.fp32_head,

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from reinforge.learner.truncation import Truncation, kept_log_mass
+from reinforge.models.replay import ActivationRecord
 
 
 @dataclass
@@ -36,13 +37,17 @@ class SequenceBatch:
     # [N, L, layers, k] long, MoE: the experts the sampler chose for each input token in each MoE layer
     # (-1: not recorded, the learner's router chooses); replayed by learner/routing.py. None: no record.
     routes: torch.Tensor | None = None
+    # The rollout engine's activations at these rows' completion tokens (models/replay.py), which the learner's
+    # first backward may take in place of its forward (train.reuse_activations); None: none kept.
+    activations: ActivationRecord | None = None
 
     def to(self, device: torch.device) -> SequenceBatch:
-        """The same rows on `device` (this batch itself when it is there already)."""
+        """The same rows on `device` (this batch itself when it is there already; the CPU engine's activations
+        do not travel)."""
         if self.input_ids.device == device:
             return self
         return SequenceBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                                for f in fields(self)})
+                                for f in fields(self) if f.name != "activations"})
 
     def rows(self, index: torch.Tensor) -> SequenceBatch:
         """The sub-batch of the given rows, trimmed to its own longest sequence."""
@@ -60,6 +65,7 @@ class SequenceBatch:
             group_ids=None if self.group_ids is None else self.group_ids[index],
             top_ids=None if self.top_ids is None else self.top_ids[index, :width],
             routes=None if self.routes is None else self.routes[index, :length],
+            activations=None if self.activations is None else self.activations.select(index),
         )
 
 

@@ -32,6 +32,7 @@ from reinforge.learner.truncation import Truncation
 from reinforge.models.decoder import DecoderShape, DecoderWeights, decoder_shape, run_pass
 from reinforge.models.lora import lora_dropouts
 from reinforge.models.positions import pass_geometry, rotary_factors
+from reinforge.models.replay import ActivationRecord
 
 OPTION = "train.shared_prefix=false"
 # What one more completion pass costs, in padded token positions: merging two length buckets pays
@@ -127,6 +128,7 @@ def completion_token_stats_shared(
     fp32_head: bool = True,
     truncation: Truncation | None = None,
     compile: bool = False,
+    activations: ActivationRecord | None = None,
 ) -> TokenStats:
     """`logprobs.completion_token_stats_chunked` with each group's prompt run once.
 
@@ -136,10 +138,14 @@ def completion_token_stats_shared(
     entropies of the completion tokens at `temperature`, 0 on padding, with
     gradients. The model sees exactly the plain path's inputs: tokens from
     `input_ids`, keys masked by `attention_mask`. `compile`: on a CUDA device, the layers' work around
-    the attention through `torch.compile` (`models.compiled_layers`); no effect elsewhere.
+    the attention through `torch.compile` (`models.compiled_layers`); no effect elsewhere. `activations`: the
+    rollout engine's record of these rows (models/replay.py); where it `matches` the model, the completion passes
+    take their forward from it (the prompt pass runs), with the same numbers to float rounding.
     """
     shape, w = _native_decoder(model)
     compiled = compile and batch.input_ids.is_cuda
+    if activations is not None and (compiled or not activations.matches(model)):
+        activations = None
     _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
@@ -147,7 +153,7 @@ def completion_token_stats_shared(
         predictors = _whole_row_predictors(model, shape, w, batch, rows, cols, pad, compiled)
     else:
         predictors = _shared_prompt_predictors(model, shape, w, batch, group_ids.to(batch.input_ids.device), rows,
-                                               cols, pad, compiled)
+                                               cols, pad, compiled, activations)
     # the LM head on the valid tokens only
     return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
 
@@ -174,7 +180,8 @@ def _whole_row_predictors(model: PreTrainedModel, shape: DecoderShape, w: Decode
 
 def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: DecoderWeights, batch: SequenceBatch,
                               group_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                              pad: int | None, compiled: bool) -> torch.Tensor:
+                              pad: int | None, compiled: bool, activations: ActivationRecord | None = None,
+                              ) -> torch.Tensor:
     """The hidden state [M, E] predicting each valid token (rows[m], cols[m]): a prompt pass running each
     group's prompt once, then completion passes by length bucket attending to their prompt's keys/values."""
     device = batch.input_ids.device
@@ -204,8 +211,9 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
         # positions past the row are clamped: unseen
         at = (starts[sub, None] + torch.arange(width, device=device)[None, :]).clamp(max=width_all - 1)
         geometry = pass_geometry(freqs, width, starts[sub], slot[sub], starts[sub])
+        replay = activations.layers(sub, width) if activations is not None and width <= activations.kept else None
         hidden, _, _ = run_pass(shape, w, batch.input_ids[sub].gather(1, at), geometry, freqs, (keys, values),
-                                padding_idx=pad, compiled=compiled)
+                                padding_idx=pad, compiled=compiled, replay=replay)
         return hidden
 
     # The hidden state predicting each valid token (r, c), in pieces: c = 0 from the prompt pass,

@@ -274,6 +274,8 @@ class Learner:
         sequences = build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
                                     self.policy.tokenizer.pad_token_id, group_ids=rollout.group_ids,
                                     loss_mask=rollout.loss_mask, routes=rollout.routes, top_ids=rollout.sampler_top_ids)
+        if rollout.activations is not None and rollout.logprobs_exact:   # the engine's, for the first backward
+            sequences = replace(sequences, activations=rollout.activations)
         if sampler_is_pi_old(self.update.old_logprobs, rollout):   # 0 off the sampler's tokens
             old_logprobs = rollout.sampler_logprobs
         elif self.old_before_update:

@@ -29,9 +29,10 @@ from transformers import PreTrainedModel
 
 from reinforge import kernels
 from reinforge.errors import ConfigError
-from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm, swiglu
+from reinforge.kernels import PassGeometry, rms_norm, swiglu
 from reinforge.models.attention import additive_mask, attention
 from reinforge.models.compiled_layers import layer_steps
+from reinforge.models.fused_pass import fused_pass
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
@@ -394,23 +395,23 @@ def decoder_layers(
 def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry: PassGeometry, freqs: torch.Tensor,
              prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
              fused: bool = True, routes: list[torch.Tensor] | None = None, compiled: bool = False,
-             use: str = "learner") -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+             use: str = "learner", replay: list[kernels.LayerRecord] | None = None,
+             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
     completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
     rotated keys and values [B, S, kv, D]). `prefix`: every layer's keys and values [P, Lp, kv, D]
     of another pass, which `geometry.slot` indexes. `freqs`: the rotary factors of `rotary_factors`.
 
-    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`) when `fused`, the
-    kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the geometry
-    as an additive mask: the same numbers within float rounding (tests/unit/learner/test_shared_prefix.py).
+    On CPU in fp32 each layer is one fused op each way (`kernels.train_layer`, models/fused_pass.py) when
+    `fused`, the kernels build and the layer is a plain SwiGLU one; otherwise `decoder_layers` with the
+    geometry as an additive mask: the same numbers within float rounding (tests/unit/learner/test_shared_prefix.py).
     Sliding windows are applied on the second path only (the shared-prompt learner refuses them).
     MoE layers run on the second path; `routes` and `compiled` as in `decoder_layers` (`compiled`
     takes the second path). `use`: whose products the fused layers run ("learner", or "engine" for the
-    rollout engine's prefill, `DecoderWeights.packed`)."""
-    b, s = ids.shape
+    rollout engine's prefill, `DecoderWeights.packed`). `replay`: each layer's activations at these tokens as
+    the rollout's decoding kept them (models/replay.py), for the fused path's forward to hand back (the other path
+    computes its own)."""
     hidden = F.embedding(ids, w.embed, padding_idx)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
     if (
         fused
         and not compiled
@@ -418,21 +419,9 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         and all(lw.moe is None for lw in w.layers)
         and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers)
     ):
-        x = hidden.reshape(b * s, -1)
-        ops = load_cpu_kernels()
-        packed = zip(
-            w.packed(ops, use=use),
-            w.packed(ops, transposed=True, use=use) if torch.is_grad_enabled() else [None] * len(w.layers),
-            strict=True,
-        )
-        for index, (lw, packs) in enumerate(zip(w.layers, packed, strict=True)):
-            layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
-            x, k, v = kernels.train_layer(
-                x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads, w.eps
-            )
-            keys.append(k)
-            values.append(v)
-        return rms_norm(x, w.final_norm, w.eps).view(b, s, -1), keys, values
+        return fused_pass(shape, w, hidden, geometry, prefix, use, replay)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
     prefix_len = prefix[0][0].shape[1] if prefix is not None else 0
     # [B, 1, S, Lp + S]
     bias = additive_mask(allowed_keys(geometry, prefix_len, shape.sliding_window)[:, None], w.embed.dtype)
@@ -446,5 +435,5 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)   # [B, heads, S, D]
         return out.transpose(1, 2).flatten(2)
 
-    at = geometry.pos0[:, None] + torch.arange(s, device=ids.device)[None, :]    # [B, S] rotary positions
+    at = geometry.pos0[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]    # [B, S] rotary positions
     return decoder_layers(shape, w, hidden, freqs[at][:, :, None, :], attend, routes, compiled), keys, values

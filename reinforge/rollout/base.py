@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from reinforge.models.replay import ActivationRecord, concat_records
 from reinforge.settings import RolloutConfig
 
 
@@ -80,6 +81,10 @@ class Rollout:
     # A source that hands over rows sampled before the learner's latest update clears it (loops/async_rl.py).
     # train.old_logprobs=auto takes pi_old from them.
     logprobs_exact: bool = False
+    # Where the engine kept them, every layer's activations at the completion tokens its decoding read
+    # (models/replay.py), for the learner's first backward to use in place of its forward; only with
+    # `logprobs_exact` (the same weights). None: not kept.
+    activations: ActivationRecord | None = None
 
     @property
     def num_rows(self) -> int:
@@ -145,6 +150,7 @@ def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
         sampler_top_logprobs=None if rollout.sampler_top_logprobs is None else rollout.sampler_top_logprobs[rows],
         routes=None if rollout.routes is None else rollout.routes[rows],
         logprobs_exact=rollout.logprobs_exact,
+        activations=None if rollout.activations is None else rollout.activations.select(rows),
     )
 
 
@@ -181,6 +187,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
         sampler_top_logprobs=_cat_top([p.sampler_top_logprobs for p in parts], width),
         routes=_concat_routes([p.routes for p in parts], [p.num_rows for p in parts]),
         logprobs_exact=all(p.logprobs_exact for p in parts),
+        activations=concat_records([p.activations for p in parts]),
     )
 
 

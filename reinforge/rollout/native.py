@@ -45,6 +45,7 @@ from reinforge.models.decoder import DecoderWeights, decoder_layers, decoder_sha
 from reinforge.models.lora import base_model
 from reinforge.models.positions import pass_geometry
 from reinforge.models.quantize import quantize_weights
+from reinforge.models.replay import ActivationRecord, RecordBuffer, RecordShape
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
@@ -54,6 +55,10 @@ from reinforge.rollout.session import DecodeSession
 from reinforge.rollout.stopping import stop_string_end
 
 log = logging.getLogger(__name__)
+
+# The most memory a generation's activation record may take (`keep_activations`): beyond it the learner runs its own
+# forward. The built-in model's RL batches keep 30-60 MB.
+RECORD_BYTES = 512 << 20
 
 
 class NativeEngine:
@@ -81,6 +86,10 @@ class NativeEngine:
         # session's weights are written into (`DecoderWeights.reusable`): a 0.5B model's are ~2.4 GB of fresh pages
         # at every call otherwise.
         self._spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        # Set by the RL loop where its learner can use them: single-turn generations decoded in one call keep every
+        # layer's activations of the tokens they read (models/replay.py), in one buffer reused from call to call.
+        self.keep_activations = False
+        self._records: RecordBuffer | None = None
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
         weights = self.decoder_weights()
@@ -139,6 +148,24 @@ class NativeEngine:
         router, whose near-ties could send a token to other experts than the learner's forward does."""
         return (self.quantization == "none" and base_model(self.policy.model).dtype == torch.float32
                 and not self.moe_layers and not params.greedy and not params.truncates)
+
+    def activation_record(self, w: DecoderWeights, key: tuple, rows: int, params: SamplingParams
+                          ) -> ActivationRecord | None:
+        """The record a one-call decoding of `rows` fresh rows with weights `w` (the model's at `weights_key` `key`)
+        keeps its activations in (`keep_activations`; its rows are slots 0..rows-1), the buffer's generation bumped
+        (a record of the generation before no longer matches); None where the learner could not use them (no CPU
+        kernels, log-probs not the learner's own, over RECORD_BYTES)."""
+        if not (self.keep_activations and self.kernels is not None and self.exact_logprobs(params)):
+            return None
+        shape = RecordShape(hidden=w.embed.shape[1], heads=self.shape.num_heads, kv_heads=self.shape.num_kv_heads,
+                            head_dim=self.shape.head_dim, intermediate=w.layers[0].gate_up.shape[0] // 2)
+        size = (len(w.layers), rows, max(params.max_new_tokens - 1, 1), shape.width)
+        if size[0] * size[1] * size[2] * size[3] * 4 > RECORD_BYTES:
+            return None
+        if self._records is None or tuple(self._records.data.shape) != size:
+            self._records = RecordBuffer(torch.empty(size))
+        self._records.generation += 1
+        return ActivationRecord(self._records, self._records.generation, torch.arange(rows), shape, key)
 
     def decoder_weights(self) -> DecoderWeights:
         """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
@@ -275,16 +302,17 @@ class NativeEngine:
         return token, logprob
 
     def _decode_loop(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor, rows: LoopRows,
-                     params: SamplingParams) -> int:
+                     params: SamplingParams, record: torch.Tensor | None = None) -> int:
         """The session's live rows decoded to their ends in one call of the CPU kernels (csrc/step.cpp,
         `decode_loop`): what `_decode_sample` and the session's bookkeeping do step after step, bit for bit,
-        with the records written into `rows`' tensors in place. Returns the steps it ran."""
+        with the records written into `rows`' tensors in place, and with `record` [layers, slots, T, width] every
+        token's activations (models/replay.py). Returns the steps it ran."""
         live = rows.live
         cache.reserve(int((rows.length[:live] + params.max_new_tokens - rows.generated[:live]).max()))
         temperature, top_p = kernel_sampling(params)
         return self.kernels.decode_loop(rows.tokens, rows.logprobs, rows.last, rows.length, rows.generated, rows.drawn,
                                         rows.keys, rows.eos, params.max_new_tokens, live,
-                                        *self._step_model(w, cache, freqs), temperature, top_p)
+                                        *self._step_model(w, cache, freqs), temperature, top_p, record=record)
 
     def _step_model(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor) -> tuple:
         """The decoder's arguments of the one-call ops (`decode_step`, `decode_loop`), embedding to sliding window."""

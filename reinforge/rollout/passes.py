@@ -57,8 +57,9 @@ class DecodePasses(Protocol):
         ...
 
     def _decode_loop(self, w: DecoderWeights, cache: KVCache, freqs: torch.Tensor, rows: LoopRows,
-                     params: Any) -> int:
-        """The live rows decoded to their ends in one call of the CPU kernels, `rows` advanced in place; the steps."""
+                     params: Any, record: torch.Tensor | None = None) -> int:
+        """The live rows decoded to their ends in one call of the CPU kernels, `rows` advanced in place (and with
+        `record`, every token's activations kept there); the steps."""
         ...
 
     def _decode_rows(self, w: DecoderWeights, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,

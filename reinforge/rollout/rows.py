@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from reinforge.models.replay import ActivationRecord
 from reinforge.rollout.base import Rollout
 from reinforge.rollout.trajectory import Segment, Trajectory, collate
 
@@ -27,6 +28,18 @@ class RowContext:
     version: int                          # the weight version that computed keys/values
 
 
+def slot_context(cache, slot: int, ids: list[int], cached: int, key: int, drawn: int, version: int) -> RowContext:
+    """The `RowContext` of the row in `slot` of `cache` (a `KVCache`) that just ended its turn, `ids` its every
+    token: its keys/values copied out of the cache before the slot is refilled or packed."""
+    layers = range(len(cache.v))
+    # Copies (`contiguous()` of a slot that fills the cache would be a view of it).
+    dense = torch.contiguous_format
+    return RowContext(ids=ids,
+                      keys=[cache.keys(layer)[slot, :, :cached].clone(memory_format=dense) for layer in layers],
+                      values=[cache.v[layer][slot, :, :cached].clone(memory_format=dense) for layer in layers],
+                      cached=cached, key=key, drawn=drawn, version=version)
+
+
 @dataclass
 class FinishedRow:
     """One completed sample of a `DecodeSession` (of an extended row: its latest turn only)."""
@@ -42,6 +55,10 @@ class FinishedRow:
     # [P + L, layers, k] long, MoE models: the experts each prompt token and each generated token went to in
     # every MoE layer (-1 on the last token, which no pass reads); None: dense model, or an extended row
     routes: torch.Tensor | None = None
+    # The activations its decoding kept (models/replay.py): all rows of one call share `record`, this row's is
+    # its row `record_row`. None: not kept.
+    record: ActivationRecord | None = None
+    record_row: int = -1
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,9 @@ def rows_to_rollout(rows: list[FinishedRow], prompt_ids: list[list[int]], group_
         rollout = collate(trajectories, tokenizer.pad_token_id or 0, policy_version,
                           lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
     rollout.logprobs_exact = exact
+    record = rows[0].record if rows else None
+    if record is not None and exact and all(row.record is record for row in rows):
+        rollout.activations = record.select(torch.tensor([row.record_row for row in rows], dtype=torch.long))
     return rollout
 
 

@@ -15,12 +15,13 @@ import torch
 
 from reinforge.models.lora import base_model
 from reinforge.models.positions import rotary_factors
+from reinforge.models.replay import ActivationRecord, weights_key
 from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.continuation import continue_rows
 from reinforge.rollout.graphs import DecodeGraphs
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.passes import DecodePasses
-from reinforge.rollout.rows import FinishedRow, LoopRows, PromptBlock, RowContext, WaitingRow
+from reinforge.rollout.rows import FinishedRow, LoopRows, PromptBlock, RowContext, WaitingRow, slot_context
 from reinforge.rollout.sampling import draw_group_keys, keyed_sample, row_keys, sampler_top_k
 from reinforge.rollout.stop_flags import StopFlags
 
@@ -56,6 +57,7 @@ class DecodeSession:
         self.model = base_model(engine.policy.model)
         self.device = self.model.device
         self.weights = engine.decoder_weights()
+        self.weights_key = weights_key(engine.policy.model)   # the parameters (and versions) `weights` were taken at
         self.eos = torch.tensor(engine.policy.eos_token_ids, dtype=torch.long, device=self.device)
         self.waiting: deque[WaitingRow] = deque()
         self.cache: KVCache | None = None
@@ -84,8 +86,8 @@ class DecodeSession:
         moe = (engine.moe_layers, engine.top_k) if getattr(engine, "moe_layers", 0) else None
         self.routes = None if moe is None else torch.full((slots, max_new, *moe), -1, dtype=torch.long, device=d)
         self.prompt_routes: list[torch.Tensor | None] = [None] * slots
-        # With decode graphs: the stop flags of the last step, on their way to the host (`_step_ahead`)
-        self._ahead: StopFlags | None = None
+        self._ahead: StopFlags | None = None   # with decode graphs: the last step's stop flags (`_step_ahead`)
+        self._kept: ActivationRecord | None = None   # `_finish_live`'s record (by slot) while its rows retire
         self._pinned: list[torch.Tensor] = []
 
     @property
@@ -136,14 +138,20 @@ class DecodeSession:
                 and getattr(self.engine, "graph_mode", None) is None and self.cache is not None and self._one_call())
 
     def _finish_live(self) -> list[FinishedRow]:
-        """Every live row decoded to its end in one call (`_decode_loop`); the `step` after it retires them all."""
+        """Every live row decoded to its end in one call (`_decode_loop`); the `step` after it retires them all.
+        The rows of a fresh single-turn call carry the activations it kept, where the engine keeps them
+        (models/replay.py)."""
         live, start = self.live, self.generated[: self.live].clone()
         rows = LoopRows(self.tokens, self.logprobs, self.last, self.length, self.generated, self.drawn, self.keys,
                         self.eos, live)
-        self.engine._decode_loop(self.weights, self.cache, self.freqs, rows, self.params)
+        fresh = getattr(self.engine, "keep_activations", False) and not self.keep_context and bool((start == 1).all())
+        self._kept = self.engine.activation_record(self.weights, self.weights_key, live, self.params) if fresh else None
+        self.engine._decode_loop(self.weights, self.cache, self.freqs, rows, self.params,
+                                 None if self._kept is None else self._kept.buffer.data)
         column = torch.arange(self.versions.shape[1], device=self.device)
         self.versions[:live][(column >= start[:, None]) & (column < self.generated[:live, None])] = self.version
-        return self.step()
+        finished, self._kept = self.step(), None
+        return finished
 
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def step(self) -> list[FinishedRow]:
@@ -227,7 +235,8 @@ class DecodeSession:
             finished.append(FinishedRow(self.tags[slot], tokens[i], logprobs[i], versions[i],
                                         truncated=not stop, context=context, routes=row_routes,
                                         top_ids=None if top_ids is None else top_ids[i, :n],
-                                        top_logprobs=None if top_lps is None else top_lps[i, :n]))
+                                        top_logprobs=None if top_lps is None else top_lps[i, :n],
+                                        record=self._kept, record_row=slot))
         return finished
 
     def _looks_ahead(self) -> bool:
@@ -282,17 +291,9 @@ class DecodeSession:
             return None
 
     def _context(self, slot: int, tokens: list[int]) -> RowContext:
-        """The row in `slot` that just ended its turn (`tokens`), for `extend`: its keys/values copied out
-        of the cache before the slot is refilled or packed."""
-        cached, cache, layers = int(self.length[slot]), self.cache, range(len(self.cache.v))
-        # Copies (`contiguous()` of a slot that fills the cache would be a view of it).
-        dense = torch.contiguous_format
-        return RowContext(
-            ids=self.prompts[slot] + tokens,
-            keys=[cache.keys(layer)[slot, :, :cached].clone(memory_format=dense) for layer in layers],
-            values=[cache.v[layer][slot, :, :cached].clone(memory_format=dense) for layer in layers],
-            cached=cached, key=int(self.keys[slot]), drawn=int(self.drawn[slot]) + len(tokens), version=self.version,
-        )
+        """The row in `slot` that just ended its turn (`tokens`), for `extend` (`slot_context`)."""
+        return slot_context(self.cache, slot, self.prompts[slot] + tokens, int(self.length[slot]),
+                            int(self.keys[slot]), int(self.drawn[slot]) + len(tokens), self.version)
 
     def extend(self, context: RowContext, tokens: list[int], tag) -> None:
         """Continue a finished row (its `context`) with `tokens` (an observation; may be empty) and a
@@ -351,7 +352,8 @@ class DecodeSession:
     @torch.no_grad()   # whichever thread calls it: grad mode is per thread
     def reload(self, version: int) -> None:
         """Continue with the model's current weights, labelled `version` (interrupt and recompute)."""
-        self.weights, self.version = self.engine.decoder_weights(), version
+        self.weights, self.weights_key = self.engine.decoder_weights(), weights_key(self.engine.policy.model)
+        self.version = version
         for block in {id(w.block): w.block for w in self.waiting}.values():
             fresh, _ = self._prefill(block.prompt_ids)
             block.keys, block.values, block.routes = fresh.keys, fresh.values, fresh.routes

@@ -162,6 +162,17 @@ class TrainConfig(Section):
             "shared_prefix=false. Measured slower than eager on an H200 for a 0.5B model (docs/gpu.md)."
         ),
     )
+    reuse_activations: bool = Field(
+        True,
+        description=(
+            "The first mini-batch's backward takes its completion tokens' activations from the native engine's "
+            "decoding instead of running the learner's forward over them: where the sampled log-probs are the "
+            "learner's own (see old_logprobs=auto) and no optimizer step has come since, both ran the same layers at "
+            "the same weights, equal to float rounding. The engine keeps them in one-call single-turn generations on "
+            "CPU in fp32 with the shared-prompt learner (shared_prefix); elsewhere, and for later mini-batches, the "
+            "forward runs as before. false: always run it."
+        ),
+    )
     routing_replay: bool = Field(
         False,
         description=(

@@ -34,13 +34,15 @@ struct Rows {
   float* row(int64_t r) const { return data + r * stride; }
 };
 
-// One query head over keys [start, end) of one slot: kt [D, C], vv [C, D]; out [D]; scores [C].
+// One query head over keys [start, end) of one slot: kt [D, C], vv [C, D]; out [D]; scores [C]; where lse is not
+// null, *lse = log sum_j exp(scale q . k_j), as the learner's attention keeps it for its backward (learner_attention.h).
 // Scores 8 keys at a time from start's block of 8 to end's (attention.h: independent accumulators); the
 // positions of those blocks outside [start, end), inside the cache, hold finite keys whose scores are
 // computed and not read. Keys past the cache's last whole block of 8, if any, are scored one by one.
 template <int D>
 inline void attend(const float* __restrict q, float scale, const float* __restrict kt, const float* __restrict vv,
-            int64_t C, int64_t start, int64_t end, float* __restrict scores, float* __restrict out) {
+            int64_t C, int64_t start, int64_t end, float* __restrict scores, float* __restrict out,
+            float* lse = nullptr) {
   float qs[D];
   for (int d = 0; d < D; ++d) qs[d] = q[d] * scale;
   const int64_t blocks_end = std::min((end + 7) / 8 * 8, C / 8 * 8);
@@ -61,14 +63,16 @@ inline void attend(const float* __restrict q, float scale, const float* __restri
   const float inv = 1.f / sum;
 #pragma omp simd
   for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
+  if (lse) *lse = top + logf(sum);
 }
 
 // Rows b in [b_begin, b_end) of q [B, H * D], k_new and v_new [B, KV * D]: write keys/values at positions[b] of
-// slot b (slots[b] where slots is not null), attend; out [B, H * D].
+// slot b (slots[b] where slots is not null), attend; out [B, H * D], and each head's log-sum-exp into lse [B, H]
+// where it is not null.
 template <int D>
 inline void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor& k_cache, at::Tensor& v_cache,
                            const int64_t* pos, const int64_t* slots, int64_t b_begin, int64_t b_end, int64_t H,
-                           float scale, int64_t window) {
+                           float scale, int64_t window, float* lse = nullptr) {
   const int64_t KV = k_cache.size(1), C = k_cache.size(3), G = H / KV;
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
@@ -88,7 +92,8 @@ inline void attention_rows(Rows out, Rows q, Rows k_new, Rows v_new, at::Tensor&
           vv[p * D + d] = vn[d];
         }
         for (int64_t h = g * G; h < (g + 1) * G; ++h)
-          attend<D>(q.row(b) + h * D, scale, kt, vv, C, start, p + 1, scores.data(), out.row(b) + h * D);
+          attend<D>(q.row(b) + h * D, scale, kt, vv, C, start, p + 1, scores.data(), out.row(b) + h * D,
+                    lse ? lse + b * H + h : nullptr);
       }
     }
   });
@@ -146,20 +151,32 @@ struct Layer {
   const at::Tensor& down_p;
   at::Tensor& k_cache;
   at::Tensor& v_cache;
+  float* record = nullptr;   // this layer's activation record (`Record`), or null
+};
+
+// What a decoding step keeps of each token it runs, for the learner's backward to use in place of its own forward
+// (reinforge.kernels.replay_layer): per layer and token one row of `width()` floats, the fields in this order:
+// q|k|v after rotary [N], the attention's output [H D], its log-sum-exp per head [H], the residual after the
+// attention x_mid [E], gate|up [2I], the layer's output [E]. Row b of a step goes to row at[b] of every layer's
+// record (at[b] < 0: not kept).
+struct Record {
+  const int64_t* at;
+  int64_t width;
+  static int64_t width_of(int64_t E, int64_t H, int64_t D, int64_t I, int64_t N) { return N + H * D + H + 2 * E + 2 * I; }
 };
 
 // The widths of a layer (E model, H and KV heads of D, I the MLP's, N = (H + 2 KV) D of q|k|v) and the
-// step's scratch rows: h [B, E], qkv [B, N], attn [B, H D], gu [B, 2I], act [B, I].
+// step's scratch rows: h [B, E], qkv [B, N], attn [B, H D], gu [B, 2I], act [B, I], lse [B, H].
 struct Step {
   int64_t E, H, KV, D, I, N;
-  float *h, *qkv, *attn, *gu, *act;
+  float *h, *qkv, *attn, *gu, *act, *lse;
   std::vector<at::Tensor> memory;
 
   Step(int64_t B, int64_t E_, int64_t H_, int64_t KV_, int64_t D_, int64_t I_, const at::TensorOptions& opts)
       : E(E_), H(H_), KV(KV_), D(D_), I(I_), N((H_ + 2 * KV_) * D_) {
-    for (int64_t width : {E, N, H * D, 2 * I, I}) memory.push_back(at::empty({B, width}, opts));
+    for (int64_t width : {E, N, H * D, 2 * I, I, H}) memory.push_back(at::empty({B, width}, opts));
     h = memory[0].data_ptr<float>(), qkv = memory[1].data_ptr<float>(), attn = memory[2].data_ptr<float>();
-    gu = memory[3].data_ptr<float>(), act = memory[4].data_ptr<float>();
+    gu = memory[3].data_ptr<float>(), act = memory[4].data_ptr<float>(), lse = memory[5].data_ptr<float>();
   }
 };
 
@@ -168,11 +185,16 @@ struct Step {
 // (cos, sin) per pair are at rot + (rot_at ? rot_at[b] : b) * D; its new key/value go to position pos[b] of
 // cache slot b (slots[b] where slots is not null). Inside a parallel region ATen's parallel_for runs its body
 // inline, so the steps below split their work between the threads only when this runs outside one. One copy
-// serves decode_layer, decode_step and decode_loop.
+// serves decode_layer, decode_step and decode_loop. With `rec` and L.record, each row's activations are kept
+// there (`Record`).
 __attribute__((noinline)) inline void layer_rows(const Layer& L, const Step& s, float* xp, const float* rot,
                                                  const int64_t* rot_at, const int64_t* pos, const int64_t* slots,
-                                                 int64_t b0, int64_t b1, float eps, int64_t window) {
+                                                 int64_t b0, int64_t b1, float eps, int64_t window,
+                                                 const Record* rec = nullptr) {
   const int64_t M = b1 - b0, E = s.E, H = s.H, KV = s.KV, D = s.D, I = s.I, N = s.N;
+  if (!L.record) rec = nullptr;
+  // row b's record, or null
+  auto kept = [&](int64_t b) { return rec && rec->at[b] >= 0 ? L.record + rec->at[b] * rec->width : nullptr; };
   rms_norm_rows(s.h + b0 * E, nullptr, xp + b0 * E, L.input_norm, M, E, eps);
   product(s.qkv + b0 * N, N, s.h + b0 * E, E, L.qkv_p, L.qkv_b, M, N, E, false);
   if (L.q_norm) {   // Qwen3: RMSNorm of each query and key head before rotary
@@ -199,16 +221,29 @@ __attribute__((noinline)) inline void layer_rows(const Layer& L, const Step& s, 
   with_head_dim(D, [&](auto d) {
     attention_rows<decltype(d)::value>(Rows{s.attn, H * D}, Rows{s.qkv, N}, Rows{s.qkv + H * D, N},
                                        Rows{s.qkv + (H + KV) * D, N}, L.k_cache, L.v_cache, pos, slots, b0, b1,
-                                       H, 1.f / std::sqrt((float)D), window);
+                                       H, 1.f / std::sqrt((float)D), window, rec ? s.lse : nullptr);
   });
   product(xp + b0 * E, E, s.attn + b0 * H * D, H * D, L.o_p, nullptr, M, E, H * D, true);
   if (L.o_b)
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t e = 0; e < E; ++e) xp[b * E + e] += L.o_b[e];
+  const int64_t mid = N + H * D + H;   // x_mid's offset in a record row
+  if (rec)
+    for (int64_t b = b0; b < b1; ++b)
+      if (float* r = kept(b)) std::memcpy(r + mid, xp + b * E, sizeof(float) * E);
   rms_norm_rows(s.h + b0 * E, nullptr, xp + b0 * E, L.post_norm, M, E, eps);
   product(s.gu + b0 * 2 * I, 2 * I, s.h + b0 * E, E, L.gate_up_p, nullptr, M, 2 * I, E, false);
   swiglu_rows(s.act + b0 * I, s.gu + b0 * 2 * I, M, I);
   product(xp + b0 * E, E, s.act + b0 * I, I, L.down_p, nullptr, M, E, I, true);
+  if (rec)
+    for (int64_t b = b0; b < b1; ++b)
+      if (float* r = kept(b)) {
+        std::memcpy(r, s.qkv + b * N, sizeof(float) * N);
+        std::memcpy(r + N, s.attn + b * H * D, sizeof(float) * H * D);
+        std::memcpy(r + N + H * D, s.lse + b * H, sizeof(float) * H);
+        std::memcpy(r + mid + E, s.gu + b * 2 * I, sizeof(float) * 2 * I);
+        std::memcpy(r + mid + E + 2 * I, xp + b * E, sizeof(float) * E);
+      }
 }
 
 inline const float* data_or_null(const std::optional<at::Tensor>& t) {

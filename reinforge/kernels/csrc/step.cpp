@@ -33,6 +33,7 @@ using reinforge_kernels::Layer;
 using reinforge_kernels::layer_rows;
 using reinforge_kernels::layer_weights;
 using reinforge_kernels::product;
+using reinforge_kernels::Record;
 using reinforge_kernels::rms_norm_rows;
 using reinforge_kernels::sample_rows;
 using reinforge_kernels::split_by_rows;
@@ -85,6 +86,16 @@ struct Decoder {
   }
   Decoder(const Decoder&) = delete;
 
+  // Each layer's activations kept in record [layers, R, T, Record::width_of(...)] (float32, contiguous): layer l's
+  // rows from record[l].
+  void keep_in(at::Tensor& record) {
+    const int64_t width = Record::width_of(E, H, D, I, (H + 2 * KV) * D);
+    TORCH_CHECK(record.scalar_type() == at::kFloat && record.is_contiguous() && record.dim() == 4 &&
+                record.size(0) == (int64_t)stack.size() && record.size(3) == width,
+                "decode_loop: record must be a contiguous float32 [layers, rows, T, ", width, "]");
+    for (int64_t l = 0; l < (int64_t)stack.size(); ++l) stack[l].record = record[l].data_ptr<float>();
+  }
+
   int64_t slots() const { return kc[0].size(0); }
   int64_t capacity() const { return std::min(kc[0].size(3), rot.size(0)); }   // positions a row may write
 };
@@ -103,16 +114,17 @@ struct Scratch {
 // weights are small (ROW_SPLIT_BYTES) and there are threads, each thread runs the whole step for its rows, with
 // no synchronisation until the end; else each part splits its work. Each row's numbers are the same whichever
 // rows share the step and whatever its slot.
+// With `rec`, each row's activations are kept in the layers' records (decode_layer.h, `Record`).
 void step_rows(const Decoder& m, Scratch& scratch, int64_t B, const int64_t* tokens, const int64_t* pos,
                const int64_t* slots, const int64_t* keys, const int64_t* counters, int64_t* next, float* logprobs,
-               double temperature, double top_p, int64_t split_rows) {
+               double temperature, double top_p, int64_t split_rows, const Record* rec = nullptr) {
   const int64_t E = m.E, V = m.V;
   float *xp = scratch.x.data_ptr<float>(), *lp = scratch.logits.data_ptr<float>();
   const float* embed = m.embed.data_ptr<float>();
   auto body = [&](int64_t b0, int64_t b1) {   // embedding, the layers, the final norm
     for (int64_t b = b0; b < b1; ++b) std::memcpy(xp + b * E, embed + tokens[b] * E, sizeof(float) * E);
     for (const Layer& L : m.stack)
-      layer_rows(L, scratch.s, xp, m.rot.data_ptr<float>(), pos, pos, slots, b0, b1, m.eps, m.window);
+      layer_rows(L, scratch.s, xp, m.rot.data_ptr<float>(), pos, pos, slots, b0, b1, m.eps, m.window, rec);
     rms_norm_rows(xp + b0 * E, nullptr, xp + b0 * E, m.final_norm.data_ptr<float>(), b1 - b0, E, m.eps);
   };
   auto tail = [&](int64_t b0, int64_t b1) {   // the head, then sampling
@@ -176,8 +188,13 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
                     const c10::List<std::optional<at::Tensor>>& weights, at::TensorList k_caches,
                     at::TensorList v_caches, const at::Tensor& rot, const at::Tensor& final_norm,
                     const at::Tensor& head, int64_t vocab, int64_t heads, double eps, int64_t window,
-                    double temperature, double top_p, int64_t split_rows) {
-  const Decoder m(embed, weights, k_caches, v_caches, rot, final_norm, head, vocab, heads, eps, window);
+                    double temperature, double top_p, int64_t split_rows, std::optional<at::Tensor> record) {
+  Decoder m(embed, weights, k_caches, v_caches, rot, final_norm, head, vocab, heads, eps, window);
+  if (record) {
+    m.keep_in(*record);
+    TORCH_CHECK(record->size(1) >= live, "decode_loop: a record shorter than the live rows");
+  }
+  const int64_t kept_cols = record ? record->size(2) : 0;
   TORCH_CHECK(live >= 0 && live <= m.slots(), "decode_loop: ", live, " live rows for ", m.slots(), " cache slots");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&last, &length, &generated, &drawn, &keys, &eos})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->dim() == 1, "decode_loop: int64 vectors");
@@ -203,7 +220,8 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
   }
   const int64_t n0 = rows.size();
   Scratch scratch(m, std::max<int64_t>(n0, 1));
-  std::vector<int64_t> tok(n0), pos(n0), key(n0), counter(n0), next(n0);
+  std::vector<int64_t> tok(n0), pos(n0), key(n0), counter(n0), next(n0), at(n0);
+  const Record rec{at.data(), record ? record->size(3) : 0};
   std::vector<float> logprob(n0);
   int64_t* out_t = out_tokens.data_ptr<int64_t>();
   float* out_l = out_logprobs.data_ptr<float>();
@@ -213,9 +231,10 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
     for (int64_t i = 0; i < n; ++i) {
       const int64_t s = rows[i];
       tok[i] = lastp[s], pos[i] = lenp[s], key[i] = keyp[s], counter[i] = gp[s] + drawnp[s];
+      at[i] = gp[s] >= 1 && gp[s] - 1 < kept_cols ? s * kept_cols + gp[s] - 1 : -1;
     }
     step_rows(m, scratch, n, tok.data(), pos.data(), rows.data(), key.data(), counter.data(), next.data(),
-              logprob.data(), temperature, top_p, split_rows);
+              logprob.data(), temperature, top_p, split_rows, record ? &rec : nullptr);
     int64_t kept = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t s = rows[i];
@@ -226,6 +245,13 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
     }
     rows.resize(kept);
   }
+  if (record)   // the positions no step read (a row's last token, and past it) hold zeros: finite for the learner
+    for (int64_t l = 0; l < record->size(0); ++l)
+      for (int64_t s = 0; s < live; ++s) {
+        const int64_t from = std::min(std::max<int64_t>(gp[s] - 1, 0), kept_cols);
+        float* r = m.stack[l].record + (s * kept_cols + from) * rec.width;
+        std::fill(r, r + (kept_cols - from) * rec.width, 0.f);
+      }
   return steps;
 }
 
@@ -240,5 +266,5 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
         "Tensor(e!) generated, Tensor drawn, Tensor keys, Tensor eos, int max_new, int live, Tensor embed, "
         "Tensor?[] weights, Tensor(f!)[] k_caches, Tensor(g!)[] v_caches, Tensor rot, Tensor final_norm, "
         "Tensor head, int vocab, int heads, float eps, int window, float temperature, float top_p=1.0, "
-        "int split_rows=-1) -> int", &decode_loop);
+        "int split_rows=-1, Tensor(h!)? record=None) -> int", &decode_loop);
 }

@@ -258,7 +258,7 @@ class _SplitRows:
     def __getattr__(self, name: str):
         self.calls[name] += 1
         if name in ("decode_layer", "decode_step", "decode_loop"):
-            return lambda *args: getattr(self.ops, name)(*args, self.mode)
+            return lambda *args, **kwargs: getattr(self.ops, name)(*args, self.mode, **kwargs)
         return getattr(self.ops, name)
 
 

@@ -1,0 +1,128 @@
+"""The rollout's activations, kept by the native engine's decoding for the learner's first backward.
+
+An on-policy RL step computes every sampled token's activations twice at the same weights: the engine's
+decoding runs each token through every layer to sample the next one, and the learner's forward runs them
+again to take the gradient. Where the engine samples in this process from the learner's own fp32 weights
+(`Rollout.logprobs_exact`) and no optimizer step has come between, the two agree to float rounding, so the
+learner's first mini-batch can take what its backward needs (per layer: rotated queries, keys and values, the
+attention's output and log-sum-exp, the residual after it, gate|up and the layer's output) from the decoding
+(csrc/decode_layer.h, `Record`) and skip its own forward over the completion tokens (`kernels.replay_layer`).
+The prompts still run their own pass: the record holds the completion tokens the decoding read, and a row's
+learner pass covers exactly those (its last token, which no one reads, is never fed back).
+
+One record is a buffer [layers, rows, T, width] that the engine reuses from one generation to the next. A
+learner replays a record only where `matches` its model: the buffer still holds the record's generation, the
+model's parameters are the very tensors, at the very versions, that the decoding read (an in-place update bumps a
+tensor's version counter), and no optimizer has taken a step since (a fused optimizer step updates the tensors
+without bumping their versions, so every step in the process is counted). Anywhere else (a reference or critic
+model, a mini-batch after the first optimizer step, rows sampled before an update) it runs its own forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from reinforge.kernels import LayerRecord
+
+_OPTIMIZER_STEPS = [0]   # steps any optimizer of this process has taken (`weights_key`)
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    _OPTIMIZER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
+@dataclass(frozen=True)
+class RecordShape:
+    """The widths of a record row (csrc/decode_layer.h, `Record::width_of`)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+    @property
+    def sizes(self) -> list[int]:
+        """Floats of each field of a token's row, in order: q, k, v, attn, lse, x_mid, gate|up, x_out."""
+        h, kv, d, e = self.heads, self.kv_heads, self.head_dim, self.hidden
+        return [h * d, kv * d, kv * d, h * d, h, e, 2 * self.intermediate, e]
+
+    @property
+    def width(self) -> int:
+        return sum(self.sizes)
+
+
+def weights_key(model: torch.nn.Module) -> tuple:
+    """Which parameter tensors `model` computes with, at which version (in-place updates bump it), and after how
+    many optimizer steps of this process."""
+    return _OPTIMIZER_STEPS[0], tuple((id(p), p._version) for p in model.parameters())
+
+
+@dataclass
+class RecordBuffer:
+    """The engine's reusable record memory: `data` [layers, rows, T, width] float32, `generation` bumped every
+    time a decoding writes into it."""
+
+    data: torch.Tensor
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class ActivationRecord:
+    """The activations one generation kept, for the rollout's rows: row r's completion token t (t < T, every
+    token the decoding read) at buffer.data[:, rows[r], t]. Rows a row selection keeps follow `rows`."""
+
+    buffer: RecordBuffer
+    generation: int               # the buffer's generation this record was written in
+    rows: torch.Tensor            # [N] long, each rollout row's row of the buffer
+    shape: RecordShape
+    weights: tuple               # `weights_key` of the model whose weights the decoding read
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        """Whether these are `model`'s activations as it is now: the buffer still holds this record (the engine
+        has not decoded into it since) and the model computes with the weights the decoding read, unchanged."""
+        return self.buffer.generation == self.generation and weights_key(model) == self.weights
+
+    def select(self, rows: torch.Tensor) -> ActivationRecord:
+        """The record of rows `rows` (indices into this record's rows)."""
+        return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights)
+
+    @property
+    def kept(self) -> int:
+        """Completion positions kept per row."""
+        return self.buffer.data.shape[2]
+
+    def layers(self, rows: torch.Tensor, positions: int) -> list[LayerRecord]:
+        """Each layer's `LayerRecord` of this record's rows `rows` [B] (indices into `self.rows`) at completion
+        positions 0..positions-1: contiguous copies in `kernels.replay_layer`'s layout. A position past a row's
+        tokens holds zeros (finite: no one reads it, and its gradient is 0)."""
+        if positions > self.kept:
+            raise ValueError(f"the record keeps {self.kept} positions a row, not {positions}")
+        index = self.rows[rows]
+        b, s = len(index), positions
+        h, kv, d, e = self.shape.heads, self.shape.kv_heads, self.shape.head_dim, self.shape.hidden
+        out = []
+        for layer in self.buffer.data[:, :, :positions]:      # [R, S, width] views
+            fields = torch.split(layer, self.shape.sizes, dim=2)
+            q, k, v, attn, lse, x_mid, gate_up, x_out = (f.index_select(0, index) for f in fields)
+            out.append(LayerRecord(q=q.view(b, s, h, d), k=k.view(b, s, kv, d), v=v.view(b, s, kv, d),
+                                   attn=attn.view(b * s, h * d), lse=lse, x_mid=x_mid.view(b * s, e),
+                                   gate_up=gate_up.view(b * s, -1), x_out=x_out.view(b * s, e)))
+        return out
+
+
+def concat_records(parts: list[ActivationRecord | None]) -> ActivationRecord | None:
+    """The record of rollouts concatenated in order: their rows, where every part kept its activations in the
+    same generation of one buffer; else None."""
+    first = parts[0] if parts else None
+    if first is None or any(p is None or p.buffer is not first.buffer or p.generation != first.generation
+                            or p.weights != first.weights for p in parts):
+        return None
+    return ActivationRecord(first.buffer, first.generation, torch.cat([p.rows for p in parts]), first.shape,
+                            first.weights)

@@ -1,0 +1,165 @@
+"""The rollout's activations replayed by the learner's first backward (models/replay.py, train.reuse_activations).
+
+The native engine's one-call decoding keeps every layer's activations at the tokens it reads; where they are the
+learner's own (the same fp32 weights, unchanged) the learner's completion passes take their forward from them.
+Checked here: the log-probs and every parameter's gradient equal the learner's own forward's to float rounding
+(rows of different lengths, a reordered subset of rows, two models); the record is refused wherever it is not the
+model's as it is now (after an optimizer step, for another model, once the engine has decoded into the buffer
+again); the engine keeps none where its log-probs are not the learner's (top-p, greedy) or when not asked; and a
+GRPO learner step with two mini-batches replays the first one only and moves the weights as without it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reinforge.config import build_config
+from reinforge.curation.batches import CuratedBatch, Scores
+from reinforge.distributed.data_parallel import DataParallel
+from reinforge.learner import UpdateSettings, build_sequences
+from reinforge.learner.shared_prefix import completion_token_stats_shared
+from reinforge.loops.rl import Learner, RLState, build_credit
+from reinforge.models import build_tiny_qwen2, replay
+from reinforge.objectives import resolve_spec
+from reinforge.rollout import NativeEngine, SamplingParams
+from reinforge.settings import ModelConfig
+from reinforge.tasks import build_task
+
+pytestmark = pytest.mark.skipif(not __import__("reinforge.kernels").kernels.load_cpu_kernels(),
+                                reason="the CPU kernels do not build here")
+
+
+def sampled(policy, prompts: int = 4, group: int = 4, max_new: int = 12, seed: int = 1, keep: bool = True,
+            **params):
+    engine = NativeEngine(policy, cpu_kernels=True)
+    engine.keep_activations = keep
+    examples = build_task("arithmetic").train_split(prompts)
+    rollout = engine.generate([e.prompt for e in examples], group,
+                              SamplingParams(max_new_tokens=max_new, temperature=params.pop("temperature", 1.0),
+                                             **params),
+                              generator=torch.Generator().manual_seed(seed))
+    return engine, examples, rollout
+
+
+def sequences_of(policy, rollout):
+    return build_sequences(rollout.prompt_ids, rollout.completion_ids, rollout.completion_mask,
+                           policy.tokenizer.pad_token_id, group_ids=rollout.group_ids)
+
+
+def stats_and_grads(model, seq, activations):
+    model.zero_grad(set_to_none=True)
+    stats = completion_token_stats_shared(model, seq, seq.group_ids, activations=activations)
+    mask = seq.completion_mask
+    ((stats.logprobs * mask).sum() + 0.1 * (stats.entropy * mask).sum()).backward()
+    return stats.logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def count_replays(monkeypatch) -> list[int]:
+    calls = [0]
+    original = replay.ActivationRecord.layers
+
+    def layers(self, rows, positions):
+        calls[0] += 1
+        return original(self, rows, positions)
+
+    monkeypatch.setattr(replay.ActivationRecord, "layers", layers)
+    return calls
+
+
+@pytest.mark.parametrize("config", [ModelConfig(max_positions=128),
+                                    ModelConfig(max_positions=128, num_heads=8, num_kv_heads=2)])
+def test_replayed_forward_gives_the_learners_log_probs_and_gradients(config, monkeypatch) -> None:
+    policy = build_tiny_qwen2(config, seed=0)
+    _, _, rollout = sampled(policy)
+    lengths = rollout.lengths
+    assert rollout.activations is not None and rollout.logprobs_exact
+    assert len(set(lengths.tolist())) > 1      # rows that ended early: positions past them are padding
+    calls = count_replays(monkeypatch)
+    seq = sequences_of(policy, rollout)
+    own, own_grads = stats_and_grads(policy.model, seq, None)
+    assert calls[0] == 0
+    kept, kept_grads = stats_and_grads(policy.model, seq, rollout.activations)
+    assert calls[0] > 0
+    assert float((own - kept).abs().max()) < 1e-5
+    for name, grad in own_grads.items():
+        scale = float(grad.abs().max())
+        assert scale > 0, name
+        assert float((kept_grads[name] - grad).abs().max()) < 1e-4 * scale, name
+    # a reordered subset of the rows (a mini-batch) takes its own rows of the record
+    rows = torch.tensor([7, 0, 5, 12, 3])
+    sub = seq.rows(rows)
+    mine, _ = stats_and_grads(policy.model, sub, rollout.activations.select(rows))
+    assert float((mine - own[rows, : mine.shape[1]]).abs().max()) < 1e-5
+
+
+def test_a_record_is_replayed_only_for_the_model_as_it_sampled(monkeypatch) -> None:
+    policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
+    engine, examples, rollout = sampled(policy)
+    record = rollout.activations
+    assert record.matches(policy.model)
+    assert not record.matches(copy.deepcopy(policy.model))          # a reference's own copy
+    calls = count_replays(monkeypatch)
+    seq = sequences_of(policy, rollout)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3, fused=True)   # bumps no version counter
+    stats_and_grads(policy.model, seq, record)
+    optimizer.step()                                                 # in place: the versions move on
+    assert not record.matches(policy.model)
+    replays = calls[0]
+    after, _ = stats_and_grads(policy.model, seq, record)            # runs its own forward
+    own, _ = stats_and_grads(policy.model, seq, None)
+    assert calls[0] == replays and torch.equal(after, own)
+    # the engine decodes into the same buffer again: the earlier record is gone
+    fresh = engine.generate([e.prompt for e in examples], 4, SamplingParams(max_new_tokens=12),
+                            generator=torch.Generator().manual_seed(2))
+    assert fresh.activations.matches(policy.model) and not rollout.activations.matches(policy.model)
+
+
+@pytest.mark.parametrize("params", [{"top_p": 0.9}, {"greedy": True}])
+def test_no_record_where_the_samplers_log_probs_are_not_the_learners(params) -> None:
+    policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
+    _, _, rollout = sampled(policy, **params)
+    assert rollout.activations is None
+    _, _, plain = sampled(policy, keep=False)
+    assert plain.activations is None and plain.logprobs_exact
+
+
+def test_a_learner_step_replays_its_first_mini_batch_only_and_moves_the_weights_alike(micro_overrides,
+                                                                                     monkeypatch) -> None:
+    """Two mini-batches: the first one's forward is the record; the second comes after an optimizer step and runs
+    its own. The weights move as with the record off, to the rounding Adam's first step lifts (as in
+    tests/unit/loops/test_old_logprobs.py)."""
+    verdicts: list[bool] = []
+    original = replay.ActivationRecord.matches
+    monkeypatch.setattr(replay.ActivationRecord, "matches",
+                        lambda self, model: verdicts.append(original(self, model)) or verdicts[-1])
+    moved = {}
+    for reuse in (False, True):
+        cfg = build_config([*micro_overrides, "train.group_size=4", "train.mini_batches=2",
+                            f"train.reuse_activations={str(reuse).lower()}"])
+        policy = build_tiny_qwen2(cfg.model, seed=0)
+        _, examples, rollout = sampled(policy)
+        rewards = (torch.arange(16) % 3 == 0).float()
+        scores = Scores(rewards=rewards, valid=torch.ones(16, dtype=torch.bool), correct=rewards > 0)
+        spec = resolve_spec("grpo")
+        learner = Learner(policy, spec, UpdateSettings.from_config(cfg.train, cfg.rollout),
+                          SamplingParams.from_config(cfg.rollout), DataParallel(None, policy.model),
+                          cfg.train.max_nonfinite_steps)
+        state = RLState.start(cfg.train, 0, policy.model, examples, spec,
+                              build_credit(cfg.train, cfg.critic, policy.model, spec))
+        before = torch.cat([p.detach().flatten() for p in policy.model.parameters()])
+        verdicts.clear()
+        learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(16, dtype=torch.bool), {}))
+        moved[reuse] = torch.cat([p.detach().flatten() for p in policy.model.parameters()]) - before
+        # the first mini-batch's micro-batches take the record, the second's (after the optimizer step) refuse it
+        if reuse:
+            first = verdicts.index(False)
+            assert first > 0 and all(verdicts[:first]) and not any(verdicts[first:])
+        else:
+            assert verdicts == []
+    size = float(moved[False].abs().max())
+    gap = (moved[True] - moved[False]).abs()
+    assert size > 1e-5 and float(gap.max()) < 0.1 * size and float(gap.mean()) < 1e-3 * float(moved[False].abs().mean())
+
