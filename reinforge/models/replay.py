@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from reinforge.kernels import LayerRecord
+from reinforge.kernels import LayerRecord, load_cpu_kernels
 
 _OPTIMIZER_STEPS = [0]   # steps any optimizer of this process has taken (`weights_key`)
 
@@ -49,13 +49,14 @@ class RecordShape:
 
     @property
     def sizes(self) -> list[int]:
-        """Floats of each field of a token's row, in order: q, k, v, attn, lse, x_mid, gate|up, x_out."""
+        """Floats of each field of a token's row, in order: q, k, v, attn, x_mid, gate|up, x_out, lse."""
         h, kv, d, e = self.heads, self.kv_heads, self.head_dim, self.hidden
-        return [h * d, kv * d, kv * d, h * d, h, e, 2 * self.intermediate, e]
+        return [h * d, kv * d, kv * d, h * d, e, 2 * self.intermediate, e, h]
 
     @property
     def width(self) -> int:
-        return sum(self.sizes)
+        """A row's floats: the fields padded to whole 64-byte lines."""
+        return (sum(self.sizes) + 15) // 16 * 16
 
 
 def weights_key(model: torch.nn.Module) -> tuple:
@@ -100,20 +101,20 @@ class ActivationRecord:
 
     def layers(self, rows: torch.Tensor, positions: int) -> list[LayerRecord]:
         """Each layer's `LayerRecord` of this record's rows `rows` [B] (indices into `self.rows`) at completion
-        positions 0..positions-1: contiguous copies in `kernels.replay_layer`'s layout. A position past a row's
-        tokens holds zeros (finite: no one reads it, and its gradient is 0)."""
+        positions 0..positions-1: contiguous copies in `kernels.replay_layer`'s layout (csrc/step.cpp,
+        `record_gather`). A position past a row's tokens holds zeros (finite: no one reads it, and its gradient is
+        0)."""
         if positions > self.kept:
             raise ValueError(f"the record keeps {self.kept} positions a row, not {positions}")
-        index = self.rows[rows]
-        b, s = len(index), positions
-        h, kv, d, e = self.shape.heads, self.shape.kv_heads, self.shape.head_dim, self.shape.hidden
+        b, s = len(rows), positions
+        h, kv, d = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
+        tokens = (self.rows[rows][:, None] * self.kept + torch.arange(s)[None, :]).flatten()    # [B S]: r T + t
+        fields = load_cpu_kernels().record_gather(self.buffer.data, tokens, self.shape.sizes)
         out = []
-        for layer in self.buffer.data[:, :, :positions]:      # [R, S, width] views
-            fields = torch.split(layer, self.shape.sizes, dim=2)
-            q, k, v, attn, lse, x_mid, gate_up, x_out = (f.index_select(0, index) for f in fields)
-            out.append(LayerRecord(q=q.view(b, s, h, d), k=k.view(b, s, kv, d), v=v.view(b, s, kv, d),
-                                   attn=attn.view(b * s, h * d), lse=lse, x_mid=x_mid.view(b * s, e),
-                                   gate_up=gate_up.view(b * s, -1), x_out=x_out.view(b * s, e)))
+        for at in range(0, len(fields), len(self.shape.sizes)):
+            q, k, v, attn, x_mid, gate_up, x_out, lse = fields[at : at + len(self.shape.sizes)]
+            out.append(LayerRecord(q=q.view(b, s, h, d), k=k.view(b, s, kv, d), v=v.view(b, s, kv, d), attn=attn,
+                                   lse=lse.view(b, s, h), x_mid=x_mid, gate_up=gate_up, x_out=x_out))
         return out
 
 

@@ -25,6 +25,10 @@
 #include <optional>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace reinforge_kernels {
 
 // A [rows, cols] float block in memory: element (r, c) at data[r * stride + c].
@@ -155,15 +159,31 @@ struct Layer {
 };
 
 // What a decoding step keeps of each token it runs, for the learner's backward to use in place of its own forward
-// (reinforge.kernels.replay_layer): per layer and token one row of `width()` floats, the fields in this order:
-// q|k|v after rotary [N], the attention's output [H D], its log-sum-exp per head [H], the residual after the
-// attention x_mid [E], gate|up [2I], the layer's output [E]. Row b of a step goes to row at[b] of every layer's
-// record (at[b] < 0: not kept).
+// (reinforge.kernels.replay_layer): per layer and token one row of `width_of` floats, the fields in this order:
+// q|k|v after rotary [N], the attention's output [H D], the residual after the attention x_mid [E], gate|up [2I],
+// the layer's output [E], the attention's log-sum-exp per head [H], then padding to whole 64-byte lines (so that
+// where the widths are multiples of 16 floats each field is written with streaming stores: the record is read back
+// by the learner later, not by this step). Row b of a step goes to row at[b] of every layer's record (at[b] < 0: not
+// kept). reinforge.models.replay.RecordShape holds the same layout.
 struct Record {
   const int64_t* at;
   int64_t width;
-  static int64_t width_of(int64_t E, int64_t H, int64_t D, int64_t I, int64_t N) { return N + H * D + H + 2 * E + 2 * I; }
+  static int64_t width_of(int64_t E, int64_t H, int64_t D, int64_t I, int64_t N) {
+    return (N + H * D + 2 * E + 2 * I + H + 15) / 16 * 16;
+  }
 };
+
+// n floats from src to dst, with streaming stores where dst is 64-byte aligned and n whole lines (the writer
+// fences once it has written its rows); else memcpy.
+inline void stream_floats(float* dst, const float* src, int64_t n) {
+#if defined(__AVX512F__)
+  if (reinterpret_cast<uintptr_t>(dst) % 64 == 0 && n % 16 == 0) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, sizeof(float) * n);
+}
 
 // The widths of a layer (E model, H and KV heads of D, I the MLP's, N = (H + 2 KV) D of q|k|v) and the
 // step's scratch rows: h [B, E], qkv [B, N], attn [B, H D], gu [B, 2I], act [B, I], lse [B, H].
@@ -227,23 +247,27 @@ __attribute__((noinline)) inline void layer_rows(const Layer& L, const Step& s, 
   if (L.o_b)
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t e = 0; e < E; ++e) xp[b * E + e] += L.o_b[e];
-  const int64_t mid = N + H * D + H;   // x_mid's offset in a record row
+  const int64_t mid = N + H * D;   // x_mid's offset in a record row
   if (rec)
     for (int64_t b = b0; b < b1; ++b)
-      if (float* r = kept(b)) std::memcpy(r + mid, xp + b * E, sizeof(float) * E);
+      if (float* r = kept(b)) stream_floats(r + mid, xp + b * E, E);
   rms_norm_rows(s.h + b0 * E, nullptr, xp + b0 * E, L.post_norm, M, E, eps);
   product(s.gu + b0 * 2 * I, 2 * I, s.h + b0 * E, E, L.gate_up_p, nullptr, M, 2 * I, E, false);
   swiglu_rows(s.act + b0 * I, s.gu + b0 * 2 * I, M, I);
   product(xp + b0 * E, E, s.act + b0 * I, I, L.down_p, nullptr, M, E, I, true);
-  if (rec)
+  if (rec) {
     for (int64_t b = b0; b < b1; ++b)
       if (float* r = kept(b)) {
-        std::memcpy(r, s.qkv + b * N, sizeof(float) * N);
-        std::memcpy(r + N, s.attn + b * H * D, sizeof(float) * H * D);
-        std::memcpy(r + N + H * D, s.lse + b * H, sizeof(float) * H);
-        std::memcpy(r + mid + E, s.gu + b * 2 * I, sizeof(float) * 2 * I);
-        std::memcpy(r + mid + E + 2 * I, xp + b * E, sizeof(float) * E);
+        stream_floats(r, s.qkv + b * N, N);
+        stream_floats(r + N, s.attn + b * H * D, H * D);
+        stream_floats(r + mid + E, s.gu + b * 2 * I, 2 * I);
+        stream_floats(r + mid + E + 2 * I, xp + b * E, E);
+        std::memcpy(r + mid + 2 * E + 2 * I, s.lse + b * H, sizeof(float) * H);
       }
+#if defined(__AVX512F__)
+    _mm_sfence();   // this thread's streaming stores before anyone reads the record
+#endif
+  }
 }
 
 inline const float* data_or_null(const std::optional<at::Tensor>& t) {

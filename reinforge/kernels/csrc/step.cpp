@@ -245,14 +245,52 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
     }
     rows.resize(kept);
   }
-  if (record)   // the positions no step read (a row's last token, and past it) hold zeros: finite for the learner
+  if (record) {   // positions no step read before the longest row's last: zeros, finite for the learner (a row's pass
+    int64_t longest = 0;   // runs to its bucket's longest row, no further)
+    for (int64_t s = 0; s < live; ++s) longest = std::max(longest, std::min(gp[s] - 1, kept_cols));
     for (int64_t l = 0; l < record->size(0); ++l)
       for (int64_t s = 0; s < live; ++s) {
-        const int64_t from = std::min(std::max<int64_t>(gp[s] - 1, 0), kept_cols);
+        const int64_t from = std::min(std::max<int64_t>(gp[s] - 1, 0), longest);
         float* r = m.stack[l].record + (s * kept_cols + from) * rec.width;
-        std::fill(r, r + (kept_cols - from) * rec.width, 0.f);
+        std::fill(r, r + (longest - from) * rec.width, 0.f);
       }
+  }
   return steps;
+}
+
+// The learner's copy of a decoding's record (decode_layer.h, `Record`): of data [layers, R, T, width] the tokens
+// index [n] (r T + t), each layer's fields split at `sizes` (summing to at most width), as contiguous [n, size]
+// tensors, layer by layer. One pass over each kept row, the threads splitting the rows (index_select per field
+// copied a field's few floats at a time).
+std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& index, at::IntArrayRef sizes) {
+  TORCH_CHECK(data.scalar_type() == at::kFloat && data.is_contiguous() && data.dim() == 4,
+              "record_gather: data must be a contiguous float32 [layers, R, T, width]");
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.dim() == 1,
+              "record_gather: index must be [n] int64");
+  const int64_t L = data.size(0), RT = data.size(1) * data.size(2), W = data.size(3), n = index.size(0);
+  const int64_t F = sizes.size();
+  std::vector<int64_t> offset(F + 1, 0);
+  for (int64_t f = 0; f < F; ++f) offset[f + 1] = offset[f] + sizes[f];
+  TORCH_CHECK(offset[F] <= W, "record_gather: fields wider than a record row");
+  const int64_t* idx = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(idx[i] >= 0 && idx[i] < RT, "record_gather: a token outside the record");
+  std::vector<at::Tensor> out;
+  std::vector<float*> dst;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t f = 0; f < F; ++f) {
+      out.push_back(at::empty({n, sizes[f]}, data.options()));
+      dst.push_back(out.back().data_ptr<float>());
+    }
+  const float* src = data.data_ptr<float>();
+  at::parallel_for(0, L * n, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t l = i / n, m = i % n;
+      const float* row = src + (l * RT + idx[m]) * W;
+      for (int64_t f = 0; f < F; ++f)
+        std::memcpy(dst[l * F + f] + m * sizes[f], row + offset[f], sizeof(float) * sizes[f]);
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -267,4 +305,5 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
         "Tensor?[] weights, Tensor(f!)[] k_caches, Tensor(g!)[] v_caches, Tensor rot, Tensor final_norm, "
         "Tensor head, int vocab, int heads, float eps, int window, float temperature, float top_p=1.0, "
         "int split_rows=-1, Tensor(h!)? record=None) -> int", &decode_loop);
+  m.def("record_gather(Tensor data, Tensor index, int[] sizes) -> Tensor[]", &record_gather);
 }
