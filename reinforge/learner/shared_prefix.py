@@ -144,7 +144,8 @@ def completion_token_stats_shared(
     """
     shape, w = _native_decoder(model)
     compiled = compile and batch.input_ids.is_cuda
-    if activations is not None and (compiled or not activations.matches(model)):
+    offered = activations is not None
+    if offered and (compiled or not activations.matches(model)):
         activations = None
     _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
@@ -155,7 +156,10 @@ def completion_token_stats_shared(
         predictors = _shared_prompt_predictors(model, shape, w, batch, group_ids.to(batch.input_ids.device), rows,
                                                cols, pad, compiled, activations)
     # the LM head on the valid tokens only
-    return head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
+    stats = head_token_stats(model, batch, predictors, temperature, chunk_size, fp32_head, truncation)
+    if offered:
+        stats.metrics["learner/replayed_forward"] = float(activations is not None)
+    return stats
 
 
 def _check_right_padded(batch: SequenceBatch) -> None:

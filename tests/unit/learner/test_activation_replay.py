@@ -151,14 +151,15 @@ def test_a_learner_step_replays_its_first_mini_batch_only_and_moves_the_weights_
                               build_credit(cfg.train, cfg.critic, policy.model, spec))
         before = torch.cat([p.detach().flatten() for p in policy.model.parameters()])
         verdicts.clear()
-        learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(16, dtype=torch.bool), {}))
+        metrics = learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(16, dtype=torch.bool), {}))
         moved[reuse] = torch.cat([p.detach().flatten() for p in policy.model.parameters()]) - before
         # the first mini-batch's micro-batches take the record, the second's (after the optimizer step) refuse it
         if reuse:
             first = verdicts.index(False)
             assert first > 0 and all(verdicts[:first]) and not any(verdicts[first:])
+            assert metrics["learner/replayed_forward"] == pytest.approx(first / len(verdicts))
         else:
-            assert verdicts == []
+            assert verdicts == [] and "learner/replayed_forward" not in metrics
     size = float(moved[False].abs().max())
     gap = (moved[True] - moved[False]).abs()
     assert size > 1e-5 and float(gap.max()) < 0.1 * size and float(gap.mean()) < 1e-3 * float(moved[False].abs().mean())
