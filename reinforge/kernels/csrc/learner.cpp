@@ -55,35 +55,29 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const a
 }
 
 // With g = dy * w and r = rstd: dx = r g - x r^3 (g . x) / E (plus `add` [R, E] when given: a
-// residual's gradient); dw += sum over rows of dy * x * r. One thread's rows: dw is its own.
-void rms_norm_backward_serial(float* dxp, float* dw, const float* dyp, const float* xp, const float* wp, const float* rp,
-                              const float* add, int64_t R, int64_t E) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float* dyr = dyp + r * E;
-    const float* xr = xp + r * E;
-    const float inv = rp[r];
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < E; ++i) dot += dyr[i] * wp[i] * xr[i];
-    const float c = inv * inv * inv * dot / E;
-    float* dxr = dxp + r * E;
-    const float* ar = add ? add + r * E : nullptr;
-#pragma omp simd
-    for (int64_t i = 0; i < E; ++i) {
-      dxr[i] = inv * dyr[i] * wp[i] - xr[i] * c + (ar ? ar[i] : 0.f);
-      dw[i] += dyr[i] * xr[i] * inv;
-    }
-  }
-}
-
-// rms_norm_backward_serial over all R rows, the threads splitting them; dw [E] is written (the threads' sums added).
+// residual's gradient); dw = sum over rows of dy * x * r.
 void rms_norm_backward_rows(float* dxp, float* dwp, const float* dyp, const float* xp, const float* wp, const float* rp,
                             const float* add, int64_t R, int64_t E) {
   const int threads = at::get_num_threads();
   std::vector<float> partial((size_t)threads * E, 0.f);   // dw per thread, summed below
   at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
-    rms_norm_backward_serial(dxp + r0 * E, partial.data() + (size_t)at::get_thread_num() * E, dyp + r0 * E, xp + r0 * E,
-                             wp, rp + r0, add ? add + r0 * E : nullptr, r1 - r0, E);
+    float* dw = partial.data() + (size_t)at::get_thread_num() * E;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* dyr = dyp + r * E;
+      const float* xr = xp + r * E;
+      const float inv = rp[r];
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < E; ++i) dot += dyr[i] * wp[i] * xr[i];
+      const float c = inv * inv * inv * dot / E;
+      float* dxr = dxp + r * E;
+      const float* ar = add ? add + r * E : nullptr;
+#pragma omp simd
+      for (int64_t i = 0; i < E; ++i) {
+        dxr[i] = inv * dyr[i] * wp[i] - xr[i] * c + (ar ? ar[i] : 0.f);
+        dw[i] += dyr[i] * xr[i] * inv;
+      }
+    }
   });
   for (int64_t i = 0; i < E; ++i) {
     float s = 0.f;
@@ -114,10 +108,17 @@ at::Tensor swiglu_forward(const at::Tensor& gu) {
   return a;
 }
 
-// d gate = da * up * s (1 + gate (1 - s)), s = sigmoid(gate); d up = da * silu(gate), for R rows of gu [R, 2I]
-// and da [R, I] into dgu [R, 2I]. With `act` [R, I] given, the forward's silu(gate) * up is written there in the
-// same pass.
-void swiglu_backward_rows(float* dp, const float* dap, const float* gp, float* act, int64_t R, int64_t I) {
+// d gate = da * up * s (1 + gate (1 - s)), s = sigmoid(gate); d up = da * silu(gate). With `act`
+// [R, I] given, the forward's silu(gate) * up is written there in the same pass.
+at::Tensor swiglu_backward_into(const at::Tensor& da, const at::Tensor& gu, float* act) {
+  check_rows(da, "swiglu_backward: da");
+  check_rows(gu, "swiglu_backward: gu");
+  const int64_t R = gu.size(0), I = gu.size(1) / 2;
+  TORCH_CHECK(da.size(0) == R && da.size(1) == I, "swiglu_backward: da must be [R, I]");
+  auto dgu = at::empty({R, 2 * I}, gu.options());
+  const float* dap = da.data_ptr<float>();
+  const float* gp = gu.data_ptr<float>();
+  float* dp = dgu.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* g = gp + r * 2 * I;
@@ -133,15 +134,6 @@ void swiglu_backward_rows(float* dp, const float* dap, const float* gp, float* a
       }
     }
   });
-}
-
-at::Tensor swiglu_backward_into(const at::Tensor& da, const at::Tensor& gu, float* act) {
-  check_rows(da, "swiglu_backward: da");
-  check_rows(gu, "swiglu_backward: gu");
-  const int64_t R = gu.size(0), I = gu.size(1) / 2;
-  TORCH_CHECK(da.size(0) == R && da.size(1) == I, "swiglu_backward: da must be [R, I]");
-  auto dgu = at::empty({R, 2 * I}, gu.options());
-  swiglu_backward_rows(dgu.data_ptr<float>(), da.data_ptr<float>(), gu.data_ptr<float>(), act, R, I);
   return dgu;
 }
 
@@ -306,55 +298,29 @@ std::vector<at::Tensor> train_layer_backward(
   check_vector(post_norm, E, "post_norm");
   check_rows(dout, "train_layer_backward: dout");
   auto opts = x.options();
-  const int64_t I = a.I, N = a.N, HD = H * D;
-  auto act = at::empty({M, I}, opts), d_act = at::empty({M, I}, opts), d_gate_up = at::empty({M, 2 * I}, opts);
-  auto h = at::empty({M, E}, opts), rstd = at::empty({M}, opts), dh = at::empty({M, E}, opts);
-  auto d_mid = at::empty({M, E}, opts), d_attn = at::empty({M, HD}, opts), d_qkv = at::empty({M, N}, opts);
-  auto dx = at::empty({M, E}, opts);
-  float *actp = act.data_ptr<float>(), *d_actp = d_act.data_ptr<float>(), *dgup = d_gate_up.data_ptr<float>();
-  float *hp = h.data_ptr<float>(), *rp = rstd.data_ptr<float>(), *dhp = dh.data_ptr<float>();
-  float *d_midp = d_mid.data_ptr<float>(), *d_attnp = d_attn.data_ptr<float>(), *dqkv = d_qkv.data_ptr<float>();
-  float* dxp = dx.data_ptr<float>();
-  const float *doutp = dout.data_ptr<float>(), *xp = x.data_ptr<float>(), *midp = x_mid.data_ptr<float>();
-  const float *gup = gate_up.data_ptr<float>(), *post = post_norm.data_ptr<float>(), *in = input_norm.data_ptr<float>();
-  const float epsf = (float)eps;
-  // The input gradients run in two passes over the rows, one before the attention's backward and one after;
-  // where every thread has rows, each runs a pass for its own rows (products, norms, SwiGLU, rotary: no
-  // synchronisation inside, as train_layer_forward), else each step splits its work. The norms' weight gradients
-  // are summed per thread, then added; the other weight gradients are whole-batch products after each pass.
-  // (Intel Xeon, the vs_trl shape's learner backward, alternating with each step split: 43.3 against 45.7 ms and
-  // 34.5 against 36.6 ms; no difference at a time-to-accuracy mini-batch, 128 rows of ~5 tokens.)
-  const int threads = at::get_num_threads();
-  const bool by_rows = threads > 1 && g.B >= threads;
-  std::vector<float> d_norms((size_t)(by_rows ? threads : 1) * 2 * E, 0.f);   // per thread: d post_norm | d input_norm
-  // one pass's norm backward into its thread's d_norm (by rows), or over all rows with the threads splitting them
-  auto norm_backward = [&](float* dx_, float* d_norm, const float* dy, const float* x_, const float* w, const float* r,
-                           const float* add, int64_t n) {
-    if (by_rows) return rms_norm_backward_serial(dx_, d_norm, dy, x_, w, r, add, n, E);
-    std::vector<float> dw(E);
-    rms_norm_backward_rows(dx_, dw.data(), dy, x_, w, r, add, n, E);
-    for (int64_t i = 0; i < E; ++i) d_norm[i] += dw[i];
-  };
-  auto rows = [&](auto&& pass) {
-    if (by_rows)
-      at::parallel_for(0, g.B, 1, [&](int64_t b0, int64_t b1) { pass(b0, b1, d_norms.data() + at::get_thread_num() * 2 * E); });
-    else
-      pass(0, g.B, d_norms.data());
-  };
-  // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid)))); then the attention's output: x_mid = x + o(attn)
-  rows([&](int64_t b0, int64_t b1, float* d_norm) {
-    const int64_t m0 = b0 * S, n = (b1 - b0) * S;
-    product(d_actp + m0 * I, I, doutp + m0 * E, E, down_t, nullptr, n, I, E, false);       // dout down_w
-    swiglu_backward_rows(dgup + m0 * 2 * I, d_actp + m0 * I, gup + m0 * 2 * I, actp + m0 * I, n, I);
-    reinforge_kernels::rms_norm_rows(hp + m0 * E, rp + m0, midp + m0 * E, post, n, E, epsf);
-    product(dhp + m0 * E, E, dgup + m0 * 2 * I, 2 * I, gate_up_t, nullptr, n, E, 2 * I, false);
-    norm_backward(d_midp + m0 * E, d_norm, dhp + m0 * E, midp + m0 * E, post, rp + m0, doutp + m0 * E, n);
-    product(d_attnp + m0 * HD, HD, d_midp + m0 * E, E, o_t, nullptr, n, HD, E, false);
-  });
+  // MLP: x_out = x_mid + down(swiglu(gate_up(norm(x_mid))))
+  auto act = at::empty({M, a.I}, opts);    // recomputed in the backward's pass over gate_up
+  auto d_act = at::empty({M, a.I}, opts);     // dout down_w
+  product(d_act.data_ptr<float>(), a.I, dout.data_ptr<float>(), E, down_t, nullptr, M, a.I, E, false);
+  auto d_gate_up = swiglu_backward_into(d_act, gate_up, act.data_ptr<float>());
   auto d_down_w = at::mm(dout.t(), act);
+  auto h = at::empty({M, E}, opts);
+  auto rstd = at::empty({M}, opts);
+  reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), rstd.data_ptr<float>(), x_mid.data_ptr<float>(),
+                                   post_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_gate_up_w = at::mm(d_gate_up.t(), h);
+  auto dh = at::empty({M, E}, opts);
+  product(dh.data_ptr<float>(), E, d_gate_up.data_ptr<float>(), 2 * a.I, gate_up_t, nullptr, M, E, 2 * a.I, false);
+  auto d_mid = at::empty({M, E}, opts);
+  auto d_post_norm = at::empty({E}, opts);
+  rms_norm_backward_rows(d_mid.data_ptr<float>(), d_post_norm.data_ptr<float>(), dh.data_ptr<float>(),
+                         x_mid.data_ptr<float>(), post_norm.data_ptr<float>(), rstd.data_ptr<float>(),
+                         dout.data_ptr<float>(), M, E);
+  // attention: x_mid = x + o(attn)
   auto d_o_w = at::mm(d_mid.t(), attn);
   auto d_o_b = o_bias ? d_mid.sum(0) : at::empty({0}, opts);
+  auto d_attn = at::empty({M, H * D}, opts);
+  product(d_attn.data_ptr<float>(), H * D, d_mid.data_ptr<float>(), E, o_t, nullptr, M, H * D, E, false);
   auto dq = at::empty({g.B, S, H, D}, opts);
   auto dk = dk_in ? dk_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
   auto dv = dv_in ? dv_in->contiguous().clone() : at::zeros({g.B, S, KV, D}, opts);
@@ -363,37 +329,35 @@ std::vector<at::Tensor> train_layer_backward(
   with_head_dim(D, [&](auto d) {
     attention_backward<decltype(d)::value>(
         g, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pk ? pk->data_ptr<float>() : nullptr,
-        pv ? pv->data_ptr<float>() : nullptr, attn.data_ptr<float>(), lse.data_ptr<float>(), d_attnp,
+        pv ? pv->data_ptr<float>() : nullptr, attn.data_ptr<float>(), lse.data_ptr<float>(), d_attn.data_ptr<float>(),
         dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), pk ? dpk.data_ptr<float>() : nullptr,
         pv ? dpv.data_ptr<float>() : nullptr);
   });
   // qkv = qkv_proj(norm(x)), then rotary of q and k
-  const float* rot_p = rot.data_ptr<float>();
+  auto d_qkv = at::empty({M, a.N}, opts);
+  const float* rp = rot.data_ptr<float>();
   const int64_t* p0 = pos0.data_ptr<int64_t>();
+  float* dqkv = d_qkv.data_ptr<float>();
   const float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  auto dh1 = at::empty({M, E}, opts);
-  float* dh1p = dh1.data_ptr<float>();
-  rows([&](int64_t b0, int64_t b1, float* d_norm) {
-    const int64_t m0 = b0 * S, n = (b1 - b0) * S;
-    at::parallel_for(m0, m0 + n, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t m = r0; m < r1; ++m) {
-        const float* cs = rot_p + (p0[m / S] + m % S) * D;
-        float* row = dqkv + m * N;
-        rotate<true>(row, dqp + m * HD, cs, H, D);
-        rotate<true>(row + HD, dkp + m * KV * D, cs, KV, D);
-        std::memcpy(row + (H + KV) * D, dvp + m * KV * D, sizeof(float) * KV * D);
-      }
-    });
-    reinforge_kernels::rms_norm_rows(hp + m0 * E, rp + m0, xp + m0 * E, in, n, E, epsf);
-    product(dh1p + m0 * E, E, dqkv + m0 * N, N, qkv_t, nullptr, n, E, N, false);
-    norm_backward(dxp + m0 * E, d_norm + E, dh1p + m0 * E, xp + m0 * E, in, rp + m0, d_midp + m0 * E, n);
+  at::parallel_for(0, M, 64, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* cs = rp + (p0[m / S] + m % S) * D;
+      float* row = dqkv + m * a.N;
+      rotate<true>(row, dqp + m * H * D, cs, H, D);
+      rotate<true>(row + H * D, dkp + m * KV * D, cs, KV, D);
+      std::memcpy(row + (H + KV) * D, dvp + m * KV * D, sizeof(float) * KV * D);
+    }
   });
   auto d_qkv_b = qkv_bias ? d_qkv.sum(0) : at::empty({0}, opts);
+  reinforge_kernels::rms_norm_rows(h.data_ptr<float>(), rstd.data_ptr<float>(), x.data_ptr<float>(),
+                                   input_norm.data_ptr<float>(), M, E, (float)eps);
   auto d_qkv_w = at::mm(d_qkv.t(), h);
-  auto d_post_norm = at::zeros({E}, opts), d_input_norm = at::zeros({E}, opts);
-  float *dpn = d_post_norm.data_ptr<float>(), *din = d_input_norm.data_ptr<float>();
-  for (size_t t = 0; t < d_norms.size() / (2 * E); ++t)
-    for (int64_t i = 0; i < E; ++i) dpn[i] += d_norms[t * 2 * E + i], din[i] += d_norms[t * 2 * E + E + i];
+  auto dh1 = at::empty({M, E}, opts);
+  product(dh1.data_ptr<float>(), E, d_qkv.data_ptr<float>(), a.N, qkv_t, nullptr, M, E, a.N, false);
+  auto dx = at::empty({M, E}, opts);
+  auto d_input_norm = at::empty({E}, opts);
+  rms_norm_backward_rows(dx.data_ptr<float>(), d_input_norm.data_ptr<float>(), dh1.data_ptr<float>(), x.data_ptr<float>(),
+                         input_norm.data_ptr<float>(), rstd.data_ptr<float>(), d_mid.data_ptr<float>(), M, E);
   return {dx, d_input_norm, d_qkv_w, d_qkv_b, d_o_w, d_o_b, d_post_norm, d_gate_up_w, d_down_w, dpk, dpv};
 }
 
