@@ -154,8 +154,10 @@ class NativeEngine:
         """The record a one-call decoding of `rows` fresh rows with weights `w` (the model's at `weights_key` `key`)
         keeps its activations in (`keep_activations`; its rows are slots 0..rows-1), the buffer's generation bumped
         (a record of the generation before no longer matches); None where the learner could not use them (no CPU
-        kernels, log-probs not the learner's own, over RECORD_BYTES)."""
+        kernels, log-probs not the learner's own, layers the learner's fused passes do not run, over RECORD_BYTES)."""
         if not (self.keep_activations and self.kernels is not None and self.exact_logprobs(params)):
+            return None
+        if any(lw.q_norm is not None or lw.act is not None for lw in w.layers):   # kernels.fused_layer_ok's layers
             return None
         shape = RecordShape(hidden=w.embed.shape[1], heads=self.shape.num_heads, kv_heads=self.shape.num_kv_heads,
                             head_dim=self.shape.head_dim, intermediate=w.layers[0].gate_up.shape[0] // 2)

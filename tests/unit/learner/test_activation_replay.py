@@ -15,6 +15,7 @@ import copy
 
 import pytest
 import torch
+from unit.rollout.test_native_engine import MODELS, PROMPTS
 
 from reinforge.config import build_config
 from reinforge.curation.batches import CuratedBatch, Scores
@@ -93,6 +94,26 @@ def test_replayed_forward_gives_the_learners_log_probs_and_gradients(config, mon
     sub = seq.rows(rows)
     mine, _ = stats_and_grads(policy.model, sub, rollout.activations.select(rows))
     assert float((mine - own[rows, : mine.shape[1]]).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_the_engine_keeps_activations_only_for_layers_the_learner_replays(name: str) -> None:
+    """Llama's layers (no biases) replay as Qwen2's do; Qwen3's per-head q/k norms are outside the learner's fused
+    layers, which alone replay, so its decoding keeps nothing."""
+    policy = MODELS[name]()
+    engine = NativeEngine(policy, cpu_kernels=True)
+    engine.keep_activations = True
+    rollout = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=8), generator=torch.Generator().manual_seed(0))
+    assert rollout.logprobs_exact
+    if name == "qwen3":
+        assert rollout.activations is None
+        return
+    seq = sequences_of(policy, rollout)
+    own, own_grads = stats_and_grads(policy.model, seq, None)
+    kept, kept_grads = stats_and_grads(policy.model, seq, rollout.activations)
+    assert float((own - kept).abs().max()) < 1e-5
+    for name_, grad in own_grads.items():
+        assert float((kept_grads[name_] - grad).abs().max()) <= 1e-4 * float(grad.abs().max()), name_
 
 
 def test_a_record_is_replayed_only_for_the_model_as_it_sampled(monkeypatch) -> None:
