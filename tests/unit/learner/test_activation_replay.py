@@ -12,25 +12,28 @@ GRPO learner step with two mini-batches replays the first one only and moves the
 from __future__ import annotations
 
 import copy
+import shutil
 
 import pytest
 import torch
+from unit.loops.test_old_logprobs import grpo_learner_step
 from unit.rollout.test_native_engine import MODELS, PROMPTS
 
 from reinforge.config import build_config
-from reinforge.curation.batches import CuratedBatch, Scores
-from reinforge.distributed.data_parallel import DataParallel
-from reinforge.learner import UpdateSettings, build_sequences
+from reinforge.learner import build_sequences
 from reinforge.learner.shared_prefix import completion_token_stats_shared
-from reinforge.loops.rl import Learner, RLState, build_credit
 from reinforge.models import build_tiny_qwen2, replay
-from reinforge.objectives import resolve_spec
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.settings import ModelConfig
 from reinforge.tasks import build_task
 
-pytestmark = pytest.mark.skipif(not __import__("reinforge.kernels").kernels.load_cpu_kernels(),
-                                reason="the CPU kernels do not build here")
+# The record is written by the CPU kernels' one-call decoding and read back by their fused learner layers. The
+# kernels are optional: on a machine without a C++ compiler the engine keeps nothing and the learner runs its
+# forward, so there is no replay to check. With a compiler (CI's machines) these tests run, and fail if the kernels
+# do not build, as tests/unit/kernels/test_cpu_kernels.py's fixture does.
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="no C++ compiler on this machine: the CPU kernels, which keep the record, "
+                                       "do not build")
 
 
 def sampled(policy, prompts: int = 4, group: int = 4, max_new: int = 12, seed: int = 1, keep: bool = True,
@@ -162,18 +165,8 @@ def test_a_learner_step_replays_its_first_mini_batch_only_and_moves_the_weights_
                             f"train.reuse_activations={str(reuse).lower()}"])
         policy = build_tiny_qwen2(cfg.model, seed=0)
         _, examples, rollout = sampled(policy)
-        rewards = (torch.arange(16) % 3 == 0).float()
-        scores = Scores(rewards=rewards, valid=torch.ones(16, dtype=torch.bool), correct=rewards > 0)
-        spec = resolve_spec("grpo")
-        learner = Learner(policy, spec, UpdateSettings.from_config(cfg.train, cfg.rollout),
-                          SamplingParams.from_config(cfg.rollout), DataParallel(None, policy.model),
-                          cfg.train.max_nonfinite_steps)
-        state = RLState.start(cfg.train, 0, policy.model, examples, spec,
-                              build_credit(cfg.train, cfg.critic, policy.model, spec))
-        before = torch.cat([p.detach().flatten() for p in policy.model.parameters()])
         verdicts.clear()
-        metrics = learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(16, dtype=torch.bool), {}))
-        moved[reuse] = torch.cat([p.detach().flatten() for p in policy.model.parameters()]) - before
+        metrics, moved[reuse] = grpo_learner_step(cfg, policy, examples, rollout, (torch.arange(16) % 3 == 0).float())
         # the first mini-batch's micro-batches take the record, the second's (after the optimizer step) refuse it
         if reuse:
             first = verdicts.index(False)

@@ -50,8 +50,14 @@ def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int,
         own = token_logprobs(policy.model, seq, 1.0, ForwardPlan())
     rollout.sampler_logprobs = (own + shift) * rollout.completion_mask
     rollout.logprobs_exact = exact
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
-    scores = Scores(rewards=rewards, valid=torch.ones(8, dtype=torch.bool), correct=rewards > 0)
+    return grpo_learner_step(cfg, policy, examples, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]))
+
+
+def grpo_learner_step(cfg, policy, examples, rollout, rewards: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """One GRPO `Learner.step` of `policy` under `cfg` on `rollout` (every row kept and valid, scored `rewards`):
+    the step's metrics and how it moved the weights (all of them, flat)."""
+    rows = len(rewards)
+    scores = Scores(rewards=rewards, valid=torch.ones(rows, dtype=torch.bool), correct=rewards > 0)
     spec = resolve_spec("grpo")
     learner = Learner(policy, spec, UpdateSettings.from_config(cfg.train, cfg.rollout),
                       SamplingParams.from_config(cfg.rollout), DataParallel(None, policy.model),
@@ -59,7 +65,7 @@ def learner_step(micro_overrides, mode: str, shift: float, mini_batches: int,
     state = RLState.start(cfg.train, 0, policy.model, examples, spec,
                           build_credit(cfg.train, cfg.critic, policy.model, spec))
     before = torch.cat([p.detach().flatten() for p in policy.model.parameters()])
-    metrics = learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(8, dtype=torch.bool), {}))
+    metrics = learner.step(state, CuratedBatch(examples, rollout, scores, torch.ones(rows, dtype=torch.bool), {}))
     return metrics, torch.cat([p.detach().flatten() for p in policy.model.parameters()]) - before
 
 
