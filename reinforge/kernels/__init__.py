@@ -38,6 +38,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,7 @@ class _TrainLayer(torch.autograd.Function):
         ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, post_norm, pk, pv)
         ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = g, bwd, heads, kv_heads, eps
         ctx.biases = (qkv_b is not None, o_b is not None)
+        ctx.gate_up_in_place = ()           # gate_up is the [B S, 2I] tensor saved
         ctx.set_materialize_grads(False)    # k and v have no gradient unless another pass reads them
         return x_out, k, v
 
@@ -236,7 +238,7 @@ class _TrainLayer(torch.autograd.Function):
             load_cpu_kernels().train_layer_backward(
                 dx_out.contiguous(), dk, dv, x, q, k, v, attn, lse, x_mid, gate_up, input_norm, bwd.qkv, qkv_bias,
                 bwd.o, o_bias, post_norm, bwd.gate_up, bwd.down, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, ctx.heads,
-                ctx.kv_heads, g.positions, ctx.eps,
+                ctx.kv_heads, g.positions, ctx.eps, *ctx.gate_up_in_place,
             )
         )
         return (
@@ -260,6 +262,12 @@ class LayerRecord:
     x_mid: torch.Tensor
     gate_up: torch.Tensor
     x_out: torch.Tensor
+    # With gate_up_rows [B S]: gate_up is the record's own rows [n, width], token m's gate|up at row gate_up_rows[m]
+    # from column gate_up_offset, read there by the backward (copied out, it was most of the gather's time), and
+    # `intact` says whether those rows still hold this record (the engine has not decoded into them since).
+    gate_up_rows: torch.Tensor | None = None
+    gate_up_offset: int = 0
+    intact: Callable[[], bool] | None = None
 
 
 class _ReplayLayer(_TrainLayer):
@@ -274,11 +282,17 @@ class _ReplayLayer(_TrainLayer):
         ctx.save_for_backward(x, r.q, r.k, r.v, r.attn, r.lse, r.x_mid, r.gate_up, input_norm, post_norm, pk, pv)
         ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = geometry, packs[1], heads, kv_heads, eps
         ctx.biases = (qkv_b is not None, o_b is not None)
+        ctx.gate_up_in_place = () if r.gate_up_rows is None else (r.gate_up_rows, r.gate_up_offset, down_w.shape[1])
+        ctx.intact = r.intact
         ctx.set_materialize_grads(False)
         return r.x_out, r.k, r.v
 
     @staticmethod
     def backward(ctx, dx_out, dk, dv):
+        if ctx.intact is not None and not ctx.intact():
+            raise RuntimeError("the rollout engine decoded into the activation record between this learner pass's "
+                               "forward and its backward; run the backward before the next generation, or set "
+                               "train.reuse_activations=false")
         return (*_TrainLayer.backward(ctx, dx_out, dk, dv), None)
 
 

@@ -27,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from reinforge.kernels import LayerRecord, load_cpu_kernels
 
+_GATE_UP = 5            # gate|up's place among a record row's fields (`RecordShape.sizes`)
 _OPTIMIZER_STEPS = [0]   # steps any optimizer of this process has taken (`weights_key`)
 
 
@@ -101,20 +102,27 @@ class ActivationRecord:
 
     def layers(self, rows: torch.Tensor, positions: int) -> list[LayerRecord]:
         """Each layer's `LayerRecord` of this record's rows `rows` [B] (indices into `self.rows`) at completion
-        positions 0..positions-1: contiguous copies in `kernels.replay_layer`'s layout (csrc/step.cpp,
-        `record_gather`). A position past a row's tokens holds zeros (finite: no one reads it, and its gradient is
-        0)."""
+        positions 0..positions-1, in `kernels.replay_layer`'s layout: contiguous copies (csrc/step.cpp,
+        `record_gather`), except gate|up, which the backward reads in the buffer itself (`LayerRecord.gate_up_rows`;
+        copied out it was most of the gather's time). A position past a row's tokens holds zeros (finite: no one
+        reads it, and its gradient is 0)."""
         if positions > self.kept:
             raise ValueError(f"the record keeps {self.kept} positions a row, not {positions}")
         b, s = len(rows), positions
         h, kv, d = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
+        sizes = self.shape.sizes
         tokens = (self.rows[rows][:, None] * self.kept + torch.arange(s)[None, :]).flatten()    # [B S]: r T + t
-        fields = load_cpu_kernels().record_gather(self.buffer.data, tokens, self.shape.sizes)
+        copy = [int(f != _GATE_UP) for f in range(len(sizes))]
+        fields = load_cpu_kernels().record_gather(self.buffer.data, tokens, sizes, copy)
+        buffer, generation = self.buffer, self.generation
+        slabs = buffer.data.view(buffer.data.shape[0], -1, buffer.data.shape[3])      # [layers, R T, width]
         out = []
-        for at in range(0, len(fields), len(self.shape.sizes)):
-            q, k, v, attn, x_mid, gate_up, x_out, lse = fields[at : at + len(self.shape.sizes)]
+        for layer, at in enumerate(range(0, len(fields), len(sizes))):
+            q, k, v, attn, x_mid, _, x_out, lse = fields[at : at + len(sizes)]
             out.append(LayerRecord(q=q.view(b, s, h, d), k=k.view(b, s, kv, d), v=v.view(b, s, kv, d), attn=attn,
-                                   lse=lse.view(b, s, h), x_mid=x_mid, gate_up=gate_up, x_out=x_out))
+                                   lse=lse.view(b, s, h), x_mid=x_mid, gate_up=slabs[layer], x_out=x_out,
+                                   gate_up_rows=tokens, gate_up_offset=sum(sizes[:_GATE_UP]),
+                                   intact=lambda: buffer.generation == generation))
         return out
 
 

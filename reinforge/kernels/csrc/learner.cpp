@@ -109,19 +109,24 @@ at::Tensor swiglu_forward(const at::Tensor& gu) {
 }
 
 // d gate = da * up * s (1 + gate (1 - s)), s = sigmoid(gate); d up = da * silu(gate). With `act`
-// [R, I] given, the forward's silu(gate) * up is written there in the same pass.
-at::Tensor swiglu_backward_into(const at::Tensor& da, const at::Tensor& gu, float* act) {
+// [R, I] given, the forward's silu(gate) * up is written there in the same pass. Row r's [gate | up] is
+// gu.row(r): a [R, 2I] tensor's row, or a row of the rollout's activation record read where it lies.
+struct GateUpRows {
+  const float* base;
+  int64_t stride;
+  const int64_t* index;   // null: row r is base + r stride
+  const float* row(int64_t r) const { return base + (index ? index[r] : r) * stride; }
+};
+
+at::Tensor swiglu_backward_into(const at::Tensor& da, const GateUpRows& gu, float* act) {
   check_rows(da, "swiglu_backward: da");
-  check_rows(gu, "swiglu_backward: gu");
-  const int64_t R = gu.size(0), I = gu.size(1) / 2;
-  TORCH_CHECK(da.size(0) == R && da.size(1) == I, "swiglu_backward: da must be [R, I]");
-  auto dgu = at::empty({R, 2 * I}, gu.options());
+  const int64_t R = da.size(0), I = da.size(1);
+  auto dgu = at::empty({R, 2 * I}, da.options());
   const float* dap = da.data_ptr<float>();
-  const float* gp = gu.data_ptr<float>();
   float* dp = dgu.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* g = gp + r * 2 * I;
+      const float* g = gu.row(r);
       const float* d = dap + r * I;
       float* o = dp + r * 2 * I;
       float* a = act ? act + r * I : nullptr;
@@ -137,7 +142,12 @@ at::Tensor swiglu_backward_into(const at::Tensor& da, const at::Tensor& gu, floa
   return dgu;
 }
 
-at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) { return swiglu_backward_into(da, gu, nullptr); }
+at::Tensor swiglu_backward(const at::Tensor& da, const at::Tensor& gu) {
+  check_rows(gu, "swiglu_backward: gu");
+  TORCH_CHECK(da.dim() == 2 && gu.size(0) == da.size(0) && gu.size(1) == 2 * da.size(1),
+              "swiglu_backward: da must be [R, I] for gu [R, 2I]");
+  return swiglu_backward_into(da, GateUpRows{gu.data_ptr<float>(), gu.size(1), nullptr}, nullptr);
+}
 
 // ---------------------------------------------------------------------------------------------
 // One decoder layer of the learner (pre-norm attention with rotary, SwiGLU MLP), forward and
@@ -278,10 +288,32 @@ std::vector<at::Tensor> train_layer_forward(
   return {x_out, k, v, q, attn, lse, x_mid, gate_up};
 }
 
+// The backward's [gate | up] rows (`GateUpRows`): gate_up [M, 2I] itself, or, with `rows` [M], row rows[m] of
+// gate_up [n, width] from column `offset` on: the rollout's activation record, read in place (models/replay.py;
+// copying it out was most of the record's gather).
+GateUpRows gate_up_of(const at::Tensor& gate_up, const std::optional<at::Tensor>& rows, int64_t offset, int64_t M,
+                      int64_t I) {
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && gate_up.dim() == 2,
+              "train_layer_backward: gate_up must be a contiguous 2-D float32 tensor");
+  if (!rows) {
+    TORCH_CHECK(gate_up.size(0) == M && gate_up.size(1) == 2 * I, "train_layer_backward: gate_up must be [M, 2I]");
+    return {gate_up.data_ptr<float>(), 2 * I, nullptr};
+  }
+  TORCH_CHECK(rows->scalar_type() == at::kLong && rows->is_contiguous() && rows->numel() == M,
+              "train_layer_backward: gate_up_rows must be [M] int64");
+  TORCH_CHECK(I > 0 && offset >= 0 && offset + 2 * I <= gate_up.size(1),
+              "train_layer_backward: gate|up columns outside the record's rows");
+  const int64_t* r = rows->data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m)
+    TORCH_CHECK(r[m] >= 0 && r[m] < gate_up.size(0), "train_layer_backward: a gate_up row outside the record");
+  return {gate_up.data_ptr<float>() + offset, gate_up.size(1), r};
+}
+
 // The gradients of train_layer_forward from d x_out [B S, E] and, when this pass's keys/values
 // are another pass's prefix, dk, dv [B, S, kv, D]: (dx, d input_norm, d qkv_w, d qkv_b, d o_w,
 // d o_b, d post_norm, d gate_up_w, d down_w, d pk, d pv); the bias and prefix gradients are empty
-// tensors where there is none.
+// tensors where there is none. gate_up_rows, gate_up_offset: gate_up's rows are read where they lie in the
+// activation record (`gate_up_of`; `intermediate` is then I).
 std::vector<at::Tensor> train_layer_backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& dk_in, const std::optional<at::Tensor>& dv_in,
     const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attn,
@@ -290,8 +322,10 @@ std::vector<at::Tensor> train_layer_backward(
     const at::Tensor& gate_up_t, const at::Tensor& down_t, const at::Tensor& rot, const at::Tensor& pos0,
     const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv,
     const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads,
-    int64_t S, double eps) {
-  const LayerArgs a = layer_args(x, gate_up.size(1) / 2, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
+    int64_t S, double eps, const std::optional<at::Tensor>& gate_up_rows, int64_t gate_up_offset, int64_t intermediate) {
+  const int64_t I = gate_up_rows ? intermediate : gate_up.size(1) / 2;
+  const LayerArgs a = layer_args(x, I, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
+  const GateUpRows gate_up_at = gate_up_of(gate_up, gate_up_rows, gate_up_offset, a.M, I);
   const Geometry& g = a.g;
   const int64_t M = a.M, E = a.E, D = a.D, H = g.H, KV = g.KV;
   check_vector(input_norm, E, "input_norm");
@@ -302,7 +336,7 @@ std::vector<at::Tensor> train_layer_backward(
   auto act = at::empty({M, a.I}, opts);    // recomputed in the backward's pass over gate_up
   auto d_act = at::empty({M, a.I}, opts);     // dout down_w
   product(d_act.data_ptr<float>(), a.I, dout.data_ptr<float>(), E, down_t, nullptr, M, a.I, E, false);
-  auto d_gate_up = swiglu_backward_into(d_act, gate_up, act.data_ptr<float>());
+  auto d_gate_up = swiglu_backward_into(d_act, gate_up_at, act.data_ptr<float>());
   auto d_down_w = at::mm(dout.t(), act);
   auto h = at::empty({M, E}, opts);
   auto rstd = at::empty({M}, opts);
@@ -376,5 +410,6 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
         "Tensor attn, Tensor lse, Tensor x_mid, Tensor gate_up, Tensor input_norm, Tensor qkv_t, bool qkv_bias, "
         "Tensor o_t, bool o_bias, Tensor post_norm, Tensor gate_up_t, Tensor down_t, Tensor rot, Tensor pos0, "
         "Tensor? pk, Tensor? pv, Tensor? slot, Tensor? pre_len, int heads, int kv_heads, int S, "
-        "float eps) -> Tensor[]", &train_layer_backward);
+        "float eps, Tensor? gate_up_rows=None, int gate_up_offset=0, int intermediate=0) -> Tensor[]",
+        &train_layer_backward);
 }

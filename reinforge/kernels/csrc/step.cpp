@@ -261,8 +261,10 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
 // The learner's copy of a decoding's record (decode_layer.h, `Record`): of data [layers, R, T, width] the tokens
 // index [n] (r T + t), each layer's fields split at `sizes` (summing to at most width), as contiguous [n, size]
 // tensors, layer by layer. One pass over each kept row, the threads splitting the rows (index_select per field
-// copied a field's few floats at a time).
-std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& index, at::IntArrayRef sizes) {
+// copied a field's few floats at a time). `copy` (empty: all): which fields to copy (nonzero); the others come back as
+// empty tensors (the learner reads gate|up in place, learner.cpp `gate_up_of`).
+std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& index, at::IntArrayRef sizes,
+                                      at::IntArrayRef copy) {
   TORCH_CHECK(data.scalar_type() == at::kFloat && data.is_contiguous() && data.dim() == 4,
               "record_gather: data must be a contiguous float32 [layers, R, T, width]");
   TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.dim() == 1,
@@ -272,14 +274,16 @@ std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& 
   std::vector<int64_t> offset(F + 1, 0);
   for (int64_t f = 0; f < F; ++f) offset[f + 1] = offset[f] + sizes[f];
   TORCH_CHECK(offset[F] <= W, "record_gather: fields wider than a record row");
+  TORCH_CHECK(copy.empty() || (int64_t)copy.size() == F, "record_gather: one copy flag per field");
+  auto copied = [&](int64_t f) { return copy.empty() || copy[f] != 0; };
   const int64_t* idx = index.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(idx[i] >= 0 && idx[i] < RT, "record_gather: a token outside the record");
   std::vector<at::Tensor> out;
   std::vector<float*> dst;
   for (int64_t l = 0; l < L; ++l)
     for (int64_t f = 0; f < F; ++f) {
-      out.push_back(at::empty({n, sizes[f]}, data.options()));
-      dst.push_back(out.back().data_ptr<float>());
+      out.push_back(at::empty({copied(f) ? n : 0, sizes[f]}, data.options()));
+      dst.push_back(copied(f) ? out.back().data_ptr<float>() : nullptr);
     }
   const float* src = data.data_ptr<float>();
   at::parallel_for(0, L * n, 16, [&](int64_t i0, int64_t i1) {
@@ -287,7 +291,7 @@ std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& 
       const int64_t l = i / n, m = i % n;
       const float* row = src + (l * RT + idx[m]) * W;
       for (int64_t f = 0; f < F; ++f)
-        std::memcpy(dst[l * F + f] + m * sizes[f], row + offset[f], sizeof(float) * sizes[f]);
+        if (dst[l * F + f]) std::memcpy(dst[l * F + f] + m * sizes[f], row + offset[f], sizeof(float) * sizes[f]);
     }
   });
   return out;
@@ -305,5 +309,5 @@ TORCH_LIBRARY_FRAGMENT(reinforge_kernels, m) {
         "Tensor?[] weights, Tensor(f!)[] k_caches, Tensor(g!)[] v_caches, Tensor rot, Tensor final_norm, "
         "Tensor head, int vocab, int heads, float eps, int window, float temperature, float top_p=1.0, "
         "int split_rows=-1, Tensor(h!)? record=None) -> int", &decode_loop);
-  m.def("record_gather(Tensor data, Tensor index, int[] sizes) -> Tensor[]", &record_gather);
+  m.def("record_gather(Tensor data, Tensor index, int[] sizes, int[] copy=[]) -> Tensor[]", &record_gather);
 }

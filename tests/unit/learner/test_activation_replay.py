@@ -141,6 +141,20 @@ def test_a_record_is_replayed_only_for_the_model_as_it_sampled(monkeypatch) -> N
     assert fresh.activations.matches(policy.model) and not rollout.activations.matches(policy.model)
 
 
+
+def test_a_backward_refuses_a_record_the_engine_decoded_over_after_the_forward() -> None:
+    # The backward reads gate|up in the engine's buffer itself (not copied out at the forward): a generation
+    # between the forward and the backward would hand it another decoding's numbers.
+    policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
+    engine, examples, rollout = sampled(policy)
+    seq = sequences_of(policy, rollout)
+    stats = completion_token_stats_shared(policy.model, seq, seq.group_ids, activations=rollout.activations)
+    assert stats.metrics["learner/replayed_forward"] == 1.0
+    engine.generate([e.prompt for e in examples], 4, SamplingParams(max_new_tokens=12),
+                    generator=torch.Generator().manual_seed(2))
+    with pytest.raises(RuntimeError, match="decoded into the activation record"):
+        (stats.logprobs * seq.completion_mask).sum().backward()
+
 @pytest.mark.parametrize("params", [{"top_p": 0.9}, {"greedy": True}])
 def test_no_record_where_the_samplers_log_probs_are_not_the_learners(params) -> None:
     policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
