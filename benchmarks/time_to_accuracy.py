@@ -20,8 +20,8 @@ What each side runs:
                                                   an extra forward after generation, reinforge takes
                                                   its engine's log-probs, the learner's to rounding:
                                                   train.old_logprobs=auto; the first mini-batch's
-                                                  forward over the completions is its engine's
-                                                  decoding too: train.reuse_activations)
+                                                  forward is its engine's decoding and prefill
+                                                  too: train.reuse_activations)
     train.ppo_epochs = 1                          num_iterations = 1
     train.lr 5e-5, warmup 0, constant             learning_rate, lr_scheduler_type=constant
     AdamW betas (0.9, 0.99), weight_decay 0       optim=adamw_torch, adam_beta1/2, weight_decay

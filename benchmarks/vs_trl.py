@@ -25,10 +25,10 @@ pi.detach() from the update's own forward, reinforge the sampler's log-probs (`t
 its native engine's are the learner's to float rounding); both compute the per-token entropy in the loss
 forward (for metrics).
 reinforge additionally runs each prompt once for its 8 completions in that forward
-(`train.shared_prefix`), samples with its native engine (`rollout.engine`), and takes that forward's
-completion tokens from the engine's own decoding (`train.reuse_activations`: the same layers at the same
-weights, equal to float rounding; only the backward runs over them); `--engine hf --no-shared-prefix`
-measures it without any of the three.
+(`train.shared_prefix`), samples with its native engine (`rollout.engine`), and takes that forward from the
+engine's own decoding and prefill (`train.reuse_activations`: the same layers at the same weights, equal to
+float rounding; only the backward runs over them); `--engine hf --no-shared-prefix` measures it without any
+of the three.
 
 Method. Each framework runs its own real training loop (`reinforge.jobs.rl.run_rl`;
 `GRPOTrainer.train`) in the main thread of a child process of its own, and the parent

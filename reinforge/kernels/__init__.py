@@ -307,6 +307,19 @@ def replay_layer(x: torch.Tensor, layer, packs: tuple[Any, Any], geometry: PassG
                               eps, record)
 
 
+def record_layer(x: torch.Tensor, layer, packs: tuple[Any, Any | None], geometry: PassGeometry,
+                 prefix: tuple[torch.Tensor, torch.Tensor] | None, heads: int, kv_heads: int,
+                 eps: float) -> LayerRecord:
+    """`train_layer`'s forward outside autograd, keeping all that its backward reads: the rollout engine's prefill,
+    whose prompts the learner's prompt pass may then replay (models/replay.py, `PromptRecord`)."""
+    g, (fwd, _) = geometry, packs
+    pk, pv = prefix if prefix is not None else (None, None)
+    x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
+        x.contiguous(), layer.input_norm, fwd.qkv, layer.qkv_bias, fwd.o, layer.o_bias, layer.post_norm, fwd.gate_up,
+        fwd.down, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, heads, kv_heads, g.positions, eps)
+    return LayerRecord(q=q, k=k, v=v, attn=attn, lse=lse, x_mid=x_mid, gate_up=gate_up, x_out=x_out)
+
+
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
     """Whether `train_layer` runs this layer (a `models.decoder.LayerWeights`) on x: CPU fp32, SiLU
     MLP, no per-head q/k norm, a compiled head dim, and the kernels built."""

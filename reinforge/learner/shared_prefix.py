@@ -140,7 +140,8 @@ def completion_token_stats_shared(
     `input_ids`, keys masked by `attention_mask`. `compile`: on a CUDA device, the layers' work around
     the attention through `torch.compile` (`models.compiled_layers`); no effect elsewhere. `activations`: the
     rollout engine's record of these rows (models/replay.py); where it `matches` the model, the completion passes
-    take their forward from it (the prompt pass runs), with the same numbers to float rounding.
+    take their forward from it, and the prompt pass from its prefill where that was kept for these prompts, with
+    the same numbers to float rounding.
     """
     shape, w = _native_decoder(model)
     compiled = compile and batch.input_ids.is_cuda
@@ -203,10 +204,13 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
     # [positions, D/2] complex
     freqs = rotary_factors(model, shape.head_dim, max(span, int(starts.max()) + int(need.max())))
 
-    # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]
+    # 1. prompt pass: each distinct prompt once, keeping every layer's keys/values [P, Lp, kv, D]; its forward is
+    #    the engine's prefill where the record kept it (models/replay.py, `PromptRecord`)
     geometry = pass_geometry(freqs, span, torch.zeros_like(prompt_len))
-    prompt_hidden, keys, values = run_pass(shape, w, batch.input_ids[representative, :span], geometry, freqs,
-                                           padding_idx=pad, compiled=compiled)
+    prompt_ids = batch.input_ids[representative, :span]
+    replay = None if activations is None else activations.prompt_layers(prompt_ids, prompt_len, span)
+    prompt_hidden, keys, values = run_pass(shape, w, prompt_ids, geometry, freqs, padding_idx=pad, compiled=compiled,
+                                           replay=replay)
 
     # 2. completion passes, one per length bucket: completion positions only, each row attending to
     #    its group's prompt, then causally to its own tokens

@@ -396,6 +396,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
              prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None, padding_idx: int | None = None,
              fused: bool = True, routes: list[torch.Tensor] | None = None, compiled: bool = False,
              use: str = "learner", replay: list[kernels.LayerRecord] | None = None,
+             keep: list[kernels.LayerRecord] | None = None,
              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The decoder on tokens ids [B, S] attending as `geometry` says (a prompt, whole rows, or
     completions after a shared prompt): (hidden states [B, S, E] after the final norm, every layer's
@@ -410,7 +411,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
     takes the second path). `use`: whose products the fused layers run ("learner", or "engine" for the
     rollout engine's prefill, `DecoderWeights.packed`). `replay`: each layer's activations at these tokens as
     the rollout's decoding kept them (models/replay.py), for the fused path's forward to hand back (the other path
-    computes its own)."""
+    computes its own); `keep`: gets them, where the fused path runs without a gradient (`fused_pass`)."""
     hidden = F.embedding(ids, w.embed, padding_idx)
     if (
         fused
@@ -419,7 +420,7 @@ def run_pass(shape: DecoderShape, w: DecoderWeights, ids: torch.Tensor, geometry
         and all(lw.moe is None for lw in w.layers)
         and all(kernels.fused_layer_ok(lw, shape.head_dim, hidden) for lw in w.layers)
     ):
-        return fused_pass(shape, w, hidden, geometry, prefix, use, replay)
+        return fused_pass(shape, w, hidden, geometry, prefix, use, replay, keep)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     prefix_len = prefix[0][0].shape[1] if prefix is not None else 0

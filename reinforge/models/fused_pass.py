@@ -15,11 +15,12 @@ from reinforge.kernels import PassGeometry, load_cpu_kernels, rms_norm
 
 def fused_pass(shape, w, hidden: torch.Tensor, geometry: PassGeometry,
                prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None, use: str,
-               replay: list[kernels.LayerRecord] | None = None,
+               replay: list[kernels.LayerRecord] | None = None, keep: list[kernels.LayerRecord] | None = None,
                ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """`run_pass` of embedded tokens hidden [B, S, E] through the fused layers of `w` (a `DecoderWeights` of the
     `DecoderShape` `shape`, every layer `kernels.fused_layer_ok`): (hidden states after the final norm [B, S, E],
-    every layer's keys and values [B, S, kv, D])."""
+    every layer's keys and values [B, S, kv, D]). `keep` (a list, outside autograd): gets each layer's activations
+    (`kernels.record_layer`), which a learner pass over the same tokens can replay."""
     b, s = hidden.shape[:2]
     x = hidden.reshape(b * s, -1)
     ops = load_cpu_kernels()
@@ -33,7 +34,11 @@ def fused_pass(shape, w, hidden: torch.Tensor, geometry: PassGeometry,
     values: list[torch.Tensor] = []
     for index, (lw, packs) in enumerate(zip(w.layers, zip(forward, backward, strict=True), strict=True)):
         layer_prefix = (prefix[0][index], prefix[1][index]) if prefix is not None else None
-        if replay is None:
+        if keep is not None and replay is None and not torch.is_grad_enabled():
+            keep.append(kernels.record_layer(x, lw, packs, geometry, layer_prefix, shape.num_heads,
+                                             shape.num_kv_heads, w.eps))
+            x, k, v = keep[-1].x_out, keep[-1].k, keep[-1].v
+        elif replay is None:
             x, k, v = kernels.train_layer(x, lw, packs, geometry, layer_prefix, shape.num_heads, shape.num_kv_heads,
                                           w.eps)
         else:

@@ -7,8 +7,9 @@ again to take the gradient. Where the engine samples in this process from the le
 learner's first mini-batch can take what its backward needs (per layer: rotated queries, keys and values, the
 attention's output and log-sum-exp, the residual after it, gate|up and the layer's output) from the decoding
 (csrc/decode_layer.h, `Record`) and skip its own forward over the completion tokens (`kernels.replay_layer`).
-The prompts still run their own pass: the record holds the completion tokens the decoding read, and a row's
-learner pass covers exactly those (its last token, which no one reads, is never fed back).
+The record holds the completion tokens the decoding read, and a row's learner pass covers exactly those (its last
+token, which no one reads, is never fed back). The prompts' pass is the engine's prefill, kept alike where it ran
+in one chunk (`PromptRecord`): the learner's prompt pass replays it for prompts it finds there token for token.
 
 One record is a buffer [layers, rows, T, width] that the engine reuses from one generation to the next. A
 learner replays a record only where `matches` its model: the buffer still holds the record's generation, the
@@ -28,6 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from reinforge.kernels import LayerRecord, load_cpu_kernels
 
 _GATE_UP = 5            # gate|up's place among a record row's fields (`RecordShape.sizes`)
+_FIELDS = ("q", "k", "v", "attn", "lse", "x_mid", "gate_up", "x_out")    # a LayerRecord's tensors
 _OPTIMIZER_STEPS = [0]   # steps any optimizer of this process has taken (`weights_key`)
 
 
@@ -76,6 +78,42 @@ class RecordBuffer:
 
 
 @dataclass(frozen=True)
+class PromptRecord:
+    """The engine's prefill of a generation's prompts, right-padded to `width`: each layer's activations
+    (`kernels.record_layer`) at tokens [P, width], and which row holds which prompt's tokens."""
+
+    layers: list[LayerRecord]
+    rows: dict[tuple[int, ...], int]
+    width: int
+
+    def select(self, ids: torch.Tensor, lengths: torch.Tensor, span: int) -> list[LayerRecord] | None:
+        """The layers' records of prompts ids [B, >= span] (row b's tokens ids[b, :lengths[b]]) at positions
+        0..span-1, in a learner pass's layout; None where a prompt is not among these or is wider than the prefill.
+        Past a prompt's length the prefill ran padding, not the tokens the learner's row holds there: causal, no
+        query of the prompt sees those positions, and the learner reads nothing of them (a completion attends to
+        its prompt's own keys only), so their gradient is 0 either way."""
+        if span > self.width:
+            return None
+        found = [self.rows.get(tuple(row[:n].tolist())) for row, n in zip(ids, lengths.tolist(), strict=True)]
+        if any(r is None for r in found):
+            return None
+        index = torch.tensor(found)
+        if span == self.width and torch.equal(index, torch.arange(len(index))) and len(index) == self._count:
+            return self.layers
+
+        def take(t: torch.Tensor) -> torch.Tensor:   # q, k, v, lse are [P, width, ...]; the others [P width, n]
+            if t.dim() > 2:
+                return t[index, :span].contiguous()
+            return t.view(self._count, self.width, -1)[index, :span].reshape(-1, t.shape[1])
+
+        return [LayerRecord(**{f: take(getattr(r, f)) for f in _FIELDS}) for r in self.layers]
+
+    @property
+    def _count(self) -> int:
+        return self.layers[0].q.shape[0]
+
+
+@dataclass(frozen=True)
 class ActivationRecord:
     """The activations one generation kept, for the rollout's rows: row r's completion token t (t < T, every
     token the decoding read) at buffer.data[:, rows[r], t]. Rows a row selection keeps follow `rows`."""
@@ -85,6 +123,7 @@ class ActivationRecord:
     rows: torch.Tensor            # [N] long, each rollout row's row of the buffer
     shape: RecordShape
     weights: tuple               # `weights_key` of the model whose weights the decoding read
+    prompts: PromptRecord | None = None    # the prefill of its prompts at the same weights, where kept
 
     def matches(self, model: torch.nn.Module) -> bool:
         """Whether these are `model`'s activations as it is now: the buffer still holds this record (the engine
@@ -93,7 +132,12 @@ class ActivationRecord:
 
     def select(self, rows: torch.Tensor) -> ActivationRecord:
         """The record of rows `rows` (indices into this record's rows)."""
-        return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights)
+        return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights, self.prompts)
+
+    def prompt_layers(self, ids: torch.Tensor, lengths: torch.Tensor, span: int) -> list[LayerRecord] | None:
+        """The prefill's records of prompts ids [B, >= span] of `lengths` at positions 0..span-1
+        (`PromptRecord.select`); None where it was not kept or does not hold them all."""
+        return None if self.prompts is None else self.prompts.select(ids, lengths, span)
 
     @property
     def kept(self) -> int:
@@ -133,5 +177,6 @@ def concat_records(parts: list[ActivationRecord | None]) -> ActivationRecord | N
     if first is None or any(p is None or p.buffer is not first.buffer or p.generation != first.generation
                             or p.weights != first.weights for p in parts):
         return None
+    prompts = first.prompts if all(p.prompts is first.prompts for p in parts) else None
     return ActivationRecord(first.buffer, first.generation, torch.cat([p.rows for p in parts]), first.shape,
-                            first.weights)
+                            first.weights, prompts)

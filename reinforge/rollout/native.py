@@ -34,6 +34,7 @@ the learner's recomputed log-probs (fp32) within 1e-4 (tests/unit/rollout/test_n
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ from reinforge.models.decoder import DecoderWeights, decoder_layers, decoder_sha
 from reinforge.models.lora import base_model
 from reinforge.models.positions import pass_geometry
 from reinforge.models.quantize import quantize_weights
-from reinforge.models.replay import ActivationRecord, RecordBuffer, RecordShape
+from reinforge.models.replay import ActivationRecord, PromptRecord, RecordBuffer, RecordShape
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
@@ -90,6 +91,7 @@ class NativeEngine:
         # layer's activations of the tokens they read (models/replay.py), in one buffer reused from call to call.
         self.keep_activations = False
         self._records: RecordBuffer | None = None
+        self._prompt_record: tuple[weakref.ref, PromptRecord] | None = None   # the last prefill's, and its weights
         # Fail at construction, before any run starts: an unsupported shape or layer type raises here.
         self.shape = decoder_shape(policy.model)
         weights = self.decoder_weights()
@@ -149,25 +151,34 @@ class NativeEngine:
         return (self.quantization == "none" and base_model(self.policy.model).dtype == torch.float32
                 and not self.moe_layers and not params.greedy and not params.truncates)
 
+    def _record_shape(self, w: DecoderWeights) -> RecordShape | None:
+        """A record row of weights `w` where this engine keeps records (`keep_activations`, the CPU kernels), and
+        the learner's fused passes run its layers (`kernels.fused_layer_ok`'s); else None."""
+        if not (self.keep_activations and self.kernels is not None):
+            return None
+        if any(lw.q_norm is not None or lw.act is not None for lw in w.layers):
+            return None
+        return RecordShape(hidden=w.embed.shape[1], heads=self.shape.num_heads, kv_heads=self.shape.num_kv_heads,
+                           head_dim=self.shape.head_dim, intermediate=w.layers[0].gate_up.shape[0] // 2)
+
     def activation_record(self, w: DecoderWeights, key: tuple, rows: int, params: SamplingParams
                           ) -> ActivationRecord | None:
         """The record a one-call decoding of `rows` fresh rows with weights `w` (the model's at `weights_key` `key`)
         keeps its activations in (`keep_activations`; its rows are slots 0..rows-1), the buffer's generation bumped
         (a record of the generation before no longer matches); None where the learner could not use them (no CPU
         kernels, log-probs not the learner's own, layers the learner's fused passes do not run, over RECORD_BYTES)."""
-        if not (self.keep_activations and self.kernels is not None and self.exact_logprobs(params)):
+        shape = self._record_shape(w)
+        if shape is None or not self.exact_logprobs(params):
             return None
-        if any(lw.q_norm is not None or lw.act is not None for lw in w.layers):   # kernels.fused_layer_ok's layers
-            return None
-        shape = RecordShape(hidden=w.embed.shape[1], heads=self.shape.num_heads, kv_heads=self.shape.num_kv_heads,
-                            head_dim=self.shape.head_dim, intermediate=w.layers[0].gate_up.shape[0] // 2)
         size = (len(w.layers), rows, max(params.max_new_tokens - 1, 1), shape.width)
         if size[0] * size[1] * size[2] * size[3] * 4 > RECORD_BYTES:
             return None
         if self._records is None or tuple(self._records.data.shape) != size:
             self._records = RecordBuffer(torch.empty(size))
         self._records.generation += 1
-        return ActivationRecord(self._records, self._records.generation, torch.arange(rows), shape, key)
+        made, prompts = self._prompt_record or (None, None)
+        return ActivationRecord(self._records, self._records.generation, torch.arange(rows), shape, key,
+                                prompts if made is not None and made() is w else None)
 
     def decoder_weights(self) -> DecoderWeights:
         """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
@@ -206,16 +217,26 @@ class NativeEngine:
         rows_per_pass = max(1, self.prefill_tokens // width)
         keys: list[list[torch.Tensor]] = [[] for _ in w.layers]
         values: list[list[torch.Tensor]] = [[] for _ in w.layers]
+        # Where the decoding may keep a record, the prefill keeps its pass (one chunk) for the learner's prompt pass
+        # (models/replay.py, `PromptRecord`), until the next prefill.
+        shape = self._record_shape(w)
+        keep = [] if (shape is not None and len(prompt_ids) <= rows_per_pass
+                      and len(w.layers) * len(prompt_ids) * width * shape.width * 4 <= RECORD_BYTES) else None
+        self._prompt_record = None
         logits = [
-            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs, routes)
+            self._prefill_chunk(w, prompt_ids[start : start + rows_per_pass], width, keys, values, freqs, routes, keep)
             for start in range(0, len(prompt_ids), rows_per_pass)
         ]
+        if keep and len(keep) == len(w.layers):
+            self._prompt_record = (weakref.ref(w), PromptRecord(keep, {tuple(p): i for i, p in enumerate(prompt_ids)},
+                                                                width))
         return [torch.cat(k) for k in keys], [torch.cat(v) for v in values], torch.cat(logits)
 
     def _prefill_chunk(self, w: DecoderWeights, chunk: list[list[int]], width: int, keys: list[list[torch.Tensor]],
                        values: list[list[torch.Tensor]], freqs: torch.Tensor,
-                       routes: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Prefill prompts right-padded to `width`, appending each layer's keys/values; next-token logits [B, V]."""
+                       routes: list[torch.Tensor] | None = None, keep: list | None = None) -> torch.Tensor:
+        """Prefill prompts right-padded to `width`, appending each layer's keys/values; next-token logits [B, V].
+        `keep`: gets each layer's activations (`run_pass`)."""
         device = w.head.device
         ids = torch.full((len(chunk), width), self.policy.tokenizer.pad_token_id or 0, dtype=torch.long, device=device)
         lengths = torch.tensor([len(p) for p in chunk], device=device)
@@ -226,7 +247,7 @@ class NativeEngine:
         geometry = pass_geometry(freqs, width, torch.zeros_like(lengths))
         layer_routes: list[torch.Tensor] | None = [] if routes is not None and self.moe_layers else None
         hidden, k, v = run_pass(self.shape, w, ids, geometry, freqs, fused=self.kernels is not None,
-                                routes=layer_routes, use="engine")
+                                routes=layer_routes, use="engine", keep=keep)
         if layer_routes is not None:
             routes.append(torch.stack(layer_routes, dim=2))           # [B, width, layers, k]
         for layer in range(len(w.layers)):

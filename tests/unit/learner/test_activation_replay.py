@@ -62,14 +62,21 @@ def stats_and_grads(model, seq, activations):
 
 
 def count_replays(monkeypatch) -> list[int]:
-    calls = [0]
-    original = replay.ActivationRecord.layers
+    """[completion passes replayed, prompt passes replayed], counted as the learner runs."""
+    calls = [0, 0]
+    original, original_prompts = replay.ActivationRecord.layers, replay.ActivationRecord.prompt_layers
 
     def layers(self, rows, positions):
         calls[0] += 1
         return original(self, rows, positions)
 
+    def prompt_layers(self, ids, lengths, span):
+        found = original_prompts(self, ids, lengths, span)
+        calls[1] += found is not None
+        return found
+
     monkeypatch.setattr(replay.ActivationRecord, "layers", layers)
+    monkeypatch.setattr(replay.ActivationRecord, "prompt_layers", prompt_layers)
     return calls
 
 
@@ -84,9 +91,9 @@ def test_replayed_forward_gives_the_learners_log_probs_and_gradients(config, mon
     calls = count_replays(monkeypatch)
     seq = sequences_of(policy, rollout)
     own, own_grads = stats_and_grads(policy.model, seq, None)
-    assert calls[0] == 0
+    assert calls == [0, 0]
     kept, kept_grads = stats_and_grads(policy.model, seq, rollout.activations)
-    assert calls[0] > 0
+    assert calls == [1, 1]       # the completions from the decoding, the prompts from the prefill
     assert float((own - kept).abs().max()) < 1e-5
     for name, grad in own_grads.items():
         scale = float(grad.abs().max())
@@ -95,8 +102,36 @@ def test_replayed_forward_gives_the_learners_log_probs_and_gradients(config, mon
     # a reordered subset of the rows (a mini-batch) takes its own rows of the record
     rows = torch.tensor([7, 0, 5, 12, 3])
     sub = seq.rows(rows)
-    mine, _ = stats_and_grads(policy.model, sub, rollout.activations.select(rows))
+    mine, mine_grads = stats_and_grads(policy.model, sub, rollout.activations.select(rows))
+    assert calls == [2, 2]       # its prompts too: three of the four, reordered
     assert float((mine - own[rows, : mine.shape[1]]).abs().max()) < 1e-5
+    _, sub_grads = stats_and_grads(policy.model, sub, None)
+    for name, grad in sub_grads.items():
+        assert float((mine_grads[name] - grad).abs().max()) < 1e-4 * float(grad.abs().max()), name
+
+
+def test_the_prefill_is_replayed_only_for_prompts_it_ran_token_for_token() -> None:
+    policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
+    engine = NativeEngine(policy, cpu_kernels=True)
+    engine.keep_activations = True
+    rollout = engine.generate(PROMPTS, 2, SamplingParams(max_new_tokens=6), generator=torch.Generator().manual_seed(0))
+    record = rollout.activations.prompts
+    seq = sequences_of(policy, rollout)
+    firsts = torch.arange(0, 2 * len(PROMPTS), 2)                # one row of each prompt, in order
+    ids, lengths = seq.input_ids[firsts], seq.starts[firsts]
+    span = int(lengths.max())
+    assert len(set(lengths.tolist())) > 1 and record.width == span
+    assert record.select(ids, lengths, span) is record.layers    # all of them, in order: no copy
+    one = record.select(ids[2:3], lengths[2:3], span)
+    assert torch.equal(one[1].x_mid, record.layers[1].x_mid.view(len(PROMPTS), span, -1)[2])
+    assert torch.equal(one[1].q[0], record.layers[1].q[2])
+    changed = ids.clone()
+    changed[1, int(lengths[1]) - 1] += 1                         # a prompt the prefill did not run
+    assert record.select(changed, lengths, span) is None
+    assert record.select(ids, lengths, span + 1) is None         # wider than the prefill
+    # past a shorter prompt the learner's row holds its completion, where the prefill ran padding: the same prompts
+    assert not torch.equal(ids[:, :span], torch.where(torch.arange(span) < lengths[:, None], ids[:, :span], 0))
+    assert record.select(ids, lengths, span) is record.layers
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
