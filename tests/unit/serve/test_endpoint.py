@@ -194,8 +194,14 @@ def test_reinforge_serve_answers_an_openai_client(tmp_path: Path, micro_override
     run(build_config([*micro_overrides, "sft.steps=0", "train.steps=1", f"output_dir={out}"], None))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                                      os.environ.get("PYTHONPATH")]))}
-    server = subprocess.Popen([sys.executable, "-m", "reinforge.cli", "serve", str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The server starts as from a terminal, SIGINT at its default (so Ctrl-C stops it), however the suite was
+    # started: a suite launched in the background inherits SIGINT ignored, which exec keeps for the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        server = subprocess.Popen([sys.executable, "-m", "reinforge.cli", "serve", str(out)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         # the first line that names the URL (a torch built for CUDA warns first on a machine without one)
         seen = []
