@@ -24,17 +24,17 @@ run: $(STAMP)
 # The test suite without its slow end-to-end tier (tests marked `slow`: whole training runs, Ray
 # clusters, torchrun); `make test-slow` runs that tier, `make test-all` both. CI runs both (.ci/run).
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 -q -m "not slow" $(ARGS)
 
 test-slow: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q -m slow $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 -q -m slow $(ARGS)
 
 test-all: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 -q $(ARGS)
 
 # The unit tier alone (tests/unit mirrors the package): no training run end to end.
 test-unit: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q tests/unit $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 -q tests/unit $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check reinforge tests benchmarks
@@ -57,7 +57,7 @@ $(LOWER_STAMP): pyproject.toml requirements/lower.txt
 
 test-lower: $(LOWER_STAMP)
 	$(LOWER_VENV)/bin/python -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
-	$(LOWER_VENV)/bin/python -m pytest -n 2 --dist loadgroup -q $(ARGS)
+	$(LOWER_VENV)/bin/python -m pytest -n 2 -q $(ARGS)
 
 # The wheels a GPU machine without network needs besides its image (requirements/gpu-bundle.txt),
 # for CPython 3.12 on manylinux x86_64, into gpu-bundle/ (ignored; under 64 MiB so that it can be

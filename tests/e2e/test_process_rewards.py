@@ -341,11 +341,6 @@ def step_auc(prm, data: list[StepLabels]) -> float:
     return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
 
 
-# The tests that read `trained` run on one xdist worker (`--dist loadgroup`, Makefile): the module fixture trains
-# for ~100 s, once per worker that needs it, and each of two workers running it held both cores that long.
-ONE_WORKER = pytest.mark.xdist_group("trained_prm")
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     threads = torch.get_num_threads()
@@ -355,7 +350,6 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_a_prm_learns_which_steps_of_unseen_chain_sums_are_right(trained):
     before, after, fit = trained["before"], trained["after"], trained["fit"]
     assert fit.first_loss == pytest.approx(math.log(2), abs=1e-6)     # the zero head: every step at 1/2
@@ -381,7 +375,6 @@ def test_a_prm_learns_which_steps_of_unseen_chain_sums_are_right(trained):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_the_saved_prm_loads_with_transformers_and_gives_the_same_scores(trained):
     prm, path = trained["prm"], trained["path"]
     loaded = AutoModelForTokenClassification.from_pretrained(path)
@@ -421,7 +414,6 @@ def composed(trained, aggregate: str | None) -> tuple[torch.Tensor, Rollout]:
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_a_prm_source_gives_an_all_wrong_group_a_signal(trained):
     alone, _ = composed(trained, None)
     assert alone.abs().max() == 0.0                                     # GRPO: an all-wrong group has no signal
@@ -442,7 +434,6 @@ def test_a_prm_source_gives_an_all_wrong_group_a_signal(trained):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_a_prm_source_scores_by_its_own_steps(trained):
     prm, policy = trained["prm"], trained["policy"]
     reward = RewardConfig(functions=[], process={"path": str(trained["path"]), "aggregate": "min"})
@@ -470,7 +461,6 @@ def test_process_config_errors(tmp_path):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_generate_ids_samples_what_generate_samples(trained):
     engine = NativeEngine(trained["policy"])
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
@@ -482,7 +472,6 @@ def test_generate_ids_samples_what_generate_samples(trained):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_shepherd_dataset_from_the_sft_policy(trained):
     task, policy = trained["task"], trained["policy"]
     examples = task.eval_split(6)
@@ -499,7 +488,6 @@ def test_shepherd_dataset_from_the_sft_policy(trained):
 
 
 @pytest.mark.slow
-@ONE_WORKER
 def test_process_reward_model_job_labels_trains_and_saves(trained, tmp_path):
     from reinforge.jobs.process_reward_model import run_process_reward_model_job
     from reinforge.models import save_policy
