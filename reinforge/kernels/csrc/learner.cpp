@@ -322,7 +322,8 @@ std::vector<at::Tensor> train_layer_backward(
     const at::Tensor& gate_up_t, const at::Tensor& down_t, const at::Tensor& rot, const at::Tensor& pos0,
     const std::optional<at::Tensor>& pk, const std::optional<at::Tensor>& pv,
     const std::optional<at::Tensor>& slot, const std::optional<at::Tensor>& pre_len, int64_t heads, int64_t kv_heads,
-    int64_t S, double eps, const std::optional<at::Tensor>& gate_up_rows, int64_t gate_up_offset, int64_t intermediate) {
+    int64_t S, double eps, const std::optional<at::Tensor>& gate_up_rows, int64_t gate_up_offset,
+    int64_t intermediate) {
   const int64_t I = gate_up_rows ? intermediate : gate_up.size(1) / 2;
   const LayerArgs a = layer_args(x, I, rot, pos0, pk, slot, pre_len, heads, kv_heads, S);
   const GateUpRows gate_up_at = gate_up_of(gate_up, gate_up_rows, gate_up_offset, a.M, I);

@@ -261,8 +261,8 @@ int64_t decode_loop(at::Tensor out_tokens, at::Tensor out_logprobs, at::Tensor l
 // The learner's copy of a decoding's record (decode_layer.h, `Record`): of data [layers, R, T, width] the tokens
 // index [n] (r T + t), each layer's fields split at `sizes` (summing to at most width), as contiguous [n, size]
 // tensors, layer by layer. One pass over each kept row, the threads splitting the rows (index_select per field
-// copied a field's few floats at a time). `copy` (empty: all): which fields to copy (nonzero); the others come back as
-// empty tensors (the learner reads gate|up in place, learner.cpp `gate_up_of`).
+// copied a field's few floats at a time). `copy` (empty: all): which fields to copy (nonzero); the others come
+// back as empty tensors (the learner reads gate|up in place, learner.cpp `gate_up_of`).
 std::vector<at::Tensor> record_gather(const at::Tensor& data, const at::Tensor& index, at::IntArrayRef sizes,
                                       at::IntArrayRef copy) {
   TORCH_CHECK(data.scalar_type() == at::kFloat && data.is_contiguous() && data.dim() == 4,
