@@ -217,19 +217,16 @@ class _TrainLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv, packs,
                 geometry: PassGeometry, heads: int, kv_heads: int, eps: float):
-        g, (fwd, bwd) = geometry, packs
-        x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
-            x, input_norm, fwd.qkv, qkv_b, fwd.o, o_b, post_norm, fwd.gate_up, fwd.down, g.rot, g.pos0, pk, pv, g.slot,
-            g.pre_len, heads, kv_heads, g.positions, eps)
-        ctx.save_for_backward(x, q, k, v, attn, lse, x_mid, gate_up, input_norm, post_norm, pk, pv)
-        ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = g, bwd, heads, kv_heads, eps
-        ctx.biases = (qkv_b is not None, o_b is not None)
-        ctx.gate_up_in_place = ()           # gate_up is the [B S, 2I] tensor saved
-        ctx.set_materialize_grads(False)    # k and v have no gradient unless another pass reads them
-        return x_out, k, v
+        record = _layer_forward(x, input_norm, qkv_b, o_b, post_norm, packs[0], geometry, pk, pv, heads, kv_heads, eps)
+        return _keep_for_backward(ctx, x, record, input_norm, qkv_b, o_b, post_norm, down_w, pk, pv, packs, geometry,
+                                  heads, kv_heads, eps)
 
     @staticmethod
     def backward(ctx, dx_out, dk, dv):
+        if ctx.intact is not None and not ctx.intact():
+            raise RuntimeError("the rollout engine decoded into the activation record between this learner pass's "
+                               "forward and its backward; run the backward before the next generation, or set "
+                               "train.reuse_activations=false")
         x, q, k, v, attn, lse, x_mid, gate_up, input_norm, post_norm, pk, pv = ctx.saved_tensors
         g, bwd, (qkv_bias, o_bias) = ctx.geometry, ctx.packs, ctx.biases
         if dx_out is None:
@@ -270,6 +267,30 @@ class LayerRecord:
     intact: Callable[[], bool] | None = None
 
 
+def _layer_forward(x, input_norm, qkv_b, o_b, post_norm, fwd, g: PassGeometry, pk, pv, heads: int, kv_heads: int,
+                   eps: float) -> LayerRecord:
+    """One fused layer's forward (csrc/learner.cpp, train_layer_forward) with everything its backward reads, from
+    the projections packed for it (`fwd`)."""
+    x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
+        x, input_norm, fwd.qkv, qkv_b, fwd.o, o_b, post_norm, fwd.gate_up, fwd.down, g.rot, g.pos0, pk, pv, g.slot,
+        g.pre_len, heads, kv_heads, g.positions, eps)
+    return LayerRecord(q=q, k=k, v=v, attn=attn, lse=lse, x_mid=x_mid, gate_up=gate_up, x_out=x_out)
+
+
+def _keep_for_backward(ctx, x, r: LayerRecord, input_norm, qkv_b, o_b, post_norm, down_w, pk, pv, packs,
+                       geometry: PassGeometry, heads: int, kv_heads: int, eps: float):
+    """`_TrainLayer`'s forward's bookkeeping for its backward, of a layer's forward `r` (its own, or the rollout's
+    record): (x_out, keys, values)."""
+    ctx.save_for_backward(x, r.q, r.k, r.v, r.attn, r.lse, r.x_mid, r.gate_up, input_norm, post_norm, pk, pv)
+    ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = geometry, packs[1], heads, kv_heads, eps
+    ctx.biases = (qkv_b is not None, o_b is not None)
+    # () : gate_up is the [B S, 2I] tensor saved; else the record's rows it is read in (`LayerRecord.gate_up_rows`)
+    ctx.gate_up_in_place = () if r.gate_up_rows is None else (r.gate_up_rows, r.gate_up_offset, down_w.shape[1])
+    ctx.intact = r.intact
+    ctx.set_materialize_grads(False)    # k and v have no gradient unless another pass reads them
+    return r.x_out, r.k, r.v
+
+
 class _ReplayLayer(_TrainLayer):
     """`_TrainLayer` whose forward is the rollout's: on-policy, at the weights that sampled the tokens, the layer's
     activations were computed by the engine's decoding already (the same operations, equal to float rounding), so
@@ -278,21 +299,11 @@ class _ReplayLayer(_TrainLayer):
     @staticmethod
     def forward(ctx, x, input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, pk, pv, packs,
                 geometry: PassGeometry, heads: int, kv_heads: int, eps: float, record: LayerRecord):
-        r = record
-        ctx.save_for_backward(x, r.q, r.k, r.v, r.attn, r.lse, r.x_mid, r.gate_up, input_norm, post_norm, pk, pv)
-        ctx.geometry, ctx.packs, ctx.heads, ctx.kv_heads, ctx.eps = geometry, packs[1], heads, kv_heads, eps
-        ctx.biases = (qkv_b is not None, o_b is not None)
-        ctx.gate_up_in_place = () if r.gate_up_rows is None else (r.gate_up_rows, r.gate_up_offset, down_w.shape[1])
-        ctx.intact = r.intact
-        ctx.set_materialize_grads(False)
-        return r.x_out, r.k, r.v
+        return _keep_for_backward(ctx, x, record, input_norm, qkv_b, o_b, post_norm, down_w, pk, pv, packs, geometry,
+                                  heads, kv_heads, eps)
 
     @staticmethod
     def backward(ctx, dx_out, dk, dv):
-        if ctx.intact is not None and not ctx.intact():
-            raise RuntimeError("the rollout engine decoded into the activation record between this learner pass's "
-                               "forward and its backward; run the backward before the next generation, or set "
-                               "train.reuse_activations=false")
         return (*_TrainLayer.backward(ctx, dx_out, dk, dv), None)
 
 
@@ -312,12 +323,9 @@ def record_layer(x: torch.Tensor, layer, packs: tuple[Any, Any | None], geometry
                  eps: float) -> LayerRecord:
     """`train_layer`'s forward outside autograd, keeping all that its backward reads: the rollout engine's prefill,
     whose prompts the learner's prompt pass may then replay (models/replay.py, `PromptRecord`)."""
-    g, (fwd, _) = geometry, packs
     pk, pv = prefix if prefix is not None else (None, None)
-    x_out, k, v, q, attn, lse, x_mid, gate_up = load_cpu_kernels().train_layer_forward(
-        x.contiguous(), layer.input_norm, fwd.qkv, layer.qkv_bias, fwd.o, layer.o_bias, layer.post_norm, fwd.gate_up,
-        fwd.down, g.rot, g.pos0, pk, pv, g.slot, g.pre_len, heads, kv_heads, g.positions, eps)
-    return LayerRecord(q=q, k=k, v=v, attn=attn, lse=lse, x_mid=x_mid, gate_up=gate_up, x_out=x_out)
+    return _layer_forward(x.contiguous(), layer.input_norm, layer.qkv_bias, layer.o_bias, layer.post_norm, packs[0],
+                          geometry, pk, pv, heads, kv_heads, eps)
 
 
 def fused_layer_ok(layer, head_dim: int, x: torch.Tensor) -> bool:
