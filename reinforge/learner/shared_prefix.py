@@ -72,12 +72,14 @@ def length_buckets(need: torch.Tensor, pass_cost: int | None = None) -> list[tor
     return [sub for sub, _ in buckets]
 
 
-def _native_decoder(model: PreTrainedModel) -> tuple[DecoderShape, DecoderWeights]:
+def _native_decoder(model: PreTrainedModel, fused_from: DecoderWeights | None = None,
+                    ) -> tuple[DecoderShape, DecoderWeights]:
     """The decoder's shape and its (differentiable, with grad enabled) fused weights, or
-    NotImplementedError naming the option to turn off."""
+    NotImplementedError naming the option to turn off. `fused_from`: the rollout engine's weights of a record
+    that matches the model (their fused projections are taken, `DecoderWeights.of`)."""
     try:
         shape = decoder_shape(model)
-        weights = DecoderWeights.of(model, logits=False)   # the head runs apart (head_token_stats)
+        weights = DecoderWeights.of(model, logits=False, fused_from=fused_from)   # the head runs apart
     except NotImplementedError as err:
         raise NotImplementedError(f"the shared-prompt learner forward runs the native decoder, which refused "
                                   f"{type(model).__name__}: {err}; set {OPTION}") from err
@@ -143,11 +145,12 @@ def completion_token_stats_shared(
     take their forward from it, and the prompt pass from its prefill where that was kept for these prompts, with
     the same numbers to float rounding.
     """
-    shape, w = _native_decoder(model)
     compiled = compile and batch.input_ids.is_cuda
     offered = activations is not None
     if offered and (compiled or not activations.matches(model)):
         activations = None
+    lent = activations.decoded_with if activations is not None else None
+    shape, w = _native_decoder(model, lent.weights if lent is not None else None)
     _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we
@@ -235,8 +238,25 @@ def _shared_prompt_predictors(model: PreTrainedModel, shape: DecoderShape, w: De
         local = torch.empty_like(starts).index_copy_(0, sub, torch.arange(len(sub), device=device))
         mine = ((bucket_of[rows] == b) & (cols > 0)).nonzero().squeeze(1)
         hidden = completion_pass(sub, int(need[sub].max()))   # [n, width, E]
-        pieces.append(hidden[local[rows[mine]], cols[mine] - 1])
+        pieces.append(_TakeRows.apply(hidden.flatten(0, 1), local[rows[mine]] * hidden.shape[1] + cols[mine] - 1))
         order.append(mine)
     order = torch.cat(order)
     back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=device))
-    return torch.cat(pieces)[back]
+    return _TakeRows.apply(torch.cat(pieces), back)
+
+
+class _TakeRows(torch.autograd.Function):
+    """Rows `index` [M] of src [R, E], no row taken twice: src[index] with a backward that writes the gradient's
+    rows in place (index_copy_) where autograd's adds them up (an accumulating index_put, one thread on CPU: ~1.3
+    ms of the `vs_trl.py`-shaped step's backward for the two gathers above)."""
+
+    @staticmethod
+    def forward(ctx, src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows = src.shape[0]
+        return src.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy_(0, index, grad), None

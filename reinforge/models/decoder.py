@@ -33,6 +33,7 @@ from reinforge.kernels import PassGeometry, rms_norm, swiglu
 from reinforge.models.attention import additive_mask, attention
 from reinforge.models.compiled_layers import layer_steps
 from reinforge.models.fused_pass import fused_pass
+from reinforge.models.fused_weights import Spare, fused_projection, interleave_heads, take_spare
 from reinforge.models.lora import base_model, linear_weight
 from reinforge.models.model_dir import LLAMA_FAMILY, STATIC_ROPE_TYPES
 from reinforge.models.moe import MOE_MODEL_TYPES, MoEWeights, moe_mlp
@@ -98,33 +99,6 @@ def decoder_shape(model: PreTrainedModel) -> DecoderShape:
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     return DecoderShape(num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim, window)
-
-
-def _interleave_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Reorder each head's output dimensions from HF's half-split rotary layout (i pairs with
-    i + D/2) to adjacent pairs (2i, 2i + 1), so that rotary becomes one complex multiply.
-    Queries and keys are reordered alike, so every attention score is unchanged."""
-    d = weight.shape[0] // heads
-    # Output row (h, 2i + half) is input row (h, half * D/2 + i): a transpose of the (half, i) grid, so a
-    # copy whose backward is a copy too (an index with a permutation cost an index_put per call in the
-    # backward: ~2% of a tiny model's RL step, as the learner builds these weights every forward).
-    return weight.view(heads, 2, d // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
-
-
-def _take(spare: dict[tuple[int, ...], list[torch.Tensor]] | None, shape: tuple[int, ...],
-          like: torch.Tensor) -> torch.Tensor | None:
-    """A tensor of `shape` and `like`'s dtype and device from `spare` (tensors no longer used, by shape), to be
-    written into; None when there is none."""
-    free = (spare or {}).get(shape)
-    return free.pop() if free and (free[-1].dtype, free[-1].device) == (like.dtype, like.device) else None
-
-
-def _fused(parts: list[torch.Tensor], spare: dict[tuple[int, ...], list[torch.Tensor]] | None) -> torch.Tensor:
-    """torch.cat(parts) (one fused projection's weight), written into a tensor of its shape from `spare`
-    where one is free and no gradient is recorded (`DecoderWeights.of`)."""
-    shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
-    into = None if torch.is_grad_enabled() else _take(spare, shape, parts[0])
-    return torch.cat(parts) if into is None else torch.cat(parts, out=into)
 
 
 def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -193,7 +167,7 @@ class DecoderWeights:
     def _pack(self, ops, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
         """`ops.pack_weight(weight, transposed)`, into a spare tensor of its shape when there is one."""
         n, k = weight.shape[::-1] if transposed else weight.shape
-        into = _take(self.spare_panels, ((n + 31) // 32, k, 32), weight)     # 32-column panels (csrc/gemm.h)
+        into = take_spare(self.spare_panels, ((n + 31) // 32, k, 32), weight)     # 32-column panels (csrc/gemm.h)
         if into is None:
             return ops.pack_weight(weight, transposed)
         ops.pack_weight_into(into, weight, transposed)
@@ -263,27 +237,16 @@ class DecoderWeights:
         return self._packed[transposed, plain]
 
     @classmethod
-    def of(cls, model: PreTrainedModel, logits: bool = True,
-           spare: dict[tuple[int, ...], list[torch.Tensor]] | None = None) -> DecoderWeights:
+    def of(cls, model: PreTrainedModel, logits: bool = True, spare: Spare | None = None,
+           fused_from: DecoderWeights | None = None) -> DecoderWeights:
         """The weights of `model`, or of the decoder under a peft PeftModel: a LoRA projection
         contributes W + (alpha / r) B A (`models.lora.linear_weight`; W alone while its adapters are
         disabled), differentiable in A and B, so the learner's shared-prompt forward trains them.
         `logits` False: `head` is the head's own weight, not an fp32 copy (545 MB for a bf16 Qwen head, on
-        every call), for a caller that runs only the layers. `spare`: tensors for `_fused` to write into."""
-        def plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-            # (weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight.
-            try:
-                return linear_weight(module)
-            except NotImplementedError as err:
-                raise NotImplementedError(
-                    f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf"
-                ) from None
-
-        def bias(*projections: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor | None:
-            if all(b is None for _, b in projections):
-                return None
-            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in projections])
-
+        every call), for a caller that runs only the layers. `spare`: tensors for the fused projections to be
+        written into. `fused_from`: weights this same call made earlier without a gradient from `model` as it is
+        now (the rollout engine's, whose record the learner replays: the same `weights_key`); their fused
+        projections are taken instead of new copies (`fused_weights.fused_projection`)."""
         model = base_model(model)
         embedding = model.get_input_embeddings()
         if type(embedding) is not torch.nn.Embedding:  # e.g. LoRA on the embedding: its .weight is not what it computes
@@ -291,46 +254,14 @@ class DecoderWeights:
                 f"the native rollout engine needs a plain embedding, found {type(embedding).__name__}; "
                 "use rollout.engine=hf"
             )
-        layers = []
-        silu = getattr(model.config, "hidden_act", None) in ("silu", "swish")
-        heads = model.config.num_attention_heads
-        kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
-        for i, layer in enumerate(model.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = [plain(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
-            (q, _), (k, _), (v, _) = qkv
-            moe = MoEWeights.of(mlp)
-            if moe is not None and not silu:
-                raise NotImplementedError("the native rollout engine runs SiLU experts only; use rollout.engine=hf")
-            (gate, gate_b), (up, up_b), (down, down_b) = (
-                ((None, None),) * 3 if moe is not None
-                else (plain(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj", "down_proj")))
-            if gate_b is not None or up_b is not None or down_b is not None:
-                raise NotImplementedError(
-                    "the native rollout engine does not support MLP biases; use rollout.engine=hf"
-                )
-            o, o_bias = plain(attn.o_proj, f"layer {i} o_proj")
-            fused_bias = bias(*qkv)
-            if fused_bias is not None:
-                q_out, k_out = q.shape[0], k.shape[0]
-                fused_bias = torch.cat([_interleave_heads(fused_bias[:q_out], heads),
-                                        _interleave_heads(fused_bias[q_out : q_out + k_out], kv_heads),
-                                        fused_bias[q_out + k_out :]])
-            layers.append(LayerWeights(
-                input_norm=layer.input_layernorm.weight,
-                qkv=_fused([_interleave_heads(q, heads), _interleave_heads(k, kv_heads), v], spare),
-                qkv_bias=fused_bias,
-                q_norm=_interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
-                k_norm=_interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
-                o=o,
-                o_bias=o_bias,
-                post_norm=layer.post_attention_layernorm.weight,
-                gate_up=None if moe is not None else _fused([gate, up], spare),
-                down=down,
-                act=None if silu else mlp.act_fn,
-                moe=moe,
-            ))
-        head, head_bias = plain(model.get_output_embeddings(), "the LM head")
+        config = model.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        silu = getattr(config, "hidden_act", None) in ("silu", "swish")
+        lent = fused_from.layers if fused_from is not None else [None] * len(model.model.layers)
+        layers = [_layer_weights(layer, i, heads, kv_heads, silu, spare, built)
+                  for i, (layer, built) in enumerate(zip(model.model.layers, lent, strict=True))]
+        head, head_bias = _plain(model.get_output_embeddings(), "the LM head")
         if head_bias is not None:
             raise NotImplementedError(
                 "the native rollout engine assumes an LM head without bias; use rollout.engine=hf"
@@ -340,9 +271,55 @@ class DecoderWeights:
             layers=layers,
             final_norm=model.model.norm.weight,
             head=head.float() if logits else head,
-            eps=model.config.rms_norm_eps,
+            eps=config.rms_norm_eps,
             head16=head if head.device.type == "cuda" and head.dtype in (torch.bfloat16, torch.float16) else None,
         )
+
+
+def _plain(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of a Linear or LoRA Linear; any other wrapper computes more than a weight."""
+    try:
+        return linear_weight(module)
+    except NotImplementedError as err:
+        raise NotImplementedError(
+            f"the native rollout engine cannot run {name}: {err}; use rollout.engine=hf"
+        ) from None
+
+
+def _layer_weights(layer: torch.nn.Module, i: int, heads: int, kv_heads: int, silu: bool, spare: Spare | None,
+                   built: LayerWeights | None) -> LayerWeights:
+    """`DecoderWeights.of`'s weights of decoder layer `i`; `built`: the same layer's made earlier at the same
+    weights, whose fused projections are taken."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = [_plain(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
+    moe = MoEWeights.of(mlp)
+    if moe is not None and not silu:
+        raise NotImplementedError("the native rollout engine runs SiLU experts only; use rollout.engine=hf")
+    (gate, gate_b), (up, up_b), (down, down_b) = (
+        ((None, None),) * 3 if moe is not None
+        else (_plain(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj", "down_proj")))
+    if gate_b is not None or up_b is not None or down_b is not None:
+        raise NotImplementedError("the native rollout engine does not support MLP biases; use rollout.engine=hf")
+    o, o_bias = _plain(attn.o_proj, f"layer {i} o_proj")
+    rotary = [heads, kv_heads, None]    # queries and keys in the kernels' rotary layout
+    fused_bias = None if all(b is None for _, b in qkv) else fused_projection(
+        [b if b is not None else w.new_zeros(w.shape[0]) for w, b in qkv], rotary, None,
+        None if built is None else built.qkv_bias)
+    return LayerWeights(
+        input_norm=layer.input_layernorm.weight,
+        qkv=fused_projection([w for w, _ in qkv], rotary, spare, None if built is None else built.qkv),
+        qkv_bias=fused_bias,
+        q_norm=interleave_heads(attn.q_norm.weight, 1) if hasattr(attn, "q_norm") else None,
+        k_norm=interleave_heads(attn.k_norm.weight, 1) if hasattr(attn, "k_norm") else None,
+        o=o,
+        o_bias=o_bias,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up=None if moe is not None else fused_projection(
+            [gate, up], [None, None], spare, None if built is None else built.gate_up),
+        down=down,
+        act=None if silu else mlp.act_fn,
+        moe=moe,
+    )
 
 
 def decoder_layers(

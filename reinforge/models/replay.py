@@ -22,11 +22,15 @@ model, a mini-batch after the first optimizer step, rows sampled before an updat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from reinforge.kernels import LayerRecord, load_cpu_kernels
+
+if TYPE_CHECKING:
+    from reinforge.models.decoder import DecoderWeights
 
 _GATE_UP = 5            # gate|up's place among a record row's fields (`RecordShape.sizes`)
 _FIELDS = ("q", "k", "v", "attn", "lse", "x_mid", "gate_up", "x_out")    # a LayerRecord's tensors
@@ -113,6 +117,14 @@ class PromptRecord:
         return self.layers[0].q.shape[0]
 
 
+@dataclass
+class Lent:
+    """The weights a decoding read (`DecoderWeights`), while they hold what it read: the engine clears `weights`
+    before any later call writes into their tensors (`DecoderWeights.reusable`, the engine's spare memory)."""
+
+    weights: DecoderWeights | None
+
+
 @dataclass(frozen=True)
 class ActivationRecord:
     """The activations one generation kept, for the rollout's rows: row r's completion token t (t < T, every
@@ -124,6 +136,9 @@ class ActivationRecord:
     shape: RecordShape
     weights: tuple               # `weights_key` of the model whose weights the decoding read
     prompts: PromptRecord | None = None    # the prefill of its prompts at the same weights, where kept
+    # The engine's weights that decoded it, until the engine writes over them: where the record matches, they are
+    # the model's as it is now, and the learner takes their fused projections (`DecoderWeights.of`'s `fused_from`).
+    decoded_with: Lent | None = None
 
     def matches(self, model: torch.nn.Module) -> bool:
         """Whether these are `model`'s activations as it is now: the buffer still holds this record (the engine
@@ -132,7 +147,8 @@ class ActivationRecord:
 
     def select(self, rows: torch.Tensor) -> ActivationRecord:
         """The record of rows `rows` (indices into this record's rows)."""
-        return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights, self.prompts)
+        return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights, self.prompts,
+                                self.decoded_with)
 
     def prompt_layers(self, ids: torch.Tensor, lengths: torch.Tensor, span: int) -> list[LayerRecord] | None:
         """The prefill's records of prompts ids [B, >= span] of `lengths` at positions 0..span-1
@@ -178,5 +194,6 @@ def concat_records(parts: list[ActivationRecord | None]) -> ActivationRecord | N
                             or p.weights != first.weights for p in parts):
         return None
     prompts = first.prompts if all(p.prompts is first.prompts for p in parts) else None
+    decoded_with = first.decoded_with if all(p.decoded_with is first.decoded_with for p in parts) else None
     return ActivationRecord(first.buffer, first.generation, torch.cat([p.rows for p in parts]), first.shape,
-                            first.weights, prompts)
+                            first.weights, prompts, decoded_with)

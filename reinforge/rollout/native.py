@@ -46,7 +46,7 @@ from reinforge.models.decoder import DecoderWeights, decoder_layers, decoder_sha
 from reinforge.models.lora import base_model
 from reinforge.models.positions import pass_geometry
 from reinforge.models.quantize import quantize_weights
-from reinforge.models.replay import ActivationRecord, PromptRecord, RecordBuffer, RecordShape
+from reinforge.models.replay import ActivationRecord, Lent, PromptRecord, RecordBuffer, RecordShape
 from reinforge.rollout.base import Rollout, SamplingParams
 from reinforge.rollout.kv_cache import KVCache
 from reinforge.rollout.prompts import encode_prompts
@@ -87,6 +87,7 @@ class NativeEngine:
         # session's weights are written into (`DecoderWeights.reusable`): a 0.5B model's are ~2.4 GB of fresh pages
         # at every call otherwise.
         self._spare_panels: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        self._lent: Lent | None = None   # the weights of the last activation record, lent to its learner
         # Set by the RL loop where its learner can use them: single-turn generations decoded in one call keep every
         # layer's activations of the tokens they read (models/replay.py), in one buffer reused from call to call.
         self.keep_activations = False
@@ -177,12 +178,16 @@ class NativeEngine:
             self._records = RecordBuffer(torch.empty(size))
         self._records.generation += 1
         made, prompts = self._prompt_record or (None, None)
+        self._lent = Lent(w)
         return ActivationRecord(self._records, self._records.generation, torch.arange(rows), shape, key,
-                                prompts if made is not None and made() is w else None)
+                                prompts if made is not None and made() is w else None, self._lent)
 
     def decoder_weights(self) -> DecoderWeights:
         """The weights this engine samples with: the live model's (`DecoderWeights.of`), quantised as
         `rollout.quantization` says, taken afresh by every session (each call sees the latest step)."""
+        if self._lent is not None:   # the last record's weights are written over from here on
+            self._lent.weights = None
+            self._lent = None
         spare, self._spare_panels = self._spare_panels, {}
         weights = quantize_weights(DecoderWeights.of(self.policy.model, spare=spare), self.quantization,
                                    self.quantize_lm_head)

@@ -5,8 +5,9 @@ learner's own (the same fp32 weights, unchanged) the learner's completion passes
 Checked here: the log-probs and every parameter's gradient equal the learner's own forward's to float rounding
 (rows of different lengths, a reordered subset of rows, two models); the record is refused wherever it is not the
 model's as it is now (after an optimizer step, for another model, once the engine has decoded into the buffer
-again); the engine keeps none where its log-probs are not the learner's (top-p, greedy) or when not asked; and a
-GRPO learner step with two mini-batches replays the first one only and moves the weights as without it.
+again); the learner takes the decoding's fused weights while they hold its weights; the engine keeps none where its
+log-probs are not the learner's (top-p, greedy) or when not asked; and a GRPO learner step with two mini-batches
+replays the first one only and moves the weights as without it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from reinforge.config import build_config
 from reinforge.learner import build_sequences
 from reinforge.learner.shared_prefix import completion_token_stats_shared
 from reinforge.models import build_tiny_qwen2, replay
+from reinforge.models.decoder import DecoderWeights
 from reinforge.rollout import NativeEngine, SamplingParams
 from reinforge.settings import ModelConfig
 from reinforge.tasks import build_task
@@ -175,6 +177,36 @@ def test_a_record_is_replayed_only_for_the_model_as_it_sampled(monkeypatch) -> N
                             generator=torch.Generator().manual_seed(2))
     assert fresh.activations.matches(policy.model) and not rollout.activations.matches(policy.model)
 
+
+
+def test_the_learner_takes_the_engines_fused_projections_while_they_hold_its_weights() -> None:
+    """The learner's fused q/k/v (with biases) and gate/up are the decoding's own tensors, no copy, with the same
+    gradient reaching the model's projections as through its own copies; once the engine takes new weights, which
+    write into that memory, the record lends nothing."""
+    policy = build_tiny_qwen2(ModelConfig(max_positions=128), seed=0)
+    engine, examples, rollout = sampled(policy)
+    lent = rollout.activations.decoded_with
+    assert lent is not None and lent.weights is not None
+    model = policy.model
+    grads = []
+    for fused_from in (None, lent.weights):
+        model.zero_grad(set_to_none=True)
+        w = DecoderWeights.of(model, logits=False, fused_from=fused_from)
+        weights = [t for lw in w.layers for t in (lw.qkv, lw.qkv_bias, lw.gate_up)]
+        assert len(weights) == 12 and all(t.requires_grad for t in weights)
+        mixing = torch.Generator().manual_seed(3)
+        sum((t * torch.randn(t.shape, generator=mixing)).sum() for t in weights).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if fused_from is not None:
+            for mine, theirs in zip(w.layers, fused_from.layers, strict=True):
+                assert mine.qkv.data_ptr() == theirs.qkv.data_ptr()
+                assert mine.gate_up.data_ptr() == theirs.gate_up.data_ptr()
+    own, taken = grads
+    assert len(own) == 4 * 8        # q, k, v weights and biases, gate, up of each layer
+    assert own.keys() == taken.keys() and all(torch.equal(own[n], taken[n]) for n in own)
+    engine.generate([e.prompt for e in examples], 4, SamplingParams(max_new_tokens=12),
+                    generator=torch.Generator().manual_seed(2))
+    assert lent.weights is None
 
 
 def test_a_backward_refuses_a_record_the_engine_decoded_over_after_the_forward() -> None:
