@@ -23,6 +23,7 @@ from reinforge.learner.forward import ForwardPlan, token_stats
 from reinforge.models import Policy, model_device
 from reinforge.objectives import loss_weights
 from reinforge.rollout import encode_prompts
+from reinforge.rollout.prompts import encode_texts
 from reinforge.settings import SFTConfig
 from reinforge.tasks import SFTExample
 
@@ -40,9 +41,7 @@ def tokenize_pairs(
     tokenizer = policy.tokenizer
     prompts = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template)
     eos = tokenizer.eos_token_id
-    completions = [
-        ids + [eos] for ids in tokenizer([e.completion for e in examples], add_special_tokens=False)["input_ids"]
-    ]
+    completions = [ids + [eos] for ids in encode_texts(tokenizer, [e.completion for e in examples])]
     return prompts, completions
 
 
@@ -81,14 +80,14 @@ def run_sft(
     the fastest; default the model's own forward)."""
     forward = forward or ForwardPlan()
     prompts, completions, trained = tokenize_traces(policy, examples, chat_template, renderer)
-    width = max(len(c) for c in completions)
-    completion_ids = torch.full((len(completions), width), policy.tokenizer.pad_token_id, dtype=torch.long)
-    completion_mask = torch.zeros(len(completions), width)
-    loss_mask = torch.zeros(len(completions), width)
-    for i, (c, m) in enumerate(zip(completions, trained, strict=True)):
-        completion_ids[i, : len(c)] = torch.tensor(c)
-        completion_mask[i, : len(c)] = 1.0
-        loss_mask[i, : len(c)] = torch.tensor(m)
+    # right-padded [traces, width], filled from the traces' tokens laid end to end (one tensor each, not one per
+    # trace: `make run` has 150,000 traces)
+    lengths = torch.tensor([len(c) for c in completions])
+    completion_mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
+    completion_ids = torch.full(completion_mask.shape, policy.tokenizer.pad_token_id, dtype=torch.long)
+    completion_ids[completion_mask > 0] = torch.tensor([t for c in completions for t in c], dtype=torch.long)
+    loss_mask = torch.zeros(completion_mask.shape)
+    loss_mask[completion_mask > 0] = torch.tensor([w for m in trained for w in m], dtype=torch.float)
     data = build_sequences(prompts, completion_ids, completion_mask, policy.tokenizer.pad_token_id,
                            group_ids=torch.arange(len(completions)),     # each trace its own group
                            loss_mask=None if bool((loss_mask == completion_mask).all()) else loss_mask)

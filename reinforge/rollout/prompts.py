@@ -8,6 +8,8 @@ adds the generation prompt (add_generation_prompt=True), as TRL does.
 
 from __future__ import annotations
 
+import weakref
+
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
@@ -72,7 +74,52 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], mode:
     else:
         check_chat_prompts(tokenizer, mode, prompts)
         texts = prompts
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return encode_texts(tokenizer, texts)
+
+
+def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """tokenizer(texts, add_special_tokens=False)["input_ids"], each distinct text encoded once.
+
+    A tokenizer whose encoding is transformers' own over a `tokenizers` backend (no method of it overridden, no
+    truncation or padding set on the backend) is called through the backend's batch encode directly; the first
+    texts it encodes so are checked against the wrapper's ids, once per tokenizer (any difference: the wrapper).
+    Why: the wrapper converts each text's encoding in Python, ~3/4 of the time of the 150,000 SFT traces
+    `make run` encodes (~5 s)."""
+    distinct = list(dict.fromkeys(texts))
+    backend = getattr(tokenizer, "backend_tokenizer", None) if _plain_encoding(type(tokenizer)) else None
+    ids = None
+    if (backend is not None and backend.truncation is None and backend.padding is None
+            and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))):
+        ids = [e.ids for e in backend.encode_batch(distinct, add_special_tokens=False)]
+        if tokenizer not in _BACKEND_CHECKED:
+            probe = distinct[:8]
+            if tokenizer(probe, add_special_tokens=False)["input_ids"] != ids[: len(probe)]:
+                ids = None
+            elif probe:
+                _BACKEND_CHECKED.add(tokenizer)
+    if ids is None:
+        ids = tokenizer(distinct, add_special_tokens=False)["input_ids"]
+    if len(distinct) == len(texts):
+        return ids
+    of = dict(zip(distinct, ids, strict=True))
+    return [list(of[t]) for t in texts]
+
+
+_BACKEND_CHECKED: weakref.WeakSet = weakref.WeakSet()   # tokenizers whose backend gave the wrapper's ids
+
+
+def _plain_encoding(cls: type) -> bool:
+    """Whether `cls` encodes text as transformers' `tokenizers`-backed tokenizer does, with nothing overridden."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:     # another transformers layout: the wrapper's encoding
+        return False
+    return issubclass(cls, TokenizersBackend) and all(
+        getattr(cls, name, None) is getattr(base, name, None)
+        for name, base in (("__call__", PreTrainedTokenizerBase), ("_call_one", PreTrainedTokenizerBase),
+                           ("encode_plus", PreTrainedTokenizerBase), ("batch_encode_plus", PreTrainedTokenizerBase),
+                           ("_encode_plus", TokenizersBackend), ("_batch_encode_plus", TokenizersBackend),
+                           ("set_truncation_and_padding", TokenizersBackend)))
 
 
 def _apply_chat_template(tokenizer: PreTrainedTokenizerBase, prompt: str | Conversation) -> str:
