@@ -55,7 +55,8 @@ share}}, part_medians, steps_s and the step's settings), cpu (lscpu's model name
 vector instruction sets), cpus, torch_threads, cpu_kernels (whether the native engine decodes with
 reinforge's fused CPU kernels), kernel_tuning (the row block of their products chosen on this machine
 and the ms each candidate took, reinforge/kernels/tuning.py), env (OMP_NUM_THREADS, OMP_WAIT_POLICY,
-GOMP_SPINCOUNT (which `reinforge train` sets to 1000 when neither is set), MKL_NUM_THREADS,
+GOMP_SPINCOUNT (which `reinforge train` sets, 1000 or 20000 by the load at its start, when neither is set; this
+script runs with what its environment has), MKL_NUM_THREADS,
 REINFORGE_CPU_KERNELS as set), load_avg_start / load_avg_end (1, 5, 15 minutes),
 torch, transformers, python.
 """

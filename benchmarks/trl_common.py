@@ -104,8 +104,9 @@ def alternate(script: str, argv: list[str], sides: tuple[str, ...], rounds: int)
 
 
 # reinforge's side starts as `reinforge train` does: reinforge/cli.py is imported before torch loads, so the
-# child has the OpenMP wait setting the CLI gives every run (GOMP_SPINCOUNT=1000 unless the user set one; see
-# BENCHMARKS.md, "OpenMP's wait policy"). TRL's side runs in this process's environment, as TRL's users run it.
+# child has the OpenMP wait setting the CLI gives every run (GOMP_SPINCOUNT by the load at its start unless the user
+# set one; see BENCHMARKS.md, "OpenMP's wait policy"). TRL's side runs in this process's environment, as TRL's
+# users run it.
 CLI_LAUNCHER = ("import runpy, sys, reinforge.cli; sys.argv = sys.argv[1:]; "
                 "runpy.run_path(sys.argv[0], run_name='__main__')")
 OPENMP_KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Set before torch loads libgomp: the CLI's setting (reinforge/cli.py), for the tests' in-process runs too.
+# Set before torch loads libgomp: the CLI's short spin (reinforge/cli.py) for the tests' in-process runs too, whose
+# two workers share the cores.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
