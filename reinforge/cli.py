@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -16,44 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from reinforge.errors import ConfigError, UserError
+from reinforge.openmp import set_spin_count
 
-
-def openmp_spin(runnable: list[int], cpus: int, threads: int) -> str:
-    """libgomp's spin count (GOMP_SPINCOUNT) for this process's waiting threads (torch's pool, the CPU kernels),
-    from the runnable threads counted at start-up (`runnable`, this one included; /proc/stat's procs_running).
-
-    Its default spin (~300k iterations) holds a core the whole time: where other processes run, a thread that
-    spins loses its core and every parallel op waits for it (RL step 3-17x slower on a loaded 2-core machine). A
-    1,000-iteration spin sleeps almost at once: close to sleeping at once under load, but every parallel region
-    then wakes its threads, and an RL step runs hundreds of short ones. So: 20,000 where no more threads wanted
-    to run than the cores this process leaves free (the `vs_trl.py`-shaped RL step 0.084 -> 0.074 s on a quiet
-    Intel Xeon), 1,000 where more did (under a competing 2-thread job the long spin was 8-25% slower there, and
-    on an AMD EPYC 10,000 was 1.3-3.3x slower than 1,000). BENCHMARKS.md, "OpenMP's wait policy"."""
-    if not runnable:
-        return "1000"
-    others = sorted(runnable)[len(runnable) // 2] - 1     # the median count, less this process
-    return "20000" if others <= max(0, cpus - threads) else "1000"
-
-
-def _runnable_now(samples: int = 5) -> list[int]:
-    """procs_running of /proc/stat, `samples` times 2 ms apart; [] where there is none (not Linux)."""
-    counts = []
-    for i in range(samples):
-        try:
-            with open("/proc/stat") as stat:
-                counts += [int(line.split()[1]) for line in stat if line.startswith("procs_running")]
-        except (OSError, ValueError, IndexError):
-            return []
-        if i + 1 < samples:
-            time.sleep(0.002)
-    return counts
-
-
-# Read when torch loads libgomp (not yet); a user's setting (GOMP_SPINCOUNT or OMP_WAIT_POLICY) is kept.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    _cpus = os.cpu_count() or 1
-    _threads = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else _cpus
-    os.environ["GOMP_SPINCOUNT"] = openmp_spin(_runnable_now(), _cpus, _threads)
+# OpenMP's wait setting, before torch loads libgomp (not yet): reinforge/openmp.py says which and why.
+set_spin_count()
 
 # `reinforge --help` and `--version` must answer at once: torch and transformers (seconds to import) are
 # imported inside the commands that need them, never at module level here.

@@ -1,6 +1,6 @@
 """The CLI sets how long OpenMP's waiting threads spin (GOMP_SPINCOUNT) before torch loads libgomp: long where the
 cores were free at start-up, short where other threads wanted them; a wait setting the user made is kept
-(reinforge/cli.py says why)."""
+(reinforge/openmp.py says why)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from repo_paths import REPO
 
-from reinforge.cli import openmp_spin
+from reinforge.openmp import openmp_spin
 
 PROBE = ("import sys, os, reinforge.cli; assert 'torch' not in sys.modules; import torch; "
          "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
