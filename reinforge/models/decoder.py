@@ -244,9 +244,9 @@ class DecoderWeights:
         disabled), differentiable in A and B, so the learner's shared-prompt forward trains them.
         `logits` False: `head` is the head's own weight, not an fp32 copy (545 MB for a bf16 Qwen head, on
         every call), for a caller that runs only the layers. `spare`: tensors for the fused projections to be
-        written into. `fused_from`: weights this same call made earlier without a gradient from `model` as it is
-        now (the rollout engine's, whose record the learner replays: the same `weights_key`); their fused
-        projections are taken instead of new copies (`fused_weights.fused_projection`)."""
+        written into. `fused_from`: weights `of` made earlier without a gradient from `model` as it is now (the
+        rollout engine's, whose record the learner replays: the same `weights_key`); their fused projections are
+        taken instead of new copies (`fused_weights.fused_projection`)."""
         model = base_model(model)
         embedding = model.get_input_embeddings()
         if type(embedding) is not torch.nn.Embedding:  # e.g. LoRA on the embedding: its .weight is not what it computes
