@@ -149,8 +149,7 @@ def completion_token_stats_shared(
     offered = activations is not None
     if offered and (compiled or not activations.matches(model)):
         activations = None
-    lent = activations.decoded_with if activations is not None else None
-    shape, w = _native_decoder(model, lent.weights if lent is not None else None)
+    shape, w = _native_decoder(model, activations.decoding_weights if activations is not None else None)
     _check_right_padded(batch)
     rows, cols = (batch.completion_mask > 0).nonzero(as_tuple=True)  # [M], [M]
     pad = model.get_input_embeddings().padding_idx   # HF zeroes that row's gradient: so do we

@@ -145,6 +145,11 @@ class ActivationRecord:
         has not decoded into it since) and the model computes with the weights the decoding read, unchanged."""
         return self.buffer.generation == self.generation and weights_key(model) == self.weights
 
+    @property
+    def decoding_weights(self) -> DecoderWeights | None:
+        """The engine's weights that decoded this record while they still hold what it read (`Lent`), else None."""
+        return None if self.decoded_with is None else self.decoded_with.weights
+
     def select(self, rows: torch.Tensor) -> ActivationRecord:
         """The record of rows `rows` (indices into this record's rows)."""
         return ActivationRecord(self.buffer, self.generation, self.rows[rows], self.shape, self.weights, self.prompts,
